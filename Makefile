@@ -1,0 +1,42 @@
+# hapi: `make run` starts the embedded store + gateway; `make test` runs the suite.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+AWSCLI := .venv-awscli/bin/aws
+
+.PHONY: run test check lint format bench-proxy bench-pushdown bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# The AWS CLI pins botocore differently from boto3: it lives in a venv of its own.
+$(AWSCLI):
+	$(PYTHON) -m venv .venv-awscli
+	.venv-awscli/bin/pip install -q awscli
+
+run: $(STAMP)
+	$(VENV)/bin/hapi up
+
+test: $(STAMP) $(AWSCLI)
+	HAPI_AWS_CLI=$(abspath $(AWSCLI)) $(PY) -m pytest -q
+
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy gateway planner models sdk
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench-proxy: $(STAMP)
+	$(PY) -m hapi.gateway._bench_proxy --out bench-results
+
+clean:
+	rm -rf $(VENV) .venv-awscli build *.egg-info

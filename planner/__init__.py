@@ -1,0 +1,5 @@
+"""hapi.planner."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,5 @@
+"""hapi.sdk."""
+
+from __future__ import annotations
+
+__all__: list[str] = []
