@@ -36,6 +36,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 bench-proxy: $(STAMP)
+	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
 	$(PY) -m hapi.gateway._bench_proxy --out bench-results
 
 clean:

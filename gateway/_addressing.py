@@ -1,0 +1,50 @@
+"""Where a request points: bucket and key from path-style or virtual-hosted-style URLs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+# Characters S3 leaves unencoded in a key path (the RFC 3986 unreserved set, plus "/").
+_KEY_SAFE = "/-_.~"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The bucket and key a request addresses.
+
+    Attributes:
+        bucket: Bucket name; empty for the service endpoint (ListBuckets).
+        key: The decoded object key; empty for bucket-level requests.
+        upstream_path: The path-style path to send upstream, encoded canonically, so the
+            path we sign is byte for byte the path we send.
+    """
+
+    bucket: str
+    key: str
+    upstream_path: str
+
+
+def resolve(raw_path: str, host: str, domains: tuple[str, ...]) -> Target:
+    """Resolve the target of a request.
+
+    Args:
+        raw_path: The path as received, still percent-encoded.
+        host: The Host header (port included or not).
+        domains: Domains under which ``BUCKET.DOMAIN`` is virtual-hosted addressing.
+    """
+    hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    for domain in domains:
+        if hostname.endswith("." + domain):
+            bucket = hostname[: -len(domain) - 1]
+            return _target(bucket, unquote(raw_path[1:]))
+    path = raw_path[1:] if raw_path.startswith("/") else raw_path
+    bucket, _, raw_key = path.partition("/")
+    return _target(unquote(bucket), unquote(raw_key))
+
+
+def _target(bucket: str, key: str) -> Target:
+    if not bucket:
+        return Target("", "", "/")
+    path = "/" + quote(bucket, safe="") + "/" + quote(key, safe=_KEY_SAFE)
+    return Target(bucket, key, path if key else path.rstrip("/"))

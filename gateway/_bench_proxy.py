@@ -1,0 +1,244 @@
+"""``make bench-proxy``: pass-through cost of the gateway, against direct access and nginx.
+
+Starts a real embedded store, the gateway (``hapi serve``) and nginx as a plain reverse
+proxy (one worker, buffering off, upstream keep-alive), then measures in one interleaved
+run: 64 MiB GET and PUT throughput, and 4 KiB GET latency (p50, p99). Writes JSON and
+prints the ratios. Run as ``python -m hapi.gateway._bench_proxy --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import httpx
+from tqdm import tqdm
+
+from ._store import EmbeddedStore, StoreSettings, free_port
+
+MiB = 1024 * 1024
+_NGINX_CONF = """
+worker_processes 1; daemon off; pid {tmp}/nginx.pid; error_log {tmp}/nginx.err warn; user root;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off; client_max_body_size 0; proxy_request_buffering off; proxy_buffering off;
+  client_body_temp_path {tmp}/b; proxy_temp_path {tmp}/p; fastcgi_temp_path {tmp}/f;
+  uwsgi_temp_path {tmp}/u; scgi_temp_path {tmp}/s;
+  upstream store {{ server 127.0.0.1:{store_port}; keepalive 32; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{ proxy_pass http://store; proxy_http_version 1.1;
+                 proxy_set_header Connection ""; proxy_set_header Host $http_host; }}
+  }}
+}}
+"""
+
+
+@dataclass
+class Target:
+    """One way to reach the store: a base URL to send to, a Host to claim, a signer."""
+
+    name: str
+    send_to: str
+    host: str
+    presign: Callable[[str, str], str]
+
+
+def _presigner(endpoint: str, key: str, secret: str) -> Callable[[str, str], str]:
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                      aws_access_key_id=key, aws_secret_access_key=secret)
+
+    def presign(method: str, obj: str) -> str:
+        op = {"GET": "get_object", "PUT": "put_object"}[method]
+        return str(s3.generate_presigned_url(op, Params={"Bucket": "bench", "Key": obj}, ExpiresIn=7200))
+
+    return presign
+
+
+def _url(target: Target, method: str, obj: str) -> tuple[str, dict[str, str]]:
+    signed = httpx.URL(target.presign(method, obj))
+    sent = httpx.URL(target.send_to).copy_with(raw_path=signed.raw_path)
+    return str(sent), {"host": target.host}
+
+
+def _get_mib_s(client: httpx.Client, target: Target, size: int) -> float:
+    url, headers = _url(target, "GET", "big")
+    start, got = time.perf_counter(), 0
+    with client.stream("GET", url, headers=headers) as reply:
+        reply.raise_for_status()
+        for chunk in reply.iter_raw(1 * MiB):
+            got += len(chunk)
+    assert got == size, f"{target.name}: got {got} of {size} bytes"
+    return size / MiB / (time.perf_counter() - start)
+
+
+def _put_mib_s(client: httpx.Client, target: Target, payload: bytes) -> float:
+    url, headers = _url(target, "PUT", f"put-{target.name}")
+    view = memoryview(payload)
+
+    def body() -> Iterator[bytes]:
+        for i in range(0, len(view), MiB):
+            yield bytes(view[i : i + MiB])
+
+    start = time.perf_counter()
+    reply = client.put(url, content=body(), headers={**headers, "content-length": str(len(payload))})
+    reply.raise_for_status()
+    return len(payload) / MiB / (time.perf_counter() - start)
+
+
+def _small_latencies_ms(client: httpx.Client, target: Target, count: int) -> list[float]:
+    url, headers = _url(target, "GET", "small")
+    client.get(url, headers=headers).raise_for_status()  # warm the connection
+    out = []
+    for _ in range(count):
+        start = time.perf_counter()
+        client.get(url, headers=headers).raise_for_status()
+        out.append((time.perf_counter() - start) * 1000)
+    return out
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(out: Path, size_mib: int, rounds: int, small_count: int) -> dict[str, object]:
+    """Run the benchmark; returns (and writes) the results."""
+    with tempfile.TemporaryDirectory(prefix="hapi-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        key, secret = "BENCHSTORE", os.urandom(16).hex()
+        settings = StoreSettings(data_dir=tmp / "store", port=free_port(), access_key_id=key,
+                                 secret_access_key=secret)
+        with EmbeddedStore(settings) as store, _gateway(tmp, store.endpoint_url, key, secret) as gw, \
+                _nginx(tmp, settings.port) as nginx_port:
+            return _measure(out, store.endpoint_url, gw, nginx_port, key, secret, size_mib, rounds, small_count)
+
+
+def _measure(out: Path, store_url: str, gw: tuple[str, str, str], nginx_port: int | None,
+             key: str, secret: str, size_mib: int, rounds: int, small_count: int) -> dict[str, object]:
+    store_host = httpx.URL(store_url).netloc.decode()
+    direct = _presigner(store_url, key, secret)
+    targets = [Target("direct", store_url, store_host, direct),
+               Target("gateway", gw[0], httpx.URL(gw[0]).netloc.decode(), _presigner(*gw))]
+    if nginx_port:
+        targets.append(Target("nginx", f"http://127.0.0.1:{nginx_port}", store_host, direct))
+    payload = os.urandom(size_mib * MiB)
+    admin = boto3.client("s3", endpoint_url=store_url, region_name="us-east-1",
+                         aws_access_key_id=key, aws_secret_access_key=secret)
+    admin.create_bucket(Bucket="bench")
+    admin.put_object(Bucket="bench", Key="big", Body=payload)
+    admin.put_object(Bucket="bench", Key="small", Body=os.urandom(4096))
+    samples: dict[str, dict[str, list[float]]] = {t.name: {"get": [], "put": [], "lat": []} for t in targets}
+    with httpx.Client(timeout=120, trust_env=False) as client:
+        for _ in tqdm(range(rounds), desc="bench-proxy rounds", unit="round"):
+            for t in targets:  # interleaved, so drift in machine load hits every target alike
+                samples[t.name]["get"].append(_get_mib_s(client, t, len(payload)))
+                samples[t.name]["put"].append(_put_mib_s(client, t, payload))
+                samples[t.name]["lat"] += _small_latencies_ms(client, t, small_count // rounds)
+    return _report(out, samples, size_mib)
+
+
+def _report(out: Path, samples: dict[str, dict[str, list[float]]], size_mib: int) -> dict[str, object]:
+    results: dict[str, object] = {"object_mib": size_mib}
+    for name, s in samples.items():
+        results[name] = {
+            "get_mib_s": statistics.median(s["get"]), "put_mib_s": statistics.median(s["put"]),
+            "small_get_p50_ms": _percentile(s["lat"], 0.5), "small_get_p99_ms": _percentile(s["lat"], 0.99),
+        }
+    direct, gw = results["direct"], results["gateway"]
+    assert isinstance(direct, dict) and isinstance(gw, dict)
+    results["gateway_vs_direct"] = {
+        "get_ratio": gw["get_mib_s"] / direct["get_mib_s"],
+        "put_ratio": gw["put_mib_s"] / direct["put_mib_s"],
+        "added_p50_ms": gw["small_get_p50_ms"] - direct["small_get_p50_ms"],
+        "targets": {"throughput_ratio_min": 0.8, "added_p50_ms_max": 2.0},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench-proxy.json").write_text(json.dumps(results, indent=2))
+    _print(results, [n for n in samples])
+    return results
+
+
+def _print(results: dict[str, object], names: list[str]) -> None:
+    print(f"\n{'target':<10}{'GET MiB/s':>12}{'PUT MiB/s':>12}{'4KiB p50 ms':>14}{'p99 ms':>10}")
+    for name in names:
+        r = results[name]
+        assert isinstance(r, dict)
+        print(f"{name:<10}{r['get_mib_s']:>12.0f}{r['put_mib_s']:>12.0f}"
+              f"{r['small_get_p50_ms']:>14.2f}{r['small_get_p99_ms']:>10.2f}")
+    ratio = results["gateway_vs_direct"]
+    assert isinstance(ratio, dict)
+    print(f"\ngateway/direct: GET {ratio['get_ratio']:.2f}x, PUT {ratio['put_ratio']:.2f}x "
+          f"(target >= 0.8x); added p50 {ratio['added_p50_ms']:+.2f} ms (target <= 2 ms)")
+
+
+class _gateway:  # noqa: N801 - used as a context manager, reads like one
+    def __init__(self, tmp: Path, backend: str, key: str, secret: str) -> None:
+        self.port, self.key, self.secret = free_port(), "BENCHCLIENT", os.urandom(16).hex()
+        env = {**os.environ, "HAPI_BACKEND_URL": backend, "HAPI_BACKEND_ACCESS_KEY_ID": key,
+               "HAPI_BACKEND_SECRET_ACCESS_KEY": secret, "HAPI_ACCESS_KEY_ID": self.key,
+               "HAPI_SECRET_ACCESS_KEY": self.secret}
+        hapi = Path(sys.executable).parent / "hapi"
+        self.proc = subprocess.Popen([str(hapi), "serve", "--port", str(self.port)], env=env,
+                                     stdout=(tmp / "gateway.log").open("wb"), stderr=subprocess.STDOUT)
+
+    def __enter__(self) -> tuple[str, str, str]:
+        url = f"http://127.0.0.1:{self.port}"
+        for _ in range(300):
+            try:
+                httpx.get(url + "/_hapi/health", timeout=1)
+                return url, self.key, self.secret
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError("the gateway did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+class _nginx:  # noqa: N801
+    def __init__(self, tmp: Path, store_port: int) -> None:
+        self.tmp, self.store_port, self.proc = tmp, store_port, None
+        self.port = free_port()
+
+    def __enter__(self) -> int | None:
+        nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+        if nginx is None:
+            print("nginx not found (apt-get install nginx-light): comparing with direct only")
+            return None
+        conf = self.tmp / "nginx.conf"
+        conf.write_text(_NGINX_CONF.format(tmp=self.tmp, store_port=self.store_port, port=self.port))
+        self.proc = subprocess.Popen([nginx, "-c", str(conf)], stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        return self.port
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--size-mib", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--small-count", type=int, default=1000)
+    args = parser.parse_args(argv)
+    run(args.out, args.size_mib, args.rounds, args.small_count)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The gateway's error tree; every exception here becomes S3 XML in exactly one handler.
+
+::
+
+    S3Error                              code, status, message, resource
+    ├── AccessDenied                     403
+    ├── InvalidAccessKeyId               403
+    ├── SignatureDoesNotMatch            403
+    ├── RequestTimeTooSkewed             403
+    ├── AuthorizationHeaderMalformed     400
+    ├── AuthorizationQueryParametersError 400
+    ├── XAmzContentSHA256Mismatch        400
+    ├── BadDigest                        400  (checksum trailer mismatch)
+    ├── IncompleteBody                   400
+    ├── InvalidRequest                   400
+    ├── InvalidArgument                  400
+    ├── NoSuchModel                      404
+    ├── UnprocessableObject              422
+    ├── SlowDown                         503  (with Retry-After)
+    └── ServiceUnavailable               503  (with Retry-After; backend unreachable)
+
+Third-party errors are wrapped where they enter (``raise ServiceUnavailable(...) from exc``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class S3Error(Exception):
+    """An error the gateway reports to its client as S3 XML.
+
+    Args:
+        message: Human-readable explanation, sent as ``<Message>``.
+        resource: The bucket/key the error concerns, sent as ``<Resource>``.
+        retry_after: Seconds, sent as ``Retry-After`` for 503s.
+    """
+
+    code: ClassVar[str] = "InternalError"
+    status: ClassVar[int] = 500
+
+    def __init__(
+        self, message: str, *, resource: str = "", retry_after: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.resource = resource
+        self.retry_after = retry_after
+
+
+class AccessDenied(S3Error):
+    """The credentials do not allow the request."""
+
+    code = "AccessDenied"
+    status = 403
+
+
+class InvalidAccessKeyId(S3Error):
+    """The access key id is not one the gateway knows."""
+
+    code = "InvalidAccessKeyId"
+    status = 403
+
+
+class SignatureDoesNotMatch(S3Error):
+    """The request's signature does not match the one computed."""
+
+    code = "SignatureDoesNotMatch"
+    status = 403
+
+
+class RequestTimeTooSkewed(S3Error):
+    """The request's date is too far from the gateway's clock."""
+
+    code = "RequestTimeTooSkewed"
+    status = 403
+
+
+class AuthorizationHeaderMalformed(S3Error):
+    """The Authorization header cannot be parsed."""
+
+    code = "AuthorizationHeaderMalformed"
+    status = 400
+
+
+class AuthorizationQueryParametersError(S3Error):
+    """The presigned query parameters are malformed or expired."""
+
+    code = "AuthorizationQueryParametersError"
+    status = 400
+
+
+class XAmzContentSHA256Mismatch(S3Error):
+    """The body's SHA-256 differs from x-amz-content-sha256."""
+
+    code = "XAmzContentSHA256Mismatch"
+    status = 400
+
+
+class BadDigest(S3Error):
+    """A checksum (header or trailer) does not match the body."""
+
+    code = "BadDigest"
+    status = 400
+
+
+class IncompleteBody(S3Error):
+    """The body ended before its declared length."""
+
+    code = "IncompleteBody"
+    status = 400
+
+
+class InvalidRequest(S3Error):
+    """The request is malformed."""
+
+    code = "InvalidRequest"
+    status = 400
+
+
+class InvalidArgument(S3Error):
+    """A parameter has an invalid value."""
+
+    code = "InvalidArgument"
+    status = 400
+
+
+class NoSuchModel(S3Error):
+    """The registry has no such model or version."""
+
+    code = "NoSuchModel"
+    status = 404
+
+
+class UnprocessableObject(S3Error):
+    """The object is not a decodable image or shard."""
+
+    code = "UnprocessableObject"
+    status = 422
+
+
+class SlowDown(S3Error):
+    """The gateway is saturated; retry after the given delay."""
+
+    code = "SlowDown"
+    status = 503
+
+
+class ServiceUnavailable(S3Error):
+    """The backend store cannot be reached."""
+
+    code = "ServiceUnavailable"
+    status = 503

@@ -1,0 +1,89 @@
+"""Operations and failure modes: health, metrics, unreachable or misbehaving backends."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+
+import boto3
+import httpx
+import pytest
+from botocore.config import Config
+
+from tests.support import free_port, gateway_process
+
+
+def test_health_reports_backend(gateway):
+    reply = httpx.get(gateway.endpoint_url + "/_hapi/health")
+    assert reply.status_code == 200
+    assert reply.json() == {"status": "ok", "backend": "ok"}
+
+
+def test_metrics_count_operations_and_bytes(gateway, s3, bucket):
+    s3.put_object(Bucket=bucket, Key="m", Body=b"m" * 1234)
+    s3.get_object(Bucket=bucket, Key="m")["Body"].read()
+    text = httpx.get(gateway.endpoint_url + "/metrics").text
+    assert 'hapi_requests_total{operation="PutObject",status="200"}' in text
+    assert 'hapi_requests_total{operation="GetObject",status="200"}' in text
+    assert "hapi_request_duration_seconds_bucket" in text
+    sent = [line for line in text.splitlines() if line.startswith('hapi_sent_bytes_total{operation="GetObject"}')]
+    assert sent and float(sent[0].split()[-1]) >= 1234
+
+
+def test_access_log_line(gateway, s3, bucket):
+    reply = s3.put_object(Bucket=bucket, Key="logged", Body=b"abc")
+    request_id = reply["ResponseMetadata"]["HTTPHeaders"]["x-hapi-request-id"]
+    lines = [line for line in gateway.log().splitlines() if request_id in line]
+    assert lines and "PutObject" in lines[0] and "status=200" in lines[0] and "received=3" in lines[0]
+
+
+def _client(gw) -> boto3.client:
+    return boto3.client(
+        "s3", endpoint_url=gw.endpoint_url, region_name="us-east-1",
+        aws_access_key_id=gw.access_key_id, aws_secret_access_key=gw.secret_access_key,
+        config=Config(retries={"max_attempts": 1}),
+    )
+
+
+def test_unreachable_backend_is_503_with_retry_after(tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    with gateway_process(backend_url=dead, backend_key="k", backend_secret="s", log_dir=tmp_path) as gw:
+        url = _client(gw).generate_presigned_url("get_object", Params={"Bucket": "b", "Key": "k"})
+        reply = httpx.get(url)
+        assert reply.status_code == 503
+        assert reply.headers["retry-after"] == "1"
+        assert ET.fromstring(reply.content).findtext("Code") == "ServiceUnavailable"
+        health = httpx.get(gw.endpoint_url + "/_hapi/health")
+        assert health.status_code == 503 and health.json()["status"] == "degraded"
+
+
+@pytest.fixture
+def truncating_backend() -> Iterator[str]:
+    """A backend that promises 1 MiB and closes the connection after 1000 bytes."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n" + b"z" * 1000)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}"
+    server.close()
+
+
+def test_truncated_upstream_body_is_not_a_complete_response(tmp_path, truncating_backend):
+    with gateway_process(backend_url=truncating_backend, backend_key="k", backend_secret="s", log_dir=tmp_path) as gw:
+        url = _client(gw).generate_presigned_url("get_object", Params={"Bucket": "b", "Key": "k"})
+        with pytest.raises(httpx.RemoteProtocolError), httpx.stream("GET", url) as reply:
+            assert reply.headers["content-length"] == "1048576"
+            reply.read()

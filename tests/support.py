@@ -1,0 +1,111 @@
+"""Helpers for tests that run the real gateway as a process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+HAPI = str(Path(sys.executable).parent / "hapi")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RunningGateway:
+    endpoint_url: str
+    access_key_id: str
+    secret_access_key: str
+    backend_access_key_id: str
+    backend_secret_access_key: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def rss_bytes(self) -> int:
+        return _status_kb(self.pid, "VmRSS") * 1024
+
+    def peak_rss_bytes(self) -> int:
+        return _status_kb(self.pid, "VmHWM") * 1024
+
+    def reset_peak_rss(self) -> None:
+        # Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def _status_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+@contextlib.contextmanager
+def gateway_process(
+    *,
+    backend_url: str,
+    backend_key: str,
+    backend_secret: str,
+    log_dir: Path,
+    extra_args: tuple[str, ...] = (),
+) -> Iterator[RunningGateway]:
+    """Run ``hapi serve`` on a free loopback port; stop it afterwards, whatever happens."""
+    port = free_port()
+    key, secret = "GWTEST" + os.urandom(5).hex().upper(), os.urandom(20).hex()
+    env = {
+        **os.environ,
+        "HAPI_BACKEND_URL": backend_url,
+        "HAPI_BACKEND_ACCESS_KEY_ID": backend_key,
+        "HAPI_BACKEND_SECRET_ACCESS_KEY": backend_secret,
+        "HAPI_ACCESS_KEY_ID": key,
+        "HAPI_SECRET_ACCESS_KEY": secret,
+    }
+    log_path = log_dir / f"gateway-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [HAPI, "-v", "serve", "--port", str(port), *extra_args],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    gw = RunningGateway(f"http://127.0.0.1:{port}", key, secret, backend_key, backend_secret, proc, log_path)
+    try:
+        _wait_listening(gw)
+        yield gw
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_listening(gw: RunningGateway, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if gw.process.poll() is not None:
+            raise RuntimeError(f"gateway exited with {gw.process.returncode}:\n{gw.log()}")
+        try:
+            httpx.get(gw.endpoint_url + "/_hapi/health", timeout=2)
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError(f"gateway did not start within {timeout}s:\n{gw.log()}")
