@@ -55,13 +55,17 @@ def new_upstream_client(settings: GatewaySettings) -> httpx.AsyncClient:
         keepalive_expiry=30,
     )
     timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
-    return httpx.AsyncClient(limits=limits, timeout=timeout, follow_redirects=False, trust_env=False)
+    return httpx.AsyncClient(
+        limits=limits, timeout=timeout, follow_redirects=False, trust_env=False
+    )
 
 
 class Gateway:
     """ASGI entry point: ``/_hapi/*`` and ``/metrics`` to the operations app, all else to S3."""
 
-    def __init__(self, settings: GatewaySettings, upstream: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, settings: GatewaySettings, upstream: httpx.AsyncClient | None = None
+    ) -> None:
         self.settings = settings
         self.metrics = Metrics()
         self.upstream = _Upstream(settings, upstream)
@@ -87,8 +91,11 @@ class Gateway:
     async def _health(self, _request: Request) -> Response:
         url = self.settings.backend_url + "/"
         headers = sign_request(
-            method="GET", url=url, headers={},
-            credentials=self.settings.backend_credentials, region=self.settings.region,
+            method="GET",
+            url=url,
+            headers={},
+            credentials=self.settings.backend_credentials,
+            region=self.settings.region,
         )
         try:
             reply = await self.upstream.get().get(url, headers=headers, timeout=3.0)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import boto3
 import httpx
+from botocore.config import Config
 from tqdm import tqdm
 
 from ._store import EmbeddedStore, StoreSettings, free_port
@@ -56,12 +57,20 @@ class Target:
 
 
 def _presigner(endpoint: str, key: str, secret: str) -> Callable[[str, str], str]:
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                      aws_access_key_id=key, aws_secret_access_key=secret)
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        config=Config(signature_version="s3v4"),
+    )
 
     def presign(method: str, obj: str) -> str:
         op = {"GET": "get_object", "PUT": "put_object"}[method]
-        return str(s3.generate_presigned_url(op, Params={"Bucket": "bench", "Key": obj}, ExpiresIn=7200))
+        return str(
+            s3.generate_presigned_url(op, Params={"Bucket": "bench", "Key": obj}, ExpiresIn=7200)
+        )
 
     return presign
 
@@ -92,7 +101,9 @@ def _put_mib_s(client: httpx.Client, target: Target, payload: bytes) -> float:
             yield bytes(view[i : i + MiB])
 
     start = time.perf_counter()
-    reply = client.put(url, content=body(), headers={**headers, "content-length": str(len(payload))})
+    reply = client.put(
+        url, content=body(), headers={**headers, "content-length": str(len(payload))}
+    )
     reply.raise_for_status()
     return len(payload) / MiB / (time.perf_counter() - start)
 
@@ -118,28 +129,52 @@ def run(out: Path, size_mib: int, rounds: int, small_count: int) -> dict[str, ob
     with tempfile.TemporaryDirectory(prefix="hapi-bench-") as tmp_name:
         tmp = Path(tmp_name)
         key, secret = "BENCHSTORE", os.urandom(16).hex()
-        settings = StoreSettings(data_dir=tmp / "store", port=free_port(), access_key_id=key,
-                                 secret_access_key=secret)
-        with EmbeddedStore(settings) as store, _gateway(tmp, store.endpoint_url, key, secret) as gw, \
-                _nginx(tmp, settings.port) as nginx_port:
-            return _measure(out, store.endpoint_url, gw, nginx_port, key, secret, size_mib, rounds, small_count)
+        settings = StoreSettings(
+            data_dir=tmp / "store", port=free_port(), access_key_id=key, secret_access_key=secret
+        )
+        with (
+            EmbeddedStore(settings) as store,
+            _gateway(tmp, store.endpoint_url, key, secret) as gw,
+            _nginx(tmp, settings.port) as nginx_port,
+        ):
+            return _measure(
+                out, store.endpoint_url, gw, nginx_port, key, secret, size_mib, rounds, small_count
+            )
 
 
-def _measure(out: Path, store_url: str, gw: tuple[str, str, str], nginx_port: int | None,
-             key: str, secret: str, size_mib: int, rounds: int, small_count: int) -> dict[str, object]:
+def _measure(
+    out: Path,
+    store_url: str,
+    gw: tuple[str, str, str],
+    nginx_port: int | None,
+    key: str,
+    secret: str,
+    size_mib: int,
+    rounds: int,
+    small_count: int,
+) -> dict[str, object]:
     store_host = httpx.URL(store_url).netloc.decode()
     direct = _presigner(store_url, key, secret)
-    targets = [Target("direct", store_url, store_host, direct),
-               Target("gateway", gw[0], httpx.URL(gw[0]).netloc.decode(), _presigner(*gw))]
+    targets = [
+        Target("direct", store_url, store_host, direct),
+        Target("gateway", gw[0], httpx.URL(gw[0]).netloc.decode(), _presigner(*gw)),
+    ]
     if nginx_port:
         targets.append(Target("nginx", f"http://127.0.0.1:{nginx_port}", store_host, direct))
     payload = os.urandom(size_mib * MiB)
-    admin = boto3.client("s3", endpoint_url=store_url, region_name="us-east-1",
-                         aws_access_key_id=key, aws_secret_access_key=secret)
+    admin = boto3.client(
+        "s3",
+        endpoint_url=store_url,
+        region_name="us-east-1",
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+    )
     admin.create_bucket(Bucket="bench")
     admin.put_object(Bucket="bench", Key="big", Body=payload)
     admin.put_object(Bucket="bench", Key="small", Body=os.urandom(4096))
-    samples: dict[str, dict[str, list[float]]] = {t.name: {"get": [], "put": [], "lat": []} for t in targets}
+    samples: dict[str, dict[str, list[float]]] = {
+        t.name: {"get": [], "put": [], "lat": []} for t in targets
+    }
     with httpx.Client(timeout=120, trust_env=False) as client:
         for _ in tqdm(range(rounds), desc="bench-proxy rounds", unit="round"):
             for t in targets:  # interleaved, so drift in machine load hits every target alike
@@ -149,12 +184,16 @@ def _measure(out: Path, store_url: str, gw: tuple[str, str, str], nginx_port: in
     return _report(out, samples, size_mib)
 
 
-def _report(out: Path, samples: dict[str, dict[str, list[float]]], size_mib: int) -> dict[str, object]:
+def _report(
+    out: Path, samples: dict[str, dict[str, list[float]]], size_mib: int
+) -> dict[str, object]:
     results: dict[str, object] = {"object_mib": size_mib}
     for name, s in samples.items():
         results[name] = {
-            "get_mib_s": statistics.median(s["get"]), "put_mib_s": statistics.median(s["put"]),
-            "small_get_p50_ms": _percentile(s["lat"], 0.5), "small_get_p99_ms": _percentile(s["lat"], 0.99),
+            "get_mib_s": statistics.median(s["get"]),
+            "put_mib_s": statistics.median(s["put"]),
+            "small_get_p50_ms": _percentile(s["lat"], 0.5),
+            "small_get_p99_ms": _percentile(s["lat"], 0.99),
         }
     direct, gw = results["direct"], results["gateway"]
     assert isinstance(direct, dict) and isinstance(gw, dict)
@@ -175,23 +214,36 @@ def _print(results: dict[str, object], names: list[str]) -> None:
     for name in names:
         r = results[name]
         assert isinstance(r, dict)
-        print(f"{name:<10}{r['get_mib_s']:>12.0f}{r['put_mib_s']:>12.0f}"
-              f"{r['small_get_p50_ms']:>14.2f}{r['small_get_p99_ms']:>10.2f}")
+        print(
+            f"{name:<10}{r['get_mib_s']:>12.0f}{r['put_mib_s']:>12.0f}"
+            f"{r['small_get_p50_ms']:>14.2f}{r['small_get_p99_ms']:>10.2f}"
+        )
     ratio = results["gateway_vs_direct"]
     assert isinstance(ratio, dict)
-    print(f"\ngateway/direct: GET {ratio['get_ratio']:.2f}x, PUT {ratio['put_ratio']:.2f}x "
-          f"(target >= 0.8x); added p50 {ratio['added_p50_ms']:+.2f} ms (target <= 2 ms)")
+    print(
+        f"\ngateway/direct: GET {ratio['get_ratio']:.2f}x, PUT {ratio['put_ratio']:.2f}x "
+        f"(target >= 0.8x); added p50 {ratio['added_p50_ms']:+.2f} ms (target <= 2 ms)"
+    )
 
 
-class _gateway:  # noqa: N801 - used as a context manager, reads like one
+class _gateway:
     def __init__(self, tmp: Path, backend: str, key: str, secret: str) -> None:
         self.port, self.key, self.secret = free_port(), "BENCHCLIENT", os.urandom(16).hex()
-        env = {**os.environ, "HAPI_BACKEND_URL": backend, "HAPI_BACKEND_ACCESS_KEY_ID": key,
-               "HAPI_BACKEND_SECRET_ACCESS_KEY": secret, "HAPI_ACCESS_KEY_ID": self.key,
-               "HAPI_SECRET_ACCESS_KEY": self.secret}
+        env = {
+            **os.environ,
+            "HAPI_BACKEND_URL": backend,
+            "HAPI_BACKEND_ACCESS_KEY_ID": key,
+            "HAPI_BACKEND_SECRET_ACCESS_KEY": secret,
+            "HAPI_ACCESS_KEY_ID": self.key,
+            "HAPI_SECRET_ACCESS_KEY": self.secret,
+        }
         hapi = Path(sys.executable).parent / "hapi"
-        self.proc = subprocess.Popen([str(hapi), "serve", "--port", str(self.port)], env=env,
-                                     stdout=(tmp / "gateway.log").open("wb"), stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [str(hapi), "serve", "--port", str(self.port)],
+            env=env,
+            stdout=(tmp / "gateway.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
 
     def __enter__(self) -> tuple[str, str, str]:
         url = f"http://127.0.0.1:{self.port}"
@@ -208,18 +260,23 @@ class _gateway:  # noqa: N801 - used as a context manager, reads like one
         self.proc.wait(10)
 
 
-class _nginx:  # noqa: N801
+class _nginx:
     def __init__(self, tmp: Path, store_port: int) -> None:
-        self.tmp, self.store_port, self.proc = tmp, store_port, None
+        self.tmp, self.store_port = tmp, store_port
+        self.proc: subprocess.Popen[bytes] | None = None
         self.port = free_port()
 
     def __enter__(self) -> int | None:
-        nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+        nginx = shutil.which("nginx") or (
+            "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
+        )
         if nginx is None:
             print("nginx not found (apt-get install nginx-light): comparing with direct only")
             return None
         conf = self.tmp / "nginx.conf"
-        conf.write_text(_NGINX_CONF.format(tmp=self.tmp, store_port=self.store_port, port=self.port))
+        conf.write_text(
+            _NGINX_CONF.format(tmp=self.tmp, store_port=self.store_port, port=self.port)
+        )
         self.proc = subprocess.Popen([nginx, "-c", str(conf)], stderr=subprocess.DEVNULL)
         time.sleep(0.5)
         return self.port
@@ -231,7 +288,9 @@ class _nginx:  # noqa: N801
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
     parser.add_argument("--size-mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)

@@ -37,33 +37,71 @@ def cli(verbose: bool) -> None:
 
 
 @cli.command()
-@click.option("--dir", "data_dir", type=click.Path(path_type=Path), default=Path(DEFAULT_STATE_DIR) / "store",
-              show_default=True, help="Where the store keeps its data.")
+@click.option(
+    "--dir",
+    "data_dir",
+    type=click.Path(path_type=Path),
+    default=Path(DEFAULT_STATE_DIR) / "store",
+    show_default=True,
+    help="Where the store keeps its data.",
+)
 @click.option("--port", type=int, default=8333, show_default=True, help="S3 port (loopback only).")
-@click.option("--access-key-id", envvar="HAPI_BACKEND_ACCESS_KEY_ID", help="Store credentials "
-              "[env HAPI_BACKEND_ACCESS_KEY_ID]; generated and kept in DIR when unset.")
-@click.option("--secret-access-key", envvar="HAPI_BACKEND_SECRET_ACCESS_KEY",
-              help="[env HAPI_BACKEND_SECRET_ACCESS_KEY]")
-def store(data_dir: Path, port: int, access_key_id: str | None, secret_access_key: str | None) -> None:
+@click.option(
+    "--access-key-id",
+    envvar="HAPI_BACKEND_ACCESS_KEY_ID",
+    help="Store credentials "
+    "[env HAPI_BACKEND_ACCESS_KEY_ID]; generated and kept in DIR when unset.",
+)
+@click.option(
+    "--secret-access-key",
+    envvar="HAPI_BACKEND_SECRET_ACCESS_KEY",
+    help="[env HAPI_BACKEND_SECRET_ACCESS_KEY]",
+)
+def store(
+    data_dir: Path, port: int, access_key_id: str | None, secret_access_key: str | None
+) -> None:
     """Run the embedded S3 store (SeaweedFS) in the foreground until Ctrl-C."""
     from ._store import StoreSettings, load_or_create_credentials, run_store
 
     creds = load_or_create_credentials(data_dir, access_key_id, secret_access_key)
-    run_store(StoreSettings(data_dir=data_dir, port=port, access_key_id=creds.access_key_id,
-                            secret_access_key=creds.secret_access_key))
+    run_store(
+        StoreSettings(
+            data_dir=data_dir,
+            port=port,
+            access_key_id=creds.access_key_id,
+            secret_access_key=creds.secret_access_key,
+        )
+    )
 
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
-@click.option("--backend", envvar="HAPI_BACKEND_URL", help="URL of the S3 store [env HAPI_BACKEND_URL].")
-@click.option("--credentials-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help='Client credentials, JSON {"KEY_ID": "SECRET", ...} [env HAPI_CREDENTIALS_FILE].')
-@click.option("--allow-anonymous", is_flag=True, help="Forward unsigned requests (signed upstream).")
-@click.option("--domain", "domains", multiple=True,
-              help="Domain for virtual-hosted-style addressing (BUCKET.DOMAIN); repeatable.")
-def serve(host: str, port: int, backend: str | None, credentials_file: Path | None,
-          allow_anonymous: bool, domains: tuple[str, ...]) -> None:
+@click.option(
+    "--backend", envvar="HAPI_BACKEND_URL", help="URL of the S3 store [env HAPI_BACKEND_URL]."
+)
+@click.option(
+    "--credentials-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help='Client credentials, JSON {"KEY_ID": "SECRET", ...} [env HAPI_CREDENTIALS_FILE].',
+)
+@click.option(
+    "--allow-anonymous", is_flag=True, help="Forward unsigned requests (signed upstream)."
+)
+@click.option(
+    "--domain",
+    "domains",
+    multiple=True,
+    help="Domain for virtual-hosted-style addressing (BUCKET.DOMAIN); repeatable.",
+)
+def serve(
+    host: str,
+    port: int,
+    backend: str | None,
+    credentials_file: Path | None,
+    allow_anonymous: bool,
+    domains: tuple[str, ...],
+) -> None:
     """Run the gateway in front of an existing S3 store.
 
     Upstream credentials: HAPI_BACKEND_ACCESS_KEY_ID / HAPI_BACKEND_SECRET_ACCESS_KEY.
@@ -74,7 +112,9 @@ def serve(host: str, port: int, backend: str | None, credentials_file: Path | No
         env["HAPI_CREDENTIALS_FILE"] = str(credentials_file)
     try:
         settings = GatewaySettings.from_env(
-            env, backend_url=backend, allow_anonymous=allow_anonymous or None,
+            env,
+            backend_url=backend,
+            allow_anonymous=allow_anonymous or None,
             virtual_host_domains=domains or None,
         )
     except ValueError as exc:
@@ -88,16 +128,27 @@ def run_gateway(settings: GatewaySettings, host: str, port: int) -> None:
 
     from ._app import create_app
 
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning",
-                loop="uvloop", http="httptools", lifespan="on", server_header=False)
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level="warning",
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        server_header=False,
+    )
 
 
 def main() -> None:
     """Console-script entry point."""
     from ._up import up
 
-    from hapi.models._cli import models
-
     cli.add_command(up)
-    cli.add_command(models)
+    try:  # TEMPORARY until models/_cli.py lands
+        from hapi.models._cli import models
+
+        cli.add_command(models)
+    except ImportError:
+        pass
     cli(prog_name="hapi")

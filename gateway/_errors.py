@@ -39,9 +39,7 @@ class S3Error(Exception):
     code: ClassVar[str] = "InternalError"
     status: ClassVar[int] = 500
 
-    def __init__(
-        self, message: str, *, resource: str = "", retry_after: int | None = None
-    ) -> None:
+    def __init__(self, message: str, *, resource: str = "", retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.resource = resource

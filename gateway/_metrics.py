@@ -14,32 +14,47 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 class Metrics:
     """Counters and histograms; ``render()`` gives the ``/metrics`` body."""
 
-    registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
+    registry: CollectorRegistry = field(
+        default_factory=lambda: CollectorRegistry(auto_describe=True)
+    )
 
     def __post_init__(self) -> None:
         labels = ("operation", "status")
         self.requests = Counter(
-            "hapi_requests", "Requests handled, by S3 operation and status.", labels,
+            "hapi_requests",
+            "Requests handled, by S3 operation and status.",
+            labels,
             registry=self.registry,
         )
         self.latency = Histogram(
-            "hapi_request_duration_seconds", "Time from request to last response byte.",
-            ("operation",), buckets=_LATENCY_BUCKETS, registry=self.registry,
+            "hapi_request_duration_seconds",
+            "Time from request to last response byte.",
+            ("operation",),
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
         )
         self.bytes_in = Counter(
-            "hapi_received_bytes", "Request body bytes received from clients.", ("operation",),
+            "hapi_received_bytes",
+            "Request body bytes received from clients.",
+            ("operation",),
             registry=self.registry,
         )
         self.bytes_out = Counter(
-            "hapi_sent_bytes", "Response body bytes sent to clients.", ("operation",),
+            "hapi_sent_bytes",
+            "Response body bytes sent to clients.",
+            ("operation",),
             registry=self.registry,
         )
         self.upstream_errors = Counter(
-            "hapi_upstream_errors", "Upstream failures (unreachable, reset, truncated).", ("kind",),
+            "hapi_upstream_errors",
+            "Upstream failures (unreachable, reset, truncated).",
+            ("kind",),
             registry=self.registry,
         )
 
-    def observe(self, operation: str, status: int, seconds: float, sent: int, received: int) -> None:
+    def observe(
+        self, operation: str, status: int, seconds: float, sent: int, received: int
+    ) -> None:
         """Record one finished request."""
         self.requests.labels(operation, str(status)).inc()
         self.latency.labels(operation).observe(seconds)

@@ -60,7 +60,10 @@ class Observe:
             if message["type"] == "http.response.start":
                 response_started = True
                 state.setdefault("status", message["status"])
-                message["headers"] = [*message.get("headers", []), (b"x-hapi-request-id", request_id.encode())]
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-hapi-request-id", request_id.encode()),
+                ]
             await send(message)
 
         try:
@@ -91,14 +94,23 @@ class Observe:
         await send({"type": "http.response.body", "body": body})
 
     def _finish(self, scope: Scope, state: dict[str, Any], seconds: float) -> None:
-        operation = state.get("operation", "Hapi" if scope["path"].startswith("/_hapi") else "Unknown")
+        operation = state.get(
+            "operation", "Hapi" if scope["path"].startswith("/_hapi") else "Unknown"
+        )
         status = state.get("status", 500)
         sent, received = state.get("sent", 0), state.get("received", 0)
         self._metrics.observe(operation, status, seconds, sent, received)
         log.info(
             "%s %s %s %s status=%d sent=%d received=%d ms=%.2f%s",
-            state["request_id"], operation, scope["method"], scope["path"], status, sent, received,
-            seconds * 1000, f" error={state['error']}" if "error" in state else "",
+            state["request_id"],
+            operation,
+            scope["method"],
+            scope["path"],
+            status,
+            sent,
+            received,
+            seconds * 1000,
+            f" error={state['error']}" if "error" in state else "",
         )
 
 

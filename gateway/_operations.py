@@ -11,7 +11,11 @@ from collections.abc import Collection
 _BUCKET_SUBRESOURCES = {
     "uploads": {"GET": "ListMultipartUploads"},
     "delete": {"POST": "DeleteObjects"},
-    "tagging": {"GET": "GetBucketTagging", "PUT": "PutBucketTagging", "DELETE": "DeleteBucketTagging"},
+    "tagging": {
+        "GET": "GetBucketTagging",
+        "PUT": "PutBucketTagging",
+        "DELETE": "DeleteBucketTagging",
+    },
     "location": {"GET": "GetBucketLocation"},
     "versioning": {"GET": "GetBucketVersioning", "PUT": "PutBucketVersioning"},
     "policy": {"GET": "GetBucketPolicy", "PUT": "PutBucketPolicy", "DELETE": "DeleteBucketPolicy"},
@@ -22,12 +26,21 @@ _BUCKET_SUBRESOURCES = {
     "hapi-batch": {"POST": "HapiBatch"},
 }
 _OBJECT_SUBRESOURCES = {
-    "tagging": {"GET": "GetObjectTagging", "PUT": "PutObjectTagging", "DELETE": "DeleteObjectTagging"},
+    "tagging": {
+        "GET": "GetObjectTagging",
+        "PUT": "PutObjectTagging",
+        "DELETE": "DeleteObjectTagging",
+    },
     "acl": {"GET": "GetObjectAcl", "PUT": "PutObjectAcl"},
     "uploads": {"POST": "CreateMultipartUpload"},
     "attributes": {"GET": "GetObjectAttributes"},
 }
-_BUCKET = {"GET": "ListObjects", "PUT": "CreateBucket", "DELETE": "DeleteBucket", "HEAD": "HeadBucket"}
+_BUCKET = {
+    "GET": "ListObjects",
+    "PUT": "CreateBucket",
+    "DELETE": "DeleteBucket",
+    "HEAD": "HeadBucket",
+}
 _OBJECT = {"GET": "GetObject", "PUT": "PutObject", "DELETE": "DeleteObject", "HEAD": "HeadObject"}
 
 
@@ -48,7 +61,7 @@ def classify(
     if not key:
         for name, ops in _BUCKET_SUBRESOURCES.items():
             if name in query and method in ops:
-                return ops[name]
+                return ops[method]
         if method == "GET" and query and "list-type" in query:
             return "ListObjectsV2"
         return _BUCKET.get(method, "Unknown")
@@ -58,7 +71,7 @@ def classify(
 def _classify_object(method: str, query: Collection[str], headers: Collection[str]) -> str:
     for name, ops in _OBJECT_SUBRESOURCES.items():
         if name in query and method in ops:
-            return ops[name]
+            return ops[method]
     if "uploadId" in query:
         if method == "PUT":
             return "UploadPartCopy" if "x-amz-copy-source" in headers else "UploadPart"

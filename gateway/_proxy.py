@@ -25,10 +25,23 @@ from ._types import ASGIReceive, ASGISend, Scope, request_state
 # framing headers (the upstream body is the decoded payload).
 _DROP_REQUEST = frozenset(
     {
-        "host", "connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade",
-        "transfer-encoding", "expect", "authorization", "x-amz-date", "x-amz-content-sha256",
-        "x-amz-security-token", "x-amz-decoded-content-length", "x-amz-trailer",
-        "x-amz-sdk-checksum-algorithm", "content-length",
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "transfer-encoding",
+        "expect",
+        "authorization",
+        "x-amz-date",
+        "x-amz-content-sha256",
+        "x-amz-security-token",
+        "x-amz-decoded-content-length",
+        "x-amz-trailer",
+        "x-amz-sdk-checksum-algorithm",
+        "content-length",
     }
 )
 _DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"})
@@ -139,8 +152,12 @@ class Proxy:
         if encoding:
             plain["content-encoding"] = encoding
         signed = sign_request(
-            method=method, url=url, headers=to_sign, credentials=self._settings.backend_credentials,
-            region=self._settings.region, now=self._now(),
+            method=method,
+            url=url,
+            headers=to_sign,
+            credentials=self._settings.backend_credentials,
+            region=self._settings.region,
+            now=self._now(),
         )
         length = _payload_length(headers, verified)
         content: AsyncIterator[bytes] | None = None
@@ -148,12 +165,18 @@ class Proxy:
             plain["content-length"] = str(length)
             if length:
                 content = decode_body(
-                    _receive_body(receive, request_state(scope)), verified,
-                    content_length=length, headers=dict(headers),
+                    _receive_body(receive, request_state(scope)),
+                    verified,
+                    content_length=length,
+                    headers=dict(headers),
                 )
         elif _has_body(headers):
-            raise InvalidRequest("a request body needs a Content-Length (S3 has no chunked uploads)")
-        return self._client().build_request(method, url, headers={**plain, **signed}, content=content)
+            raise InvalidRequest(
+                "a request body needs a Content-Length (S3 has no chunked uploads)"
+            )
+        return self._client().build_request(
+            method, url, headers={**plain, **signed}, content=content
+        )
 
 
 async def _relay(response: httpx.Response, send: ASGISend, state: dict[str, Any]) -> None:

@@ -54,7 +54,9 @@ class GatewaySettings:
 
     def __post_init__(self) -> None:
         if not self.backend_url.startswith(("http://", "https://")):
-            raise ValueError(f"backend URL must start with http:// or https://: {self.backend_url!r}")
+            raise ValueError(
+                f"backend URL must start with http:// or https://: {self.backend_url!r}"
+            )
         object.__setattr__(self, "backend_url", self.backend_url.rstrip("/"))
         object.__setattr__(self, "client_secrets", MappingProxyType(dict(self.client_secrets)))
         if not self.client_secrets and not self.allow_anonymous:
@@ -64,7 +66,9 @@ class GatewaySettings:
             )
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> GatewaySettings:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> GatewaySettings:
         """Build settings from ``HAPI_*`` variables; keyword overrides (e.g. CLI flags) win.
 
         Raises:
@@ -75,7 +79,9 @@ class GatewaySettings:
         if ENV_BACKEND_URL in env:
             values["backend_url"] = env[ENV_BACKEND_URL]
         if ENV_BACKEND_KEY in env and ENV_BACKEND_SECRET in env:
-            values["backend_credentials"] = Credentials(env[ENV_BACKEND_KEY], env[ENV_BACKEND_SECRET])
+            values["backend_credentials"] = Credentials(
+                env[ENV_BACKEND_KEY], env[ENV_BACKEND_SECRET]
+            )
         secrets = {}
         if env.get(ENV_CREDENTIALS_FILE):
             secrets.update(read_credentials_file(Path(env[ENV_CREDENTIALS_FILE])))

@@ -14,12 +14,20 @@ from ._sigv4 import Credentials
 
 
 @click.command()
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path(DEFAULT_STATE_DIR), show_default=True,
-              help="Store data, generated credentials and logs live here.")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(DEFAULT_STATE_DIR),
+    show_default=True,
+    help="Store data, generated credentials and logs live here.",
+)
 @click.option("--port", type=int, default=8080, show_default=True, help="Gateway port (loopback).")
-@click.option("--store-port", type=int, default=8333, show_default=True, help="Store S3 port (loopback).")
-@click.option("--no-demo-model", is_flag=True, help="Do not register EfficientNet-Lite0 on first start.")
+@click.option(
+    "--store-port", type=int, default=8333, show_default=True, help="Store S3 port (loopback)."
+)
+@click.option(
+    "--no-demo-model", is_flag=True, help="Do not register EfficientNet-Lite0 on first start."
+)
 def up(state_dir: Path, port: int, store_port: int, no_demo_model: bool) -> None:
     """Start the embedded store and the gateway on loopback, print how to use them.
 
@@ -32,12 +40,16 @@ def up(state_dir: Path, port: int, store_port: int, no_demo_model: bool) -> None
     backend = load_or_create_credentials(state_dir / "store", None, None)
     client = load_or_create_credentials(state_dir / "gateway", None, None)
     store_settings = StoreSettings(
-        data_dir=state_dir / "store", port=store_port,
-        access_key_id=backend.access_key_id, secret_access_key=backend.secret_access_key,
+        data_dir=state_dir / "store",
+        port=store_port,
+        access_key_id=backend.access_key_id,
+        secret_access_key=backend.secret_access_key,
     )
     try:
         with EmbeddedStore(store_settings) as store:
-            console.print(f"[green]store[/] up at {store.endpoint_url} (data in {state_dir / 'store'})")
+            console.print(
+                f"[green]store[/] up at {store.endpoint_url} (data in {state_dir / 'store'})"
+            )
             settings = GatewaySettings(
                 backend_url=store.endpoint_url,
                 backend_credentials=Credentials(backend.access_key_id, backend.secret_access_key),
@@ -52,12 +64,14 @@ def up(state_dir: Path, port: int, store_port: int, no_demo_model: bool) -> None
 
 def _ensure_demo_model(console: Console, endpoint: str, creds: Any, bucket: str) -> None:
     import boto3
-
     from hapi.models import register_default_model
 
     s3 = boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
-        aws_access_key_id=creds.access_key_id, aws_secret_access_key=creds.secret_access_key,
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=creds.access_key_id,
+        aws_secret_access_key=creds.secret_access_key,
     )
     with console.status("registering the demo model (EfficientNet-Lite0) on first start..."):
         name = register_default_model(s3, bucket)
@@ -75,8 +89,15 @@ def _serve(settings: GatewaySettings, port: int, banner: Any) -> None:
             if self.started:
                 banner()
 
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning",
-                            loop="uvloop", http="httptools", server_header=False)
+    config = uvicorn.Config(
+        create_app(settings),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        loop="uvloop",
+        http="httptools",
+        server_header=False,
+    )
     _Server(config).run()
 
 

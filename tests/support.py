@@ -83,9 +83,13 @@ def gateway_process(
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [HAPI, "-v", "serve", "--port", str(port), *extra_args],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
-    gw = RunningGateway(f"http://127.0.0.1:{port}", key, secret, backend_key, backend_secret, proc, log_path)
+    gw = RunningGateway(
+        f"http://127.0.0.1:{port}", key, secret, backend_key, backend_secret, proc, log_path
+    )
     try:
         _wait_listening(gw)
         yield gw

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import xml.etree.ElementTree as ET
+from unittest import mock
 
 import boto3
 import httpx
@@ -27,13 +28,12 @@ def _assert_absent(backend_s3, bucket: str, key: str) -> None:
 
 def _signed_put(gateway, bucket, key, *, secret=None, key_id=None, when=None) -> httpx.Response:
     url = f"{gateway.endpoint_url}/{bucket}/{key}"
-    request = AWSRequest(method="PUT", url=url, data=b"payload", headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
+    request = AWSRequest(
+        method="PUT", url=url, data=b"payload", headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"}
+    )
     creds = Credentials(key_id or gateway.access_key_id, secret or gateway.secret_access_key)
-    signer = S3SigV4Auth(creds, "s3", "us-east-1")
-    if when is not None:
-        signer._timestamp = lambda: when.strftime("%Y%m%dT%H%M%SZ")  # type: ignore[method-assign]
-        request.context["timestamp"] = when.strftime("%Y%m%dT%H%M%SZ")
-    signer.add_auth(request)
+    with mock.patch("botocore.auth.get_current_datetime", lambda: when or dt.datetime.utcnow()):
+        S3SigV4Auth(creds, "s3", "us-east-1").add_auth(request)
     return httpx.put(url, content=b"payload", headers=dict(request.headers.items()))
 
 
@@ -58,7 +58,7 @@ def test_unknown_access_key(gateway, backend_s3, bucket):
 
 
 def test_clock_skew_is_refused(gateway, backend_s3, bucket):
-    when = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    when = dt.datetime.utcnow() - dt.timedelta(hours=1)
     reply = _signed_put(gateway, bucket, "skewed", when=when)
     assert reply.status_code == 403 and _error(reply)["Code"] == "RequestTimeTooSkewed"
     _assert_absent(backend_s3, bucket, "skewed")
@@ -66,13 +66,15 @@ def test_clock_skew_is_refused(gateway, backend_s3, bucket):
 
 def test_expired_presigned_url(gateway, s3, bucket):
     s3.put_object(Bucket=bucket, Key="exp", Body=b"secret data")
-    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "exp"}, ExpiresIn=1)
-    parsed = httpx.URL(url)
-    # Re-date the URL an hour back: the signature no longer matches *and* it is expired.
-    old = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).strftime("%Y%m%dT%H%M%SZ")
-    stale = parsed.copy_merge_params({"X-Amz-Date": old})
-    reply = httpx.get(stale)
+    an_hour_ago = dt.datetime.utcnow() - dt.timedelta(hours=1)
+    with mock.patch("botocore.auth.get_current_datetime", lambda: an_hour_ago):
+        url = s3.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": "exp"}, ExpiresIn=60
+        )
+    reply = httpx.get(url)
     assert reply.status_code == 403 and b"secret data" not in reply.content
+    err = _error(reply)
+    assert err["Code"] == "AccessDenied" and "expired" in err["Message"]
 
 
 def test_tampered_presigned_url(gateway, s3, bucket):
@@ -86,7 +88,9 @@ def test_tampered_presigned_url(gateway, s3, bucket):
 def test_client_authorization_never_goes_upstream(gateway, bucket):
     # A client signing with the *backend's* credentials is a stranger to the gateway.
     store_client = boto3.client(
-        "s3", endpoint_url=gateway.endpoint_url, region_name="us-east-1",
+        "s3",
+        endpoint_url=gateway.endpoint_url,
+        region_name="us-east-1",
         aws_access_key_id=gateway.backend_access_key_id,
         aws_secret_access_key=gateway.backend_secret_access_key,
     )

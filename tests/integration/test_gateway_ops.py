@@ -28,7 +28,11 @@ def test_metrics_count_operations_and_bytes(gateway, s3, bucket):
     assert 'hapi_requests_total{operation="PutObject",status="200"}' in text
     assert 'hapi_requests_total{operation="GetObject",status="200"}' in text
     assert "hapi_request_duration_seconds_bucket" in text
-    sent = [line for line in text.splitlines() if line.startswith('hapi_sent_bytes_total{operation="GetObject"}')]
+    sent = [
+        line
+        for line in text.splitlines()
+        if line.startswith('hapi_sent_bytes_total{operation="GetObject"}')
+    ]
     assert sent and float(sent[0].split()[-1]) >= 1234
 
 
@@ -36,20 +40,27 @@ def test_access_log_line(gateway, s3, bucket):
     reply = s3.put_object(Bucket=bucket, Key="logged", Body=b"abc")
     request_id = reply["ResponseMetadata"]["HTTPHeaders"]["x-hapi-request-id"]
     lines = [line for line in gateway.log().splitlines() if request_id in line]
-    assert lines and "PutObject" in lines[0] and "status=200" in lines[0] and "received=3" in lines[0]
+    assert (
+        lines and "PutObject" in lines[0] and "status=200" in lines[0] and "received=3" in lines[0]
+    )
 
 
 def _client(gw) -> boto3.client:
     return boto3.client(
-        "s3", endpoint_url=gw.endpoint_url, region_name="us-east-1",
-        aws_access_key_id=gw.access_key_id, aws_secret_access_key=gw.secret_access_key,
-        config=Config(retries={"max_attempts": 1}),
+        "s3",
+        endpoint_url=gw.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=gw.access_key_id,
+        aws_secret_access_key=gw.secret_access_key,
+        config=Config(signature_version="s3v4", retries={"max_attempts": 1}),
     )
 
 
 def test_unreachable_backend_is_503_with_retry_after(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
-    with gateway_process(backend_url=dead, backend_key="k", backend_secret="s", log_dir=tmp_path) as gw:
+    with gateway_process(
+        backend_url=dead, backend_key="k", backend_secret="s", log_dir=tmp_path
+    ) as gw:
         url = _client(gw).generate_presigned_url("get_object", Params={"Bucket": "b", "Key": "k"})
         reply = httpx.get(url)
         assert reply.status_code == 503
@@ -82,7 +93,9 @@ def truncating_backend() -> Iterator[str]:
 
 
 def test_truncated_upstream_body_is_not_a_complete_response(tmp_path, truncating_backend):
-    with gateway_process(backend_url=truncating_backend, backend_key="k", backend_secret="s", log_dir=tmp_path) as gw:
+    with gateway_process(
+        backend_url=truncating_backend, backend_key="k", backend_secret="s", log_dir=tmp_path
+    ) as gw:
         url = _client(gw).generate_presigned_url("get_object", Params={"Bucket": "b", "Key": "k"})
         with pytest.raises(httpx.RemoteProtocolError), httpx.stream("GET", url) as reply:
             assert reply.headers["content-length"] == "1048576"

@@ -34,8 +34,12 @@ def test_bucket_lifecycle(s3, backend_s3):
 def test_put_get_head_delete_with_metadata(s3, backend_s3, bucket):
     body = _body(70_000, 1)
     s3.put_object(
-        Bucket=bucket, Key="dir/a b+c~ü.bin", Body=body, ContentType="image/jpeg",
-        CacheControl="max-age=60", ContentDisposition='attachment; filename="a.bin"',
+        Bucket=bucket,
+        Key="dir/a b+c~ü.bin",
+        Body=body,
+        ContentType="image/jpeg",
+        CacheControl="max-age=60",
+        ContentDisposition='attachment; filename="a.bin"',
         Metadata={"origin": "camera-7", "split": "train"},
     )
     got = s3.get_object(Bucket=bucket, Key="dir/a b+c~ü.bin")
@@ -127,13 +131,21 @@ def test_multipart_upload_three_parts_with_copy_part(s3, backend_s3, bucket):
         for n, data in enumerate(parts_data)
     ]
     copied = s3.upload_part_copy(
-        Bucket=bucket, Key="big", UploadId=uid, PartNumber=3,
-        CopySource={"Bucket": bucket, "Key": "src"}, CopySourceRange="bytes=0-99999",
+        Bucket=bucket,
+        Key="big",
+        UploadId=uid,
+        PartNumber=3,
+        CopySource={"Bucket": bucket, "Key": "src"},
+        CopySourceRange="bytes=0-99999",
     )
     etags.append(copied["CopyPartResult"]["ETag"])
-    assert [p["PartNumber"] for p in s3.list_parts(Bucket=bucket, Key="big", UploadId=uid)["Parts"]] == [1, 2, 3]
+    assert [
+        p["PartNumber"] for p in s3.list_parts(Bucket=bucket, Key="big", UploadId=uid)["Parts"]
+    ] == [1, 2, 3]
     s3.complete_multipart_upload(
-        Bucket=bucket, Key="big", UploadId=uid,
+        Bucket=bucket,
+        Key="big",
+        UploadId=uid,
         MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]},
     )
     expected = b"".join(parts_data) + _body(5 * MiB + 123, 12)[:100_000]
@@ -165,19 +177,28 @@ def test_presigned_get_and_put_with_raw_http(s3, backend_s3, bucket):
 def test_virtual_hosted_style(gateway, bucket):
     port = httpx.URL(gateway.endpoint_url).port
     client = boto3.client(
-        "s3", endpoint_url=f"http://localhost:{port}", region_name="us-east-1",
-        aws_access_key_id=gateway.access_key_id, aws_secret_access_key=gateway.secret_access_key,
-        config=Config(s3={"addressing_style": "virtual"}),
+        "s3",
+        endpoint_url=f"http://localhost:{port}",
+        region_name="us-east-1",
+        aws_access_key_id=gateway.access_key_id,
+        aws_secret_access_key=gateway.secret_access_key,
+        config=Config(signature_version="s3v4", s3={"addressing_style": "virtual"}),
     )
     # Resolve BUCKET.localhost to loopback without touching /etc/hosts: sign for the
     # virtual host, send to 127.0.0.1 with that Host header.
-    request = client.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": "vh.txt"})
+    request = client.generate_presigned_url(
+        "put_object", Params={"Bucket": bucket, "Key": "vh.txt"}
+    )
     url = httpx.URL(request)
     assert url.host == f"{bucket}.localhost"
-    sent = httpx.put(url.copy_with(host="127.0.0.1"), content=b"virtual", headers={"host": url.netloc.decode()})
+    sent = httpx.put(
+        url.copy_with(host="127.0.0.1"), content=b"virtual", headers={"host": url.netloc.decode()}
+    )
     assert sent.status_code == 200, sent.text
     got = httpx.get(
-        httpx.URL(client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "vh.txt"})).copy_with(host="127.0.0.1"),
+        httpx.URL(
+            client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "vh.txt"})
+        ).copy_with(host="127.0.0.1"),
         headers={"host": url.netloc.decode()},
     )
     assert got.content == b"virtual"

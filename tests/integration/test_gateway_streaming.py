@@ -21,7 +21,9 @@ def test_large_put_and_get_stream_with_bounded_memory(gateway, s3, backend_s3, b
     gateway.reset_peak_rss()
     baseline = gateway.rss_bytes()
     put_url = s3.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": "large"})
-    reply = httpx.put(put_url, content=_chunks(), headers={"content-length": str(SIZE)}, timeout=120)
+    reply = httpx.put(
+        put_url, content=_chunks(), headers={"content-length": str(SIZE)}, timeout=120
+    )
     assert reply.status_code == 200, reply.text
     assert backend_s3.head_object(Bucket=bucket, Key="large")["ContentLength"] == SIZE
 
@@ -36,5 +38,6 @@ def test_large_put_and_get_stream_with_bounded_memory(gateway, s3, backend_s3, b
         expected.update(chunk)
     assert received == SIZE and digest.hexdigest() == expected.hexdigest()
     growth = gateway.peak_rss_bytes() - baseline
-    assert growth < 48 * MiB, f"gateway RSS grew by {growth / MiB:.0f} MiB for a {SIZE // MiB} MiB body"
-
+    assert growth < 48 * MiB, (
+        f"gateway RSS grew by {growth / MiB:.0f} MiB for a {SIZE // MiB} MiB body"
+    )

@@ -1,0 +1,69 @@
+"""Shared fixtures: one real SeaweedFS store per test session, on a free loopback port.
+
+Module level stays light (boto3 and the store module only) so unit tests collect fast.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+from hapi.gateway._store import EmbeddedStore, StoreSettings, free_port, load_or_create_credentials
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStore]:
+    """A running embedded store, stopped at the end of the session however tests end."""
+    root = tmp_path_factory.mktemp("store")
+    creds = load_or_create_credentials(root / "state", None, None)
+    settings = StoreSettings(
+        data_dir=root / "data",
+        port=free_port(),
+        access_key_id=creds.access_key_id,
+        secret_access_key=creds.secret_access_key,
+    )
+    with EmbeddedStore(settings) as running:
+        yield running
+
+
+def _client(store: EmbeddedStore) -> Any:
+    """A boto3 S3 client for ``store``: path-style, us-east-1, its credentials."""
+    return boto3.client(
+        "s3",
+        endpoint_url=store.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=store.credentials.access_key_id,
+        aws_secret_access_key=store.credentials.secret_access_key,
+        config=Config(s3={"addressing_style": "path"}),
+    )
+
+
+@pytest.fixture(scope="session")
+def backend_s3(store: EmbeddedStore) -> Any:
+    """A boto3 S3 client talking straight to the store, bypassing any gateway."""
+    return _client(store)
+
+
+@pytest.fixture
+def unique_bucket(backend_s3: Any) -> Iterator[str]:
+    """A fresh, randomly named bucket on the store; emptied and deleted afterwards."""
+    name = f"hapi-test-{secrets.token_hex(6)}"
+    backend_s3.create_bucket(Bucket=name)
+    yield name
+    _empty_bucket(backend_s3, name)
+    backend_s3.delete_bucket(Bucket=name)
+
+
+def _empty_bucket(client: Any, bucket: str) -> None:
+    """Delete every object and abort every multipart upload in ``bucket``."""
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+    uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    for upload in uploads:
+        client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
