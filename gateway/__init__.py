@@ -1,5 +1,23 @@
-"""hapi.gateway."""
+"""hapi.gateway: the S3-compatible gateway (pass-through proxy and pushdown).
+
+``create_app(settings)`` builds the ASGI app; ``hapi serve`` runs it under uvicorn.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from ._app import Gateway, create_app
+from ._errors import S3Error
+from ._settings import GatewaySettings
+from ._sigv4 import Credentials
+from ._store import EmbeddedStore, StoreError, StoreSettings
+
+__all__ = [
+    "Credentials",
+    "EmbeddedStore",
+    "Gateway",
+    "GatewaySettings",
+    "S3Error",
+    "StoreError",
+    "StoreSettings",
+    "create_app",
+]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import httpx
 from starlette.applications import Starlette
@@ -22,29 +21,29 @@ from ._types import ASGIReceive, ASGISend, Scope
 OPS_PREFIX = "/_hapi/"
 
 
-@dataclass
 class _Upstream:
-    """Holds the upstream client; created in the lifespan unless injected."""
+    """Holds the upstream client: an injected one (owned by the caller, usable at once),
+    or one this app creates in its lifespan and closes there."""
 
-    settings: GatewaySettings
-    injected: httpx.AsyncClient | None
-    client: httpx.AsyncClient | None = field(default=None)
+    def __init__(self, settings: GatewaySettings, injected: httpx.AsyncClient | None) -> None:
+        self._settings = settings
+        self._injected = injected
+        self._client = injected
 
     def get(self) -> httpx.AsyncClient:
-        if self.client is None:
+        if self._client is None:
             raise RuntimeError("the gateway's upstream client is used outside its lifespan")
-        return self.client
+        return self._client
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
-        if self.injected is not None:
-            self.client = self.injected
+        if self._injected is not None:
             yield
             return
-        async with new_upstream_client(self.settings) as client:
-            self.client = client
+        async with new_upstream_client(self._settings) as client:
+            self._client = client
             yield
-        self.client = None
+        self._client = None
 
 
 def new_upstream_client(settings: GatewaySettings) -> httpx.AsyncClient:

@@ -18,6 +18,8 @@ from ._chunked import decode_body
 from ._errors import InvalidRequest, ServiceUnavailable
 from ._operations import classify
 from ._settings import GatewaySettings
+from ._sigv2 import QUERY_PARAMS as V2_PARAMS
+from ._sigv2 import is_presigned_v2, verify_presigned_v2
 from ._sigv4 import Verified, canonical_query_string, sign_request, verify_request
 from ._types import ASGIReceive, ASGISend, Scope, request_state
 
@@ -69,8 +71,11 @@ class Proxy:
         self._now = now
         self._backend_host = httpx.URL(settings.backend_url).netloc.decode("ascii")
 
-    def authenticate(self, scope: Scope) -> Verified | None:
-        """Verify the client's SigV4 signature; None for an allowed anonymous request.
+    def authenticate(self, scope: Scope, target: Target) -> Verified | None:
+        """Verify the client's signature; None for an allowed anonymous request.
+
+        SigV4 in any form, or a legacy V2 presigned URL (what boto3 and the AWS CLI still
+        presign with by default).
 
         Raises:
             S3Error: ``AccessDenied``, ``SignatureDoesNotMatch``, ... (see ``_sigv4``).
@@ -78,10 +83,26 @@ class Proxy:
         headers = _decoded_headers(scope)
         if self._settings.allow_anonymous and _is_anonymous(scope, headers):
             return None
+        raw_path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        raw_query = scope["query_string"].decode("latin-1")
+        if is_presigned_v2(raw_query):
+            resource = (
+                raw_path
+                if raw_path.startswith(f"/{target.bucket}")
+                else f"/{target.bucket}{raw_path}"
+            )
+            return verify_presigned_v2(
+                method=scope["method"],
+                resource_path=resource if target.bucket else raw_path,
+                raw_query=raw_query,
+                headers=headers,
+                secrets=self._settings.client_secrets,
+                now=self._now(),
+            )
         return verify_request(
             method=scope["method"],
-            raw_path=scope.get("raw_path", scope["path"].encode()).decode("latin-1"),
-            raw_query=scope["query_string"].decode("latin-1"),
+            raw_path=raw_path,
+            raw_query=raw_query,
             headers=headers,
             secrets=self._settings.client_secrets,
             now=self._now(),
@@ -107,7 +128,7 @@ class Proxy:
             scope["method"], target.bucket, target.key, _query_names(query), names
         )
         state["resource"] = f"/{target.bucket}/{target.key}" if target.bucket else "/"
-        verified = self.authenticate(scope)
+        verified = self.authenticate(scope, target)
         await self.forward(scope, receive, send, target=target, verified=verified)
 
     async def forward(
@@ -139,7 +160,12 @@ class Proxy:
     ) -> httpx.Request:
         method: str = scope["method"]
         headers = _decoded_headers(scope)
-        query = canonical_query_string(scope["query_string"].decode("latin-1"))
+        raw_query = scope["query_string"].decode("latin-1")
+        if is_presigned_v2(raw_query):
+            raw_query = "&".join(
+                p for p in raw_query.split("&") if p.split("=", 1)[0] not in V2_PARAMS
+            )
+        query = canonical_query_string(raw_query)
         url = self._settings.backend_url + target.upstream_path + ("?" + query if query else "")
         to_sign: dict[str, str] = {}
         plain: dict[str, str] = {}
@@ -169,6 +195,9 @@ class Proxy:
                     verified,
                     content_length=length,
                     headers=dict(headers),
+                    # CompleteMultipartUpload's checksum headers describe the whole object.
+                    check_header_checksums=request_state(scope).get("operation")
+                    != "CompleteMultipartUpload",
                 )
         elif _has_body(headers):
             raise InvalidRequest(
@@ -218,8 +247,9 @@ def _decoded_headers(scope: Scope) -> list[tuple[str, str]]:
 
 
 def _is_anonymous(scope: Scope, headers: Sequence[tuple[str, str]]) -> bool:
+    query = scope["query_string"]
     return not any(name == "authorization" for name, _ in headers) and (
-        b"X-Amz-Signature" not in scope["query_string"]
+        b"X-Amz-Signature" not in query and b"Signature=" not in query
     )
 
 

@@ -1,0 +1,91 @@
+"""The proxy in-process, with the upstream seam replaced by httpx.MockTransport."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import httpx
+import pytest
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials as BotoCredentials
+
+from hapi.gateway import GatewaySettings, create_app
+from hapi.gateway._sigv4 import Credentials, verify_request
+
+CLIENT = ("CLIENTKEY", "client-secret")
+BACKEND = Credentials("BACKENDKEY", "backend-secret")
+
+
+def _settings() -> GatewaySettings:
+    return GatewaySettings(
+        backend_url="http://store.internal:8333",
+        backend_credentials=BACKEND,
+        client_secrets={CLIENT[0]: CLIENT[1]},
+    )
+
+
+def _signed(method: str, url: str, body: bytes = b"") -> dict[str, str]:
+    request = AWSRequest(
+        method=method, url=url, data=body, headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"}
+    )
+    S3SigV4Auth(BotoCredentials(*CLIENT), "s3", "us-east-1").add_auth(request)
+    return dict(request.headers.items())
+
+
+@pytest.mark.anyio
+async def test_request_is_resigned_with_backend_credentials():
+    seen: list[httpx.Request] = []
+
+    def backend(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        # A stream (not content=) so the response is not pre-read, as from a real transport.
+        return httpx.Response(200, stream=httpx.ByteStream(b"stored"), headers={"etag": '"abc"'})
+
+    upstream = httpx.AsyncClient(transport=httpx.MockTransport(backend))
+    app = create_app(_settings(), upstream=upstream)
+    url = "http://gw.test/bucket/key%20with%20space?tagging"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as client:
+        reply = await client.put(url, content=b"data", headers=_signed("PUT", url, b"data"))
+    assert reply.status_code == 200 and reply.headers["etag"] == '"abc"'
+    (sent,) = seen
+    assert (
+        sent.url.host == "store.internal"
+        and sent.url.raw_path == b"/bucket/key%20with%20space?tagging="
+    )
+    assert CLIENT[0] not in sent.headers["authorization"]
+    assert sent.headers["authorization"].startswith(
+        f"AWS4-HMAC-SHA256 Credential={BACKEND.access_key_id}/"
+    )
+    assert sent.content == b"data"
+    verified = verify_request(
+        method="PUT",
+        raw_path=sent.url.raw_path.split(b"?")[0].decode(),
+        raw_query=sent.url.query.decode(),
+        headers=[(k.lower(), v) for k, v in sent.headers.items()],
+        secrets={BACKEND.access_key_id: BACKEND.secret_access_key},
+    )
+    assert verified.access_key_id == BACKEND.access_key_id
+
+
+@pytest.mark.anyio
+async def test_unreachable_backend_becomes_s3_xml():
+    def backend(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    app = create_app(
+        _settings(), upstream=httpx.AsyncClient(transport=httpx.MockTransport(backend))
+    )
+    url = "http://gw.test/bucket/key"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as client:
+        reply = await client.get(url, headers=_signed("GET", url))
+    assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
+    error = ET.fromstring(reply.content)
+    assert error.findtext("Code") == "ServiceUnavailable"
+    assert error.findtext("Resource") == "/bucket/key"
+    assert error.findtext("RequestId") == reply.headers["x-hapi-request-id"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
