@@ -189,7 +189,8 @@ class Proxy:
         content: AsyncIterator[bytes] | None = None
         if length is not None:
             plain["content-length"] = str(length)
-            if length:
+            # An empty aws-chunked body still has a final chunk and trailers to verify.
+            if length or (verified is not None and verified.payload_mode.startswith("streaming")):
                 content = decode_body(
                     _receive_body(receive, request_state(scope)),
                     verified,
