@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
@@ -39,7 +40,10 @@ def test_metrics_count_operations_and_bytes(gateway, s3, bucket):
 def test_access_log_line(gateway, s3, bucket):
     reply = s3.put_object(Bucket=bucket, Key="logged", Body=b"abc")
     request_id = reply["ResponseMetadata"]["HTTPHeaders"]["x-hapi-request-id"]
-    lines = [line for line in gateway.log().splitlines() if request_id in line]
+    deadline = time.monotonic() + 5  # the line is written once the response has gone out
+    while not (lines := [line for line in gateway.log().splitlines() if request_id in line]):
+        assert time.monotonic() < deadline, f"no access-log line for {request_id}"
+        time.sleep(0.05)
     assert (
         lines and "PutObject" in lines[0] and "status=200" in lines[0] and "received=3" in lines[0]
     )
