@@ -43,8 +43,13 @@ def resolve(raw_path: str, host: str, domains: tuple[str, ...]) -> Target:
     return _target(unquote(bucket), unquote(raw_key))
 
 
+def object_path(bucket: str, key: str) -> str:
+    """The canonical path-style path of an object (or of a bucket when ``key`` is empty)."""
+    path = "/" + quote(bucket, safe="") + "/" + quote(key, safe=_KEY_SAFE)
+    return path if key else path.rstrip("/")
+
+
 def _target(bucket: str, key: str) -> Target:
     if not bucket:
         return Target("", "", "/")
-    path = "/" + quote(bucket, safe="") + "/" + quote(key, safe=_KEY_SAFE)
-    return Target(bucket, key, path if key else path.rstrip("/"))
+    return Target(bucket, key, object_path(bucket, key))

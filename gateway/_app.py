@@ -7,15 +7,15 @@ from collections.abc import AsyncIterator
 
 import httpx
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
+from ._errors import S3Error
 from ._metrics import Metrics
-from ._observe import Observe
+from ._observe import Observe, s3_error_handler
+from ._ops import ops_routes
 from ._proxy import Proxy
+from ._resources import open_pushdown
 from ._settings import GatewaySettings
-from ._sigv4 import sign_request
+from ._transport import UpstreamTransport
 from ._types import ASGIReceive, ASGISend, Scope
 
 OPS_PREFIX = "/_hapi/"
@@ -36,7 +36,7 @@ class _Upstream:
         return self._client
 
     @contextlib.asynccontextmanager
-    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(self) -> AsyncIterator[None]:
         if self._injected is not None:
             yield
             return
@@ -47,7 +47,11 @@ class _Upstream:
 
 
 def new_upstream_client(settings: GatewaySettings) -> httpx.AsyncClient:
-    """An HTTP client sized for proxying: pooled keep-alive connections, no redirects."""
+    """An HTTP client sized for proxying: pooled keep-alive connections, no redirects.
+
+    ``http://`` goes through the gateway's own lean transport; ``https://`` through
+    httpx's default one (TLS is not worth a second implementation).
+    """
     limits = httpx.Limits(
         max_connections=settings.max_upstream_connections,
         max_keepalive_connections=settings.max_upstream_connections,
@@ -55,7 +59,11 @@ def new_upstream_client(settings: GatewaySettings) -> httpx.AsyncClient:
     )
     timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
     return httpx.AsyncClient(
-        limits=limits, timeout=timeout, follow_redirects=False, trust_env=False
+        transport=UpstreamTransport(limits=limits),
+        mounts={"https://": httpx.AsyncHTTPTransport(limits=limits, trust_env=False)},
+        timeout=timeout,
+        follow_redirects=False,
+        trust_env=False,
     )
 
 
@@ -70,14 +78,22 @@ class Gateway:
         self.upstream = _Upstream(settings, upstream)
         self.proxy = Proxy(settings, self.upstream.get)
         self.ops = Starlette(
-            routes=[
-                Route("/_hapi/health", self._health),
-                Route("/metrics", self._metrics),
-            ],
-            lifespan=self.upstream.lifespan,
+            routes=ops_routes(self),
+            lifespan=self._lifespan,
+            exception_handlers={S3Error: s3_error_handler},
         )
         self._observed_ops = Observe(self.ops, self.metrics)
         self._observed_proxy = Observe(self.proxy, self.metrics)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        async with (
+            self.upstream.lifespan(),
+            open_pushdown(self.settings, self.upstream.get) as pushdown,
+        ):
+            self.proxy.pushdown = pushdown
+            yield
+            self.proxy.pushdown = None
 
     async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "lifespan":
@@ -86,28 +102,6 @@ class Gateway:
             await self._observed_ops(scope, receive, send)
         else:
             await self._observed_proxy(scope, receive, send)
-
-    async def _health(self, _request: Request) -> Response:
-        url = self.settings.backend_url + "/"
-        headers = sign_request(
-            method="GET",
-            url=url,
-            headers={},
-            credentials=self.settings.backend_credentials,
-            region=self.settings.region,
-        )
-        try:
-            reply = await self.upstream.get().get(url, headers=headers, timeout=3.0)
-        except httpx.HTTPError as exc:
-            return JSONResponse({"status": "degraded", "backend": f"unreachable: {exc!r}"}, 503)
-        if reply.status_code >= 500:
-            return JSONResponse({"status": "degraded", "backend": f"HTTP {reply.status_code}"}, 503)
-        backend = "ok" if reply.status_code == 200 else f"reachable, HTTP {reply.status_code}"
-        return JSONResponse({"status": "ok", "backend": backend})
-
-    async def _metrics(self, _request: Request) -> Response:
-        body, content_type = self.metrics.render()
-        return Response(body, media_type=content_type)
 
 
 def create_app(settings: GatewaySettings, *, upstream: httpx.AsyncClient | None = None) -> Gateway:

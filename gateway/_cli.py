@@ -34,6 +34,7 @@ def cli(verbose: bool) -> None:
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
 
 
 @cli.command()
@@ -142,13 +143,10 @@ def run_gateway(settings: GatewaySettings, host: str, port: int) -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    from hapi.models._cli import models
+
     from ._up import up
 
     cli.add_command(up)
-    try:  # TEMPORARY until models/_cli.py lands
-        from hapi.models._cli import models
-
-        cli.add_command(models)
-    except ImportError:
-        pass
+    cli.add_command(models)
     cli(prog_name="hapi")

@@ -16,15 +16,16 @@
     ├── InvalidArgument                  400
     ├── NoSuchModel                      404
     ├── UnprocessableObject              422
+    ├── NotImplementedYet                501
+    ├── InsufficientMemory               503  (one sample does not fit the memory budget)
     ├── SlowDown                         503  (with Retry-After)
-    └── ServiceUnavailable               503  (with Retry-After; backend unreachable)
+    ├── ServiceUnavailable               503  (with Retry-After; backend unreachable)
+    └── BackendError                     the backend's own error, code and status as it sent them
 
 Third-party errors are wrapped where they enter (``raise ServiceUnavailable(...) from exc``).
 """
 
 from __future__ import annotations
-
-from typing import ClassVar
 
 
 class S3Error(Exception):
@@ -36,8 +37,8 @@ class S3Error(Exception):
         retry_after: Seconds, sent as ``Retry-After`` for 503s.
     """
 
-    code: ClassVar[str] = "InternalError"
-    status: ClassVar[int] = 500
+    code: str = "InternalError"
+    status: int = 500
 
     def __init__(self, message: str, *, resource: str = "", retry_after: int | None = None) -> None:
         super().__init__(message)
@@ -149,3 +150,31 @@ class ServiceUnavailable(S3Error):
 
     code = "ServiceUnavailable"
     status = 503
+
+
+class NotImplementedYet(S3Error):
+    """A part of the contract this gateway does not implement yet."""
+
+    code = "NotImplemented"
+    status = 501
+
+
+class InsufficientMemory(S3Error):
+    """One sample alone does not fit the storage side's memory budget."""
+
+    code = "InsufficientMemory"
+    status = 503
+
+
+class BackendError(S3Error):
+    """An error the backend returned for a request the gateway made on its own behalf.
+
+    Args:
+        code: The backend's S3 error code (``NoSuchKey``...).
+        status: The backend's HTTP status.
+    """
+
+    def __init__(self, code: str, status: int, message: str, *, resource: str = "") -> None:
+        super().__init__(message, resource=resource)
+        self.code = code
+        self.status = status

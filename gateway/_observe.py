@@ -57,9 +57,11 @@ class Observe:
 
         async def tracked_send(message: Message) -> None:
             nonlocal response_started
-            if message["type"] == "http.response.start":
+            if message["type"] == "http.response.body":
+                state["sent"] = state.get("sent", 0) + len(message.get("body", b""))
+            elif message["type"] == "http.response.start":
                 response_started = True
-                state.setdefault("status", message["status"])
+                state["status"] = message["status"]
                 message["headers"] = [
                     *message.get("headers", []),
                     (b"x-hapi-request-id", request_id.encode()),
@@ -112,6 +114,23 @@ class Observe:
             seconds * 1000,
             f" error={state['error']}" if "error" in state else "",
         )
+
+
+async def s3_error_handler(request: Any, exc: Exception) -> Any:
+    """Starlette exception handler for the operations routes: the same XML as above.
+
+    Starlette answers unhandled exceptions itself before :class:`Observe` sees them, so
+    its routes get this handler; the body comes from :func:`error_body` all the same.
+    """
+    from starlette.responses import Response
+
+    state = request.scope.setdefault("state", {})
+    error = _as_s3_error(exc, state)
+    state["status"], state["error"] = error.status, error.code
+    headers = {"retry-after": str(error.retry_after)} if error.retry_after is not None else {}
+    return Response(
+        error_body(error, state.get("request_id", "")), error.status, headers, "application/xml"
+    )
 
 
 def _as_s3_error(exc: Exception, state: dict[str, Any]) -> S3Error:

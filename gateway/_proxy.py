@@ -17,6 +17,7 @@ from ._addressing import Target, resolve
 from ._chunked import decode_body
 from ._errors import InvalidRequest, ServiceUnavailable
 from ._operations import classify
+from ._pushdown import Pushdown, parse_params
 from ._settings import GatewaySettings
 from ._sigv2 import QUERY_PARAMS as V2_PARAMS
 from ._sigv2 import is_presigned_v2, verify_presigned_v2
@@ -70,6 +71,7 @@ class Proxy:
         self._client = client
         self._now = now
         self._backend_host = httpx.URL(settings.backend_url).netloc.decode("ascii")
+        self.pushdown: Pushdown | None = None
 
     def authenticate(self, scope: Scope, target: Target) -> Verified | None:
         """Verify the client's signature; None for an allowed anonymous request.
@@ -129,7 +131,59 @@ class Proxy:
         )
         state["resource"] = f"/{target.bucket}/{target.key}" if target.bucket else "/"
         verified = self.authenticate(scope, target)
+        if self.pushdown is not None and await self._pushdown(
+            scope, receive, send, target, verified
+        ):
+            return
         await self.forward(scope, receive, send, target=target, verified=verified)
+
+    async def _pushdown(
+        self,
+        scope: Scope,
+        receive: ASGIReceive,
+        send: ASGISend,
+        target: Target,
+        verified: Verified | None,
+    ) -> bool:
+        """Serve the request by pushdown if it asks for it; False for a plain request."""
+        assert self.pushdown is not None
+        state = request_state(scope)
+        method, query = scope["method"], scope["query_string"].decode("latin-1")
+        if method == "GET" and target.key:
+            params = parse_params(dict(_decoded_headers(scope)), query)
+            if params is None:
+                return False
+            state["operation"] = "GetFeatures"
+            await self.pushdown.get(send, receive, target.bucket, target.key, params)
+            return True
+        if (
+            method == "POST"
+            and target.bucket
+            and not target.key
+            and "hapi-batch" in _query_names(query)
+        ):
+            body = await self._read_body(scope, receive, verified)
+            await self.pushdown.batch(send, receive, target.bucket, body)
+            return True
+        return False
+
+    async def _read_body(
+        self, scope: Scope, receive: ASGIReceive, verified: Verified | None
+    ) -> bytes:
+        headers = _decoded_headers(scope)
+        length = _payload_length(headers, verified)
+        if length is None or length > 1024 * 1024:
+            raise InvalidRequest("a hapi-batch body needs a Content-Length of at most 1 MiB")
+        parts = [
+            piece
+            async for piece in decode_body(
+                _receive_body(receive, request_state(scope)),
+                verified,
+                content_length=length,
+                headers=dict(headers),
+            )
+        ]
+        return b"".join(parts)
 
     async def forward(
         self,

@@ -38,6 +38,14 @@ class GatewaySettings:
         read_timeout_s: Upstream read timeout (between bytes, not for a whole body).
         max_upstream_connections: Size of the upstream connection pool.
         registry_bucket: Bucket of the store that holds the model registry.
+        memory_budget_bytes: Inference memory budget on CPU (on a GPU, its free memory).
+        max_queue_delay_ms: Longest a sample waits for a fuller storage-side batch.
+        max_queue_samples: Queued samples per tenant beyond which requests get SlowDown.
+        max_object_bytes: Largest object pushdown will fetch and decode.
+        max_image_pixels: Largest image (width x height) decoded; bombs are refused.
+        decode_workers: Threads decoding and preprocessing (0: one per core).
+        device: ``auto`` (CUDA when usable), ``cpu`` or ``cuda``.
+        intra_op_threads: onnxruntime threads per operator (0: onnxruntime decides).
     """
 
     backend_url: str
@@ -51,6 +59,14 @@ class GatewaySettings:
     read_timeout_s: float = 120.0
     max_upstream_connections: int = 256
     registry_bucket: str = "hapi-models"
+    memory_budget_bytes: int = 2 * 1024**3
+    max_queue_delay_ms: float = 4.0
+    max_queue_samples: int = 4096
+    max_object_bytes: int = 256 * 1024**2
+    max_image_pixels: int = 64_000_000
+    decode_workers: int = 0
+    device: str = "auto"
+    intra_op_threads: int = 0
 
     def __post_init__(self) -> None:
         if not self.backend_url.startswith(("http://", "https://")):
@@ -59,6 +75,10 @@ class GatewaySettings:
             )
         object.__setattr__(self, "backend_url", self.backend_url.rstrip("/"))
         object.__setattr__(self, "client_secrets", MappingProxyType(dict(self.client_secrets)))
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if min(self.memory_budget_bytes, self.max_queue_samples, self.max_object_bytes) <= 0:
+            raise ValueError("memory budget, queue bound and object limit must be positive")
         if not self.client_secrets and not self.allow_anonymous:
             raise ValueError(
                 "no client credentials: set HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY, "

@@ -67,3 +67,19 @@ def _empty_bucket(client: Any, bucket: str) -> None:
     uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     for upload in uploads:
         client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+
+
+@pytest.fixture(scope="session")
+def registered(backend_s3: Any) -> dict[str, Any]:
+    """Two model families exported from torch and registered in the store's registry.
+
+    ``r18``: ResNet18 (seeded random weights) frozen at block 6; ``enl0``:
+    EfficientNet-Lite0 with its real ImageNet weights, at its default freeze point.
+    """
+    from hapi import models
+
+    registry = models.Registry(backend_s3)
+    return {
+        "r18": registry.register("r18", models.export_model("resnet18", freeze=6)),
+        "enl0": registry.register("enl0", models.export_model("efficientnet_lite0")),
+    }

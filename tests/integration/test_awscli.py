@@ -50,7 +50,10 @@ def test_cli_copy_list_multipart_and_remove(aws, backend_s3, tmp_path):
     assert "docs/small.txt" in listing and "blobs/large.bin" in listing
     stored = backend_s3.get_object(Bucket=bucket, Key="blobs/large.bin")
     assert stored["ETag"].strip('"').endswith("-3")  # really went up in parts
-    assert hashlib.sha256(stored["Body"].read()).digest() == hashlib.sha256(large.read_bytes()).digest()
+    assert (
+        hashlib.sha256(stored["Body"].read()).digest()
+        == hashlib.sha256(large.read_bytes()).digest()
+    )
     aws("s3", "cp", f"s3://{bucket}/blobs/large.bin", str(tmp_path / "back.bin"))
     assert (tmp_path / "back.bin").read_bytes() == large.read_bytes()
     url = aws("s3", "presign", f"s3://{bucket}/docs/small.txt").strip()

@@ -1,0 +1,380 @@
+"""Pushdown: a GET naming a model and a split returns features instead of the object.
+
+``GET /{bucket}/{key}`` with ``x-hapi-model`` / ``x-hapi-split`` (or ``hapi-*`` query
+parameters) on an image or a WebDataset tar shard, and ``POST /{bucket}?hapi-batch`` with
+a JSON list of keys. The gateway fetches the objects from the backend, decodes and
+preprocesses them in a worker pool (off the event loop), runs blocks ``[0, split)``
+through the shared batcher, and answers with safetensors (or a JSON summary).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl
+from xml.etree import ElementTree
+
+import httpx
+import numpy as np
+from hapi.models import Manifest
+from hapi.models._decode import Sample, UndecodableObject, decode_object
+from hapi.models._wire import DTYPES, encode
+
+from ._addressing import object_path
+from ._errors import (
+    BackendError,
+    InvalidArgument,
+    NotImplementedYet,
+    S3Error,
+    ServiceUnavailable,
+    UnprocessableObject,
+)
+from ._settings import GatewaySettings
+from ._sigv4 import sign_request
+from ._tenants import Tenants
+from ._types import ASGIReceive, ASGISend
+
+T = TypeVar("T")
+FORMATS = ("safetensors", "json")
+_MAX_BATCH_BODY = 1024 * 1024
+_FETCH_CONCURRENCY = 32
+
+
+@dataclass(frozen=True)
+class Params:
+    """What a pushdown request asks for."""
+
+    model: str
+    split: int
+    dtype: str = "float32"
+    format: str = "safetensors"
+
+
+def parse_params(headers: Mapping[str, str], raw_query: str) -> Params | None:
+    """Pushdown parameters from ``x-hapi-*`` headers or ``hapi-*`` query parameters.
+
+    Returns:
+        None when the request names no model (a plain read).
+
+    Raises:
+        InvalidArgument: A parameter is missing or invalid.
+        NotImplementedYet: ``split=auto`` (the planner decides; not served yet).
+    """
+    query = dict(parse_qsl(raw_query, keep_blank_values=True))
+
+    def get(name: str) -> str | None:
+        return headers.get(f"x-{name}") or query.get(name)
+
+    model = get("hapi-model")
+    if not model:
+        return None
+    return make_params(model, get("hapi-split"), get("hapi-dtype"), get("hapi-format"))
+
+
+def make_params(model: str, split: Any, dtype: Any, fmt: Any) -> Params:
+    """Validate pushdown parameters (from headers, query or a batch body)."""
+    if split is None:
+        raise InvalidArgument("a pushdown request needs x-hapi-split (an integer 0..freeze)")
+    if split == "auto":
+        raise NotImplementedYet("split=auto needs the planner, which this gateway does not run yet")
+    try:
+        index = int(split)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"x-hapi-split must be an integer, not {split!r}") from None
+    if index < 0:
+        raise InvalidArgument(f"x-hapi-split must be >= 0, not {index}")
+    dtype = dtype or "float32"
+    if dtype not in DTYPES:
+        raise InvalidArgument(f"x-hapi-dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    fmt = fmt or "safetensors"
+    if fmt not in FORMATS:
+        raise InvalidArgument(f"x-hapi-format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    return Params(model, index, dtype, fmt)
+
+
+@dataclass
+class _Result:
+    manifest: Manifest
+    params: Params
+    samples: list[Sample]
+    features: np.ndarray
+    errors: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    batch_size: int = 0
+
+
+class Pushdown:
+    """Serves pushdown requests.
+
+    Args:
+        settings: Gateway settings (backend URL and credentials, limits).
+        client: Getter of the upstream HTTP client.
+        tenants: Manifests, sessions and batchers.
+        decode_pool: Worker threads for decoding and preprocessing.
+    """
+
+    def __init__(
+        self, settings: GatewaySettings, client: Any, tenants: Tenants, decode_pool: Executor
+    ) -> None:
+        self._settings = settings
+        self._client = client
+        self.tenants = tenants
+        self._decode_pool = decode_pool
+
+    async def get(
+        self, send: ASGISend, receive: ASGIReceive, bucket: str, key: str, params: Params
+    ) -> None:
+        """Features of one object (an image, or every sample of a shard)."""
+        result = await _cancel_on_disconnect(
+            self._features(bucket, [key], params, per_key_errors=False), receive
+        )
+        await _respond(send, result)
+
+    async def batch(self, send: ASGISend, receive: ASGIReceive, bucket: str, body: bytes) -> None:
+        """Features of several objects, stacked in key order; failures listed per key."""
+        keys, params = _parse_batch(body)
+        result = await _cancel_on_disconnect(
+            self._features(bucket, keys, params, per_key_errors=True), receive
+        )
+        await _respond(send, result)
+
+    async def _features(
+        self, bucket: str, keys: Sequence[str], params: Params, *, per_key_errors: bool
+    ) -> _Result:
+        manifest = await self.tenants.manifest(params.model)
+        if params.split > manifest.freeze:
+            raise InvalidArgument(
+                f"x-hapi-split must be in 0..{manifest.freeze} for {manifest.ref}, not {params.split}"
+            )
+        batcher = await self.tenants.batcher(manifest, params.split) if params.split else None
+        result = _Result(manifest, params, [], np.zeros(0))
+        started = time.perf_counter()
+        samples = await self._load_all(bucket, keys, manifest, result, per_key_errors)
+        result.samples = samples
+        result.timings["decode"] = (time.perf_counter() - started) * 1000 - result.timings.get(
+            "fetch", 0.0
+        )
+        inputs = (
+            np.stack([s.array for s in samples])
+            if samples
+            else np.zeros((0, *manifest.input.shape), np.float32)
+        )
+        started = time.perf_counter()
+        if batcher is not None and len(inputs):
+            result.features, result.batch_size = await batcher.submit(inputs)
+        else:
+            result.features = (
+                inputs
+                if batcher is None
+                else np.zeros((0, *_output_shape(manifest, params.split)), np.float32)
+            )
+        result.timings["infer"] = (time.perf_counter() - started) * 1000
+        return result
+
+    async def _load_all(
+        self,
+        bucket: str,
+        keys: Sequence[str],
+        manifest: Manifest,
+        result: _Result,
+        per_key_errors: bool,
+    ) -> list[Sample]:
+        limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
+        fetch_ms: list[float] = []
+
+        async def one(key: str) -> list[Sample]:
+            async with limit:
+                started = time.perf_counter()
+                data = await self._fetch(bucket, key)
+                fetch_ms.append((time.perf_counter() - started) * 1000)
+            return await self._decode(data, manifest, f"{bucket}/{key}", key)
+
+        outcomes = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
+        result.timings["fetch"] = max(fetch_ms, default=0.0)
+        samples: list[Sample] = []
+        for key, outcome in zip(keys, outcomes, strict=True):
+            if isinstance(outcome, S3Error) and per_key_errors:
+                result.errors[key] = f"{outcome.code}: {outcome.message}"
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                samples.extend(outcome)
+        return samples
+
+    async def _fetch(self, bucket: str, key: str) -> bytes:
+        # The whole object is needed before decoding can start (image codecs and tar
+        # indexes want random access); objects are capped at max_object_bytes.
+        url = self._settings.backend_url + object_path(bucket, key)
+        headers = sign_request(
+            method="GET",
+            url=url,
+            headers={},
+            credentials=self._settings.backend_credentials,
+            region=self._settings.region,
+        )
+        try:
+            async with self._client().stream("GET", url, headers=headers) as reply:
+                if reply.status_code != 200:
+                    raise _backend_error(reply.status_code, await reply.aread(), f"/{bucket}/{key}")
+                size = int(reply.headers.get("content-length", "0"))
+                if size > self._settings.max_object_bytes:
+                    raise UnprocessableObject(
+                        f"object is {size} bytes, over the pushdown limit of {self._settings.max_object_bytes}",
+                        resource=f"/{bucket}/{key}",
+                    )
+                return bytes(await reply.aread())
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(
+                f"the backend store cannot be reached: {exc!r}", retry_after=1
+            ) from exc
+
+    async def _decode(self, data: bytes, manifest: Manifest, name: str, key: str) -> list[Sample]:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self._decode_pool,
+                lambda: decode_object(
+                    data, manifest.preprocess, key=key, max_pixels=self._settings.max_image_pixels
+                ),
+            )
+        except UndecodableObject as exc:
+            raise UnprocessableObject(
+                f"{exc} (model {manifest.ref} needs an image or a tar shard)", resource=f"/{name}"
+            ) from exc
+
+
+def _parse_batch(body: bytes) -> tuple[list[str], Params]:
+    if len(body) > _MAX_BATCH_BODY:
+        raise InvalidArgument(f"a batch body is limited to {_MAX_BATCH_BODY} bytes")
+    try:
+        spec = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"the batch body is not JSON: {exc}") from exc
+    if not isinstance(spec, dict) or not isinstance(spec.get("keys"), list) or not spec["keys"]:
+        raise InvalidArgument(
+            'a batch body is {"keys": [...], "model": ..., "split": ..., "dtype": ...}'
+        )
+    keys = spec["keys"]
+    if not all(isinstance(k, str) and k for k in keys):
+        raise InvalidArgument("batch keys must be non-empty strings")
+    if not isinstance(spec.get("model"), str):
+        raise InvalidArgument("the batch body needs a model name")
+    return keys, make_params(
+        spec["model"], spec.get("split"), spec.get("dtype"), spec.get("format")
+    )
+
+
+def _backend_error(status: int, body: bytes, resource: str) -> S3Error:
+    try:
+        root = ElementTree.fromstring(body)
+        code, message = root.findtext("Code") or "BackendError", root.findtext("Message") or ""
+    except ElementTree.ParseError:
+        code, message = "BackendError", body[:200].decode(errors="replace")
+    return BackendError(
+        code, status, message or f"the backend answered HTTP {status}", resource=resource
+    )
+
+
+def _output_shape(manifest: Manifest, split: int) -> tuple[int, ...]:
+    return (
+        tuple(manifest.input.shape)
+        if split == 0
+        else tuple(manifest.blocks[split - 1].output_shape)
+    )
+
+
+async def _cancel_on_disconnect(work: Awaitable[T], receive: ASGIReceive) -> T:
+    """Run ``work`` but cancel it if the client goes away (its queued samples are dropped)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            task.cancel()
+            raise ConnectionAbortedError("client disconnected during pushdown")
+        return task.result()
+    finally:
+        watcher.cancel()
+
+
+async def _disconnected(receive: ASGIReceive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _respond(send: ASGISend, result: _Result) -> None:
+    manifest, params = result.manifest, result.params
+    shape = ",".join(str(n) for n in result.features.shape)
+    timing = ", ".join(f"{name};dur={ms:.2f}" for name, ms in result.timings.items())
+    if params.format == "json":
+        body, content_type = json.dumps(_summary(result), indent=1).encode(), b"application/json"
+    else:
+        body, content_type = _safetensors(result), b"application/octet-stream"
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-hapi-model", manifest.ref.encode()),
+        (b"x-hapi-split", str(params.split).encode()),
+        (b"x-hapi-shape", shape.encode()),
+        (b"x-hapi-dtype", params.dtype.encode()),
+        (b"x-hapi-batch-size", str(result.batch_size).encode()),
+        (b"server-timing", timing.encode()),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _labels(samples: list[Sample]) -> np.ndarray | None:
+    if not any(s.label is not None for s in samples):
+        return None
+    return np.array([-1 if s.label is None else s.label for s in samples], dtype=np.int64)
+
+
+def _metadata(result: _Result) -> dict[str, str]:
+    meta = {
+        "model": result.manifest.name,
+        "version": str(result.manifest.version),
+        "split": str(result.params.split),
+        "keys": json.dumps([s.key for s in result.samples]),
+    }
+    if result.errors:
+        meta["errors"] = json.dumps(result.errors)
+    if any(s.meta for s in result.samples):
+        meta["samples"] = json.dumps([s.meta for s in result.samples])
+    return meta
+
+
+def _safetensors(result: _Result) -> bytes:
+    return bytes(
+        encode(
+            result.features,
+            dtype=result.params.dtype,
+            labels=_labels(result.samples),
+            metadata=_metadata(result),
+        )
+    )
+
+
+def _summary(result: _Result) -> dict[str, Any]:
+    f = result.features
+    labels = _labels(result.samples)
+    return {
+        **_metadata(result),
+        "keys": [s.key for s in result.samples],
+        "errors": result.errors,
+        "shape": list(f.shape),
+        "dtype": result.params.dtype,
+        "min": float(f.min()) if f.size else None,
+        "max": float(f.max()) if f.size else None,
+        "mean": float(f.mean()) if f.size else None,
+        "first_values": [float(v) for v in f.reshape(-1)[:8]],
+        "labels": None if labels is None else labels.tolist(),
+        "storage_batch_size": result.batch_size,
+        "timings_ms": {k: round(v, 2) for k, v in result.timings.items()},
+        "bytes_as_safetensors": len(_safetensors(result)),
+    }

@@ -1,0 +1,90 @@
+"""Pushdown's resources, owned by the app's lifespan: worker pools, registry, tenants."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import boto3
+import httpx
+from botocore.config import Config
+from hapi.models import Registry, RuntimeSettings, cuda_usable
+
+from ._batcher import MemoryBudget
+from ._pushdown import Pushdown
+from ._settings import GatewaySettings
+from ._tenants import Tenants
+
+log = logging.getLogger("hapi.gateway")
+
+
+def memory_budget(settings: GatewaySettings) -> MemoryBudget:
+    """Free GPU memory when inference runs on CUDA, the configured budget otherwise."""
+    if settings.device != "cpu" and cuda_usable():
+        free = _gpu_free_bytes()
+        if free is not None:
+            return MemoryBudget(total=int(free * 0.9), source="90% of free GPU memory at start-up")
+    return MemoryBudget(total=settings.memory_budget_bytes, source="configured (CPU)")
+
+
+def _gpu_free_bytes() -> int | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        return int(out.strip().splitlines()[0]) * 1024 * 1024
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        log.warning("cannot read free GPU memory (%s); using the configured budget", exc)
+        return None
+
+
+def registry_client(settings: GatewaySettings) -> Registry:
+    """The registry, reached directly at the backend with the backend credentials."""
+    client = boto3.client(
+        "s3",
+        endpoint_url=settings.backend_url,
+        region_name=settings.region,
+        aws_access_key_id=settings.backend_credentials.access_key_id,
+        aws_secret_access_key=settings.backend_credentials.secret_access_key,
+        config=Config(
+            s3={"addressing_style": "path"}, retries={"max_attempts": 2}, max_pool_connections=16
+        ),
+    )
+    return Registry(client, settings.registry_bucket)
+
+
+@contextlib.asynccontextmanager
+async def open_pushdown(
+    settings: GatewaySettings, client: Callable[[], httpx.AsyncClient]
+) -> AsyncIterator[Pushdown]:
+    """Create pushdown's pools, registry and tenants; close them on exit."""
+    workers = settings.decode_workers or os.cpu_count() or 2
+    runtime = RuntimeSettings(device=settings.device, intra_op_threads=settings.intra_op_threads)
+    with (
+        ThreadPoolExecutor(workers, thread_name_prefix="hapi-decode") as decode_pool,
+        ThreadPoolExecutor(1, thread_name_prefix="hapi-infer") as infer_pool,
+    ):
+        tenants = Tenants(
+            registry_client(settings),
+            memory_budget(settings),
+            infer_pool,
+            runtime=runtime,
+            max_delay_s=settings.max_queue_delay_ms / 1000,
+            max_queue_samples=settings.max_queue_samples,
+        )
+        try:
+            yield Pushdown(settings, client, tenants, decode_pool)
+        finally:
+            await tenants.close()

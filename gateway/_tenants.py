@@ -1,0 +1,233 @@
+"""Models the gateway serves: manifests looked up on demand, sessions and batchers cached.
+
+A batcher is keyed by the hashes of the blocks it runs, not by model name: tenants whose
+models share a frozen block prefix and split share one session and one batch queue.
+Manifests pinned to a version are immutable and cached for good; ``NAME`` (the latest
+version) is re-resolved after a short TTL, so a newly registered model or version is
+servable without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, create_session
+from hapi.models import NoSuchModel as RegistryNoSuchModel
+
+from ._batcher import Batcher, MemoryBudget, OutOfMemory
+from ._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
+
+_OOM_MARKERS = (
+    "failed to allocate memory",
+    "out of memory",
+    "cudnn_status_alloc_failed",
+    "bad_alloc",
+)
+SessionFactory = Callable[[Manifest, int], Callable[[np.ndarray], np.ndarray]]
+
+
+@dataclass
+class _Tenant:
+    batcher: Batcher
+    weights: int
+    models: set[str]
+    last_used: float
+
+
+def ort_runner(session: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """Wrap an onnxruntime session as a batch run function that reports OOM as such."""
+    input_name = session.get_inputs()[0].name
+
+    def run(batch: np.ndarray) -> np.ndarray:
+        try:
+            return np.asarray(session.run(None, {input_name: batch})[0])
+        except MemoryError as exc:
+            raise OutOfMemory(str(exc)) from exc
+        except Exception as exc:  # onnxruntime's pybind errors have no useful types
+            if any(marker in str(exc).lower() for marker in _OOM_MARKERS):
+                raise OutOfMemory(str(exc)) from exc
+            raise
+
+    return run
+
+
+def per_sample_bytes(manifest: Manifest, split: int) -> int:
+    """Memory one sample needs through blocks ``[0, split)``: the largest pair of
+    consecutive activations (a block's input and output live together), or the block's
+    own measured peak when that is larger."""
+    blocks = manifest.blocks[:split]
+    input_bytes = 4 * int(np.prod(manifest.input.shape))
+    best = 0
+    for block in blocks:
+        best = max(best, input_bytes + block.output_bytes, block.peak_activation_bytes)
+        input_bytes = block.output_bytes
+    return best
+
+
+class Tenants:
+    """Manifests, sessions and batchers of the models this gateway serves.
+
+    Args:
+        registry: The registry (a blocking client; called in worker threads).
+        budget: The shared memory budget.
+        infer_pool: Where inference runs (one thread per device).
+        runtime: Session settings (device, threads).
+        make_run: Builds the run function of blocks ``[0, split)``; the seam that tests
+            use to inject an executor (the default loads blocks and makes an ORT session).
+        latest_ttl_s: How long ``NAME`` stays resolved to one version.
+        max_tenants: Sessions kept at most; the least recently used idle one goes first.
+        max_delay_s: The batchers' longest queue delay.
+        max_queue_samples: Per-batcher queue bound.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        budget: MemoryBudget,
+        infer_pool: Executor,
+        *,
+        runtime: RuntimeSettings | None = None,
+        make_run: SessionFactory | None = None,
+        latest_ttl_s: float = 5.0,
+        max_tenants: int = 16,
+        max_delay_s: float = 0.004,
+        max_queue_samples: int = 4096,
+    ) -> None:
+        self.registry = registry
+        self.budget = budget
+        self._pool = infer_pool
+        self._runtime = runtime or RuntimeSettings()
+        self._make_run = make_run or self._ort_run
+        self._latest_ttl = latest_ttl_s
+        self._max_tenants = max_tenants
+        self._batcher_options = {"max_delay_s": max_delay_s, "max_queue_samples": max_queue_samples}
+        self._pinned: dict[str, Manifest] = {}
+        self._latest: dict[str, tuple[float, Manifest]] = {}
+        self._tenants: collections.OrderedDict[tuple[str, ...], _Tenant] = collections.OrderedDict()
+        self._creating: dict[tuple[str, ...], asyncio.Task[_Tenant]] = {}
+
+    async def manifest(self, ref: str) -> Manifest:
+        """Resolve ``NAME`` or ``NAME@VERSION``.
+
+        Raises:
+            NoSuchModel: The registry has no such model.
+        """
+        if ref in self._pinned:
+            return self._pinned[ref]
+        cached = self._latest.get(ref)
+        if cached is not None and time.monotonic() - cached[0] < self._latest_ttl:
+            return cached[1]
+        manifest = await asyncio.to_thread(self._lookup, ref)
+        self._pinned[manifest.ref] = manifest
+        if "@" not in ref:
+            self._latest[ref] = (time.monotonic(), manifest)
+        return manifest
+
+    def _lookup(self, ref: str) -> Manifest:
+        try:
+            return self.registry.get_manifest(ref)
+        except RegistryNoSuchModel as exc:
+            raise NoSuchModel(
+                f"the registry has no model {ref!r}; `hapi models ls` lists them"
+            ) from exc
+        except ModelError as exc:
+            raise ServiceUnavailable(
+                f"the model registry cannot be read: {exc}", retry_after=1
+            ) from exc
+
+    async def batcher(self, manifest: Manifest, split: int) -> Batcher:
+        """The batcher running blocks ``[0, split)`` of ``manifest`` (shared by prefix).
+
+        Raises:
+            InvalidArgument: ``split`` is outside ``1..freeze``.
+        """
+        if not 1 <= split <= manifest.freeze:
+            raise InvalidArgument(
+                f"split must be in 0..{manifest.freeze} for {manifest.ref}, not {split}"
+            )
+        key = manifest.hashes[:split]
+        tenant = self._tenants.get(key)
+        if tenant is None:
+            task = self._creating.get(key)
+            if task is None:
+                task = asyncio.get_running_loop().create_task(self._create(manifest, split))
+                self._creating[key] = task
+                task.add_done_callback(lambda _t: self._creating.pop(key, None))
+            tenant = await asyncio.shield(task)
+        tenant.last_used = time.monotonic()
+        tenant.models.add(f"{manifest.ref}:{split}")
+        self._tenants.move_to_end(key)
+        return tenant.batcher
+
+    async def _create(self, manifest: Manifest, split: int) -> _Tenant:
+        run = await asyncio.to_thread(self._make_run, manifest, split)
+        weights = sum(block.size for block in manifest.blocks[:split])
+        name = f"{manifest.ref}[0:{split}]"
+        batcher = Batcher(
+            name,
+            run,
+            per_sample_bytes=per_sample_bytes(manifest, split),
+            budget=self.budget,
+            pool=self._pool,
+            **self._batcher_options,  # type: ignore[arg-type]
+        )
+        tenant = _Tenant(batcher, weights, set(), time.monotonic())
+        self._tenants[manifest.hashes[:split]] = tenant
+        self.budget.weights += weights
+        await self._evict()
+        return tenant
+
+    def _ort_run(self, manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray]:
+        try:
+            graph = self.registry.load_blocks(manifest, 0, split)
+            return ort_runner(create_session(graph, self._runtime))
+        except ModelError as exc:
+            raise ServiceUnavailable(
+                f"cannot load {manifest.ref} blocks [0, {split}): {exc}"
+            ) from exc
+
+    async def _evict(self) -> None:
+        while len(self._tenants) > self._max_tenants:
+            key, tenant = next(iter(self._tenants.items()))
+            if tenant.batcher.queued:
+                return  # the oldest is busy; try again on the next creation
+            del self._tenants[key]
+            self.budget.weights -= tenant.weights
+            await tenant.batcher.close()
+
+    async def close(self) -> None:
+        """Stop every batcher."""
+        for tenant in self._tenants.values():
+            await tenant.batcher.close()
+        self._tenants.clear()
+
+    def stats(self) -> dict[str, Any]:
+        """Per-tenant batching figures and the memory budget, for ``/_hapi/stats``."""
+        return {
+            "memory_budget": {
+                "total_bytes": self.budget.total,
+                "weights_bytes": self.budget.weights,
+                "source": self.budget.source,
+                "active_tenants": self.budget.active_tenants,
+                "share_bytes": self.budget.share(),
+            },
+            "tenants": [
+                {
+                    "blocks": tenant.batcher.name,
+                    "served_as": sorted(tenant.models),
+                    "weights_bytes": tenant.weights,
+                    "per_sample_bytes": tenant.batcher.per_sample_bytes,
+                    "max_batch_size": tenant.batcher.max_batch_size(),
+                    "queue_depth": tenant.batcher.queued,
+                    **tenant.batcher.stats.as_dict(),
+                }
+                for tenant in self._tenants.values()
+            ],
+        }

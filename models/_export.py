@@ -1,0 +1,311 @@
+"""Export a decomposed network block by block to ONNX, verified against torch.
+
+Each block becomes its own ONNX graph (``input -> output``, dynamic batch dimension) with
+torch's TorchScript-based exporter (``dynamo=False``: it needs no extra packages and takes
+a fraction of a second per block; the dynamo exporter needs ``onnxscript``). Every block
+is traced with a batch of two and checked with a batch of four real, preprocessed photos
+(scikit-image's samples unless the caller brings images), so a batch size baked into the
+graph cannot slip through. torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.util
+import io
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import onnx
+from PIL import Image
+
+from ._errors import ExportError, InvalidModelSpec, NoSuchModel
+from ._families import Decomposition, WeightsArg, build
+from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec, Manifest
+from ._onnx import INPUT, OUTPUT, canonical_bytes, expose_all, peak_activation_bytes, sha256
+from ._preprocess import preprocess_batch
+from ._registry import DEFAULT_BUCKET, Registry
+from ._runtime import RuntimeSettings, create_session
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+OPSET = 18
+FP32_TOLERANCE = 1e-4
+FP16_RELATIVE_TOLERANCE = 1e-2
+SAMPLE_PHOTOS = ("chelsea.png", "astronaut.png", "coffee.png", "rocket.jpg")
+_TRACE_BATCH = 2
+_TIMING_RUNS = 3
+
+
+def sample_images() -> list[Image.Image]:
+    """scikit-image's bundled sample photos (a cat, an astronaut, coffee, a rocket).
+
+    Read straight from the installed package's data folder: no download, no skimage import.
+
+    Raises:
+        ExportError: scikit-image is not installed.
+    """
+    spec = importlib.util.find_spec("skimage")
+    if spec is None or spec.origin is None:
+        raise ExportError("export needs real images: install scikit-image or pass images=")
+    folder = Path(spec.origin).parent / "data"
+    images = []
+    for name in SAMPLE_PHOTOS:
+        with Image.open(folder / name) as image:
+            images.append(image.convert("RGB"))
+    return images
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """One block's torch input and output on the verification batch."""
+
+    inputs: torch.Tensor
+    outputs: torch.Tensor
+
+
+@contextmanager
+def _export_mode() -> Iterator[None]:
+    import torch
+
+    # The TorchScript exporter announces its own deprecation, and tracing warns about
+    # Python values it records as constants; the batch-size check in _export_block
+    # catches the cases where such a constant would matter. MultiheadAttention's fast
+    # path (taken under no_grad) calls an operator that has no ONNX symbolic.
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # type: ignore[attr-defined]
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def _to_onnx(block: nn.Module, sample: torch.Tensor) -> onnx.ModelProto:
+    import torch
+
+    buffer = io.BytesIO()
+    with _export_mode():
+        torch.onnx.export(
+            block,
+            (sample,),
+            cast(Any, buffer),  # the annotation says path, a file object works too
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=[INPUT],
+            output_names=[OUTPUT],
+            dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}},
+            do_constant_folding=True,
+        )
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def _check(name: str, got: np.ndarray, want: np.ndarray, fp16: bool) -> None:
+    want32 = want.astype(np.float32)
+    if got.shape != want.shape:
+        raise ExportError(f"block {name}: onnxruntime gives shape {got.shape}, torch {want.shape}")
+    diff = float(np.max(np.abs(got.astype(np.float32) - want32))) if got.size else 0.0
+    limit = FP32_TOLERANCE
+    if fp16:
+        limit = FP16_RELATIVE_TOLERANCE * max(1.0, float(np.max(np.abs(want32))))
+    if not diff <= limit:
+        raise ExportError(
+            f"block {name}: onnxruntime differs from torch by {diff:.3g} > {limit:.3g}"
+        )
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _time_per_sample_ms(session: object, batch: np.ndarray) -> float:
+    run = session.run  # type: ignore[attr-defined]
+    best = float("inf")
+    for _ in range(_TIMING_RUNS):
+        start = time.perf_counter()
+        run(None, {INPUT: batch})
+        best = min(best, time.perf_counter() - start)
+    return best * 1000.0 / len(batch)
+
+
+def _peak_bytes(data: bytes, sample: np.ndarray, settings: RuntimeSettings) -> int:
+    """Peak activation bytes for one sample, from the tensors onnxruntime really produces."""
+    graph = onnx.load_from_string(data)
+    session = create_session(expose_all(graph), settings)
+    names = [output.name for output in session.get_outputs()]
+    values = session.run(names, {INPUT: sample})
+    sizes = {name: value.nbytes for name, value in zip(names, values, strict=True)}
+    return peak_activation_bytes(graph, {**sizes, INPUT: sample.nbytes})
+
+
+def _export_block(
+    index: int, name: str, block: nn.Module, probe: _Probe, settings: RuntimeSettings
+) -> ExportedBlock:
+    import torch
+
+    label = f"{index} ({name})"
+    fp16 = probe.inputs.dtype == torch.float16
+    try:
+        graph = _to_onnx(block, probe.inputs[:_TRACE_BATCH])
+    except Exception as exc:  # torch raises many error types for untraceable modules
+        raise ExportError(f"block {label} does not export to ONNX: {_first_line(exc)}") from exc
+    data = canonical_bytes(graph)
+    batch = probe.inputs.numpy()
+    session = create_session(data, settings)
+    try:
+        got = session.run(None, {INPUT: batch})[0]
+    except Exception as exc:  # e.g. a batch size the trace baked into a Reshape
+        raise ExportError(f"block {label}: onnxruntime cannot run it: {_first_line(exc)}") from exc
+    _check(label, got, probe.outputs.numpy(), fp16)
+    output = probe.outputs
+    info = BlockInfo(
+        name=name,
+        hash=sha256(data),
+        size=len(data),
+        input_shape=tuple(probe.inputs.shape[1:]),
+        output_shape=tuple(output.shape[1:]),
+        dtype="float16" if fp16 else "float32",
+        params=sum(p.numel() for p in block.parameters()),
+        output_bytes=output[0].numel() * output.element_size(),
+        peak_activation_bytes=_peak_bytes(data, batch[:1], settings),
+        cpu_ms=round(_time_per_sample_ms(session, batch), 4),
+    )
+    return ExportedBlock(data=data, info=info)
+
+
+def _run_torch(label: str, block: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    try:
+        with torch.no_grad():
+            outputs = block(inputs.clone())  # a clone: a block may work in place
+    except Exception as exc:  # a user's module can raise anything
+        raise ExportError(f"block {label} fails in torch: {_first_line(exc)}") from exc
+    if not isinstance(outputs, torch.Tensor):
+        raise ExportError(f"block {label} must return one tensor, not {type(outputs).__name__}")
+    return outputs
+
+
+def _blocks_for(decomposition: Decomposition, fp16: bool) -> list[nn.Module]:
+    if not fp16:
+        return list(decomposition.blocks)
+    return [copy.deepcopy(block).half().eval() for block in decomposition.blocks]
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise ExportError("exporting needs torch: pip install 'hapi[torch]'") from exc
+    return torch
+
+
+def _export_blocks(
+    decomposition: Decomposition, first: torch.Tensor, settings: RuntimeSettings, progress: bool
+) -> tuple[ExportedBlock, ...]:
+    import torch
+    from tqdm import tqdm
+
+    exported = []
+    current = first
+    blocks = _blocks_for(decomposition, first.dtype == torch.float16)
+    with tqdm(
+        total=len(blocks), disable=not progress, desc=f"export {decomposition.family}", unit="block"
+    ) as bar:
+        for index, (name, block) in enumerate(zip(decomposition.names, blocks, strict=True)):
+            outputs = _run_torch(f"{index} ({name})", block, current)
+            probe = _Probe(inputs=current, outputs=outputs)
+            exported.append(_export_block(index, name, block, probe, settings))
+            current = outputs
+            bar.update(1)
+    return tuple(exported)
+
+
+def export_model(
+    model: str | Decomposition,
+    *,
+    freeze: int | None = None,
+    weights: WeightsArg = None,
+    fp16: bool = False,
+    images: Sequence[Image.Image] | None = None,
+    progress: bool = False,
+    runtime: RuntimeSettings | None = None,
+) -> ExportedModel:
+    """Export every block of a network to verified, canonical ONNX.
+
+    Args:
+        model: A family name (see :data:`FAMILIES`) or a :class:`Decomposition`
+            (``Decomposition.custom(...)`` for your own modules).
+        freeze: Freeze point recorded in the manifest; the family default when omitted.
+        weights: State dict or weights file for a family name (ignored for a decomposition).
+        fp16: Export half-precision blocks (checked with a relative tolerance of 1e-2).
+        images: Real images to verify with (at least one); scikit-image's sample photos
+            when omitted.
+        progress: Show a progress bar on stderr.
+        runtime: onnxruntime thread settings for verification and timing; both always
+            run on the CPU, so that ``cpu_ms`` means what it says.
+
+    Returns:
+        The blocks' bytes and profiles, ready for :meth:`Registry.register`.
+
+    Raises:
+        InvalidModelSpec: Unknown family, bad weights, or freeze out of range.
+        ExportError: A block does not export, or onnxruntime disagrees with torch.
+    """
+    torch = _import_torch()
+    decomposition = model if isinstance(model, Decomposition) else build(model, weights=weights)
+    freeze = decomposition.check_freeze(decomposition.freeze if freeze is None else freeze)
+    photos = list(images) if images is not None else sample_images()
+    if not photos:
+        raise InvalidModelSpec("export needs at least one image to verify with")
+    # Verify with more samples than the trace saw, so a baked-in batch size shows.
+    photos = (photos * (_TRACE_BATCH + 1))[: max(len(photos), _TRACE_BATCH + 1)]
+    batch = torch.from_numpy(preprocess_batch(photos, decomposition.preset))
+    first = batch.half() if fp16 else batch
+    settings = dataclasses.replace(runtime or RuntimeSettings(), device="cpu")
+    return ExportedModel(
+        family=decomposition.family,
+        freeze=freeze,
+        preprocess=decomposition.preset,
+        input=InputSpec(shape=tuple(batch.shape[1:]), dtype="float16" if fp16 else "float32"),
+        blocks=_export_blocks(decomposition, first, settings, progress),
+        exporter={"torch": torch.__version__, "onnx": onnx.__version__, "opset": str(OPSET)},
+    )
+
+
+DEFAULT_MODEL = "efficientnet_lite0"
+
+
+def register_default_model(
+    client: Any, bucket: str = DEFAULT_BUCKET, *, progress: bool = False
+) -> Manifest:
+    """Export and register EfficientNet-Lite0 (real ImageNet weights) unless it is there.
+
+    ``hapi up`` calls this on first start; it takes a few seconds on two CPU cores.
+
+    Args:
+        client: A boto3 S3 client for the store.
+        bucket: The registry bucket.
+        progress: Show a progress bar while exporting.
+
+    Returns:
+        The manifest of the registered (or already present) model.
+    """
+    registry = Registry(client, bucket)
+    try:
+        return registry.get_manifest(DEFAULT_MODEL)
+    except NoSuchModel:
+        pass
+    return registry.register(DEFAULT_MODEL, export_model(DEFAULT_MODEL, progress=progress))

@@ -1,0 +1,147 @@
+"""onnxruntime sessions, shared by the gateway and the SDK.
+
+``onnxruntime-gpu`` lists ``CUDAExecutionProvider`` as available even on a machine
+without a GPU or without the CUDA libraries, and logs an error when a session then asks
+for it. So the CUDA provider is used only after a quiet probe: the CUDA driver must
+report a device, and a one-node session must really land on the CUDA provider. The
+answer is cached for the life of the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import io
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from ._errors import SessionError
+
+Device = Literal["auto", "cpu", "cuda"]
+_CUDA = "CUDAExecutionProvider"
+_CPU = "CPUExecutionProvider"
+_ORT_DEFAULT_SEVERITY = 2  # onnxruntime's own default: warnings and above
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeSettings:
+    """How sessions are created.
+
+    Args:
+        device: ``auto`` (CUDA when usable, else CPU), ``cpu``, or ``cuda`` (fail without one).
+        device_id: CUDA device ordinal.
+        intra_op_threads: Threads inside one operator; 0 lets onnxruntime choose.
+        inter_op_threads: Threads across operators; 0 lets onnxruntime choose.
+        gpu_mem_limit: Byte cap of the CUDA arena; ``None`` for no cap.
+    """
+
+    device: Device = "auto"
+    device_id: int = 0
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    gpu_mem_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if min(self.device_id, self.intra_op_threads, self.inter_op_threads) < 0:
+            raise ValueError("device_id and thread counts must be >= 0")
+
+
+def _driver_has_device() -> bool:
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            driver = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return False
+        return count.value > 0
+    return False
+
+
+def _identity_model() -> bytes:
+    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [value], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+@functools.cache
+def cuda_usable() -> bool:
+    """Whether onnxruntime can really run on a CUDA device here (probed once, quietly)."""
+    if _CUDA not in ort.get_available_providers() or not _driver_has_device():
+        return False
+    with contextlib.redirect_stdout(io.StringIO()):
+        if hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    ort.set_default_logger_severity(4)
+    try:
+        session = ort.InferenceSession(_identity_model(), options, providers=[_CUDA, _CPU])
+        return bool(session.get_providers()[0] == _CUDA)
+    except Exception:  # any failure to start CUDA means: not usable
+        return False
+    finally:
+        ort.set_default_logger_severity(_ORT_DEFAULT_SEVERITY)
+
+
+def providers(settings: RuntimeSettings) -> list[str | tuple[str, dict[str, Any]]]:
+    """The provider list for ``settings`` (CUDA first only when usable).
+
+    Raises:
+        SessionError: ``device="cuda"`` but no usable CUDA device.
+    """
+    use_cuda = settings.device != "cpu" and cuda_usable()
+    if settings.device == "cuda" and not use_cuda:
+        raise SessionError("device 'cuda' requested, but onnxruntime finds no usable CUDA GPU")
+    if not use_cuda:
+        return [_CPU]
+    options: dict[str, Any] = {
+        "device_id": settings.device_id,
+        "arena_extend_strategy": "kSameAsRequested",
+    }
+    if settings.gpu_mem_limit is not None:
+        options["gpu_mem_limit"] = settings.gpu_mem_limit
+    return [(_CUDA, options), _CPU]
+
+
+def create_session(
+    model: onnx.ModelProto | bytes | str | os.PathLike[str],
+    settings: RuntimeSettings | None = None,
+) -> ort.InferenceSession:
+    """Create an onnxruntime session for a block or a composed graph.
+
+    Args:
+        model: An ONNX model, its serialized bytes, or a file path.
+        settings: Device and thread settings; defaults when omitted.
+
+    Raises:
+        SessionError: The graph is invalid, or the requested device is unusable.
+    """
+    settings = settings or RuntimeSettings()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.intra_op_threads
+    options.inter_op_num_threads = settings.inter_op_threads
+    options.log_severity_level = 3
+    source: bytes | str
+    if isinstance(model, onnx.ModelProto):
+        source = model.SerializeToString()
+    else:
+        source = model if isinstance(model, bytes) else os.fspath(model)
+    try:
+        return ort.InferenceSession(source, options, providers=providers(settings))
+    except SessionError:
+        raise
+    except Exception as exc:  # onnxruntime raises its own untyped pybind errors
+        raise SessionError(f"onnxruntime cannot load the graph: {exc}") from exc

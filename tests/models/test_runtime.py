@@ -1,0 +1,62 @@
+"""The onnxruntime session factory: quiet GPU probe, CPU fallback, settings."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hapi.models import RuntimeSettings, SessionError, create_session, cuda_usable
+from hapi.models._runtime import providers
+
+_HAS_GPU = Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+
+
+def test_probe_agrees_with_the_machine() -> None:
+    if not _HAS_GPU:
+        assert cuda_usable() is False
+    assert providers(RuntimeSettings(device="cpu")) == ["CPUExecutionProvider"]
+    assert providers(RuntimeSettings())[-1] == "CPUExecutionProvider"
+
+
+def test_probe_is_quiet() -> None:
+    code = "from hapi.models import cuda_usable, create_session; print(cuda_usable())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() in {"True", "False"}
+    assert done.stderr == ""
+
+
+@pytest.mark.skipif(_HAS_GPU, reason="the machine has a GPU")
+def test_cuda_requested_without_a_gpu_fails_clearly() -> None:
+    with pytest.raises(SessionError, match="no usable CUDA GPU"):
+        providers(RuntimeSettings(device="cuda"))
+
+
+def test_sessions_run_and_respect_thread_settings(effnet_export) -> None:
+    settings = RuntimeSettings(device="cpu", intra_op_threads=1, inter_op_threads=1)
+    session = create_session(effnet_export.blocks[-1].data, settings)
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    options = session.get_session_options()
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (1, 1)
+    out = session.run(None, {"input": np.zeros((3, 1280), np.float32)})[0]
+    assert out.shape == (3, 1000)
+
+
+def test_invalid_graph_and_settings() -> None:
+    with pytest.raises(SessionError, match="cannot load the graph"):
+        create_session(b"not onnx", RuntimeSettings(device="cpu"))
+    with pytest.raises(ValueError, match="device"):
+        RuntimeSettings(device="tpu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=">= 0"):
+        RuntimeSettings(intra_op_threads=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _HAS_GPU, reason="needs a CUDA GPU")
+def test_cuda_session_when_a_gpu_is_there(effnet_export) -> None:
+    assert cuda_usable()
+    session = create_session(effnet_export.blocks[0].data, RuntimeSettings(device="cuda"))
+    assert session.get_providers()[0] == "CUDAExecutionProvider"
