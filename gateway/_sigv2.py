@@ -26,7 +26,43 @@ from ._sigv4 import Verified
 QUERY_PARAMS = frozenset({"AWSAccessKeyId", "Signature", "Expires"})
 # Sub-resources that are part of the string to sign (the list botocore's HmacV1Auth uses).
 _SUBRESOURCES = frozenset(
-    ["accelerate", "acl", "cors", "defaultObjectAcl", "location", "logging", "partNumber", "policy", "requestPayment", "torrent", "versioning", "versionId", "versions", "website", "uploads", "uploadId", "response-content-type", "response-content-language", "response-expires", "response-cache-control", "response-content-disposition", "response-content-encoding", "delete", "lifecycle", "tagging", "restore", "storageClass", "notification", "replication", "analytics", "metrics", "inventory", "select", "select-type", "object-lock"]
+    [
+        "accelerate",
+        "acl",
+        "cors",
+        "defaultObjectAcl",
+        "location",
+        "logging",
+        "partNumber",
+        "policy",
+        "requestPayment",
+        "torrent",
+        "versioning",
+        "versionId",
+        "versions",
+        "website",
+        "uploads",
+        "uploadId",
+        "response-content-type",
+        "response-content-language",
+        "response-expires",
+        "response-cache-control",
+        "response-content-disposition",
+        "response-content-encoding",
+        "delete",
+        "lifecycle",
+        "tagging",
+        "restore",
+        "storageClass",
+        "notification",
+        "replication",
+        "analytics",
+        "metrics",
+        "inventory",
+        "select",
+        "select-type",
+        "object-lock",
+    ]
 )
 
 
