@@ -95,6 +95,22 @@ def store(
     multiple=True,
     help="Domain for virtual-hosted-style addressing (BUCKET.DOMAIN); repeatable.",
 )
+@click.option(
+    "--memory-budget", help="Inference memory on CPU, e.g. 2GiB [env HAPI_MEMORY_BUDGET]."
+)
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    help="Where blocks run [env HAPI_DEVICE].",
+)
+@click.option(
+    "--max-queue-delay-ms",
+    type=float,
+    help="Longest wait for a fuller batch [env HAPI_MAX_QUEUE_DELAY_MS].",
+)
+@click.option(
+    "--registry-bucket", help="Bucket holding the model registry [env HAPI_REGISTRY_BUCKET]."
+)
 def serve(
     host: str,
     port: int,
@@ -102,6 +118,10 @@ def serve(
     credentials_file: Path | None,
     allow_anonymous: bool,
     domains: tuple[str, ...],
+    memory_budget: str | None,
+    device: str | None,
+    max_queue_delay_ms: float | None,
+    registry_bucket: str | None,
 ) -> None:
     """Run the gateway in front of an existing S3 store.
 
@@ -111,6 +131,13 @@ def serve(
     env = dict(os.environ)
     if credentials_file is not None:
         env["HAPI_CREDENTIALS_FILE"] = str(credentials_file)
+    flags = {
+        "HAPI_MEMORY_BUDGET": memory_budget,
+        "HAPI_DEVICE": device,
+        "HAPI_MAX_QUEUE_DELAY_MS": None if max_queue_delay_ms is None else str(max_queue_delay_ms),
+        "HAPI_REGISTRY_BUCKET": registry_bucket,
+    }
+    env.update({name: value for name, value in flags.items() if value is not None})
     try:
         settings = GatewaySettings.from_env(
             env,

@@ -108,6 +108,12 @@ class GatewaySettings:
         if env.get(ENV_CLIENT_KEY) and env.get(ENV_CLIENT_SECRET):
             secrets[env[ENV_CLIENT_KEY]] = env[ENV_CLIENT_SECRET]
         values["client_secrets"] = secrets
+        for name, (field_name, parse) in _TUNABLES.items():
+            if env.get(name):
+                try:
+                    values[field_name] = parse(env[name])
+                except ValueError as exc:
+                    raise ValueError(f"{name}={env[name]!r}: {exc}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})
         for required in ("backend_url", "backend_credentials"):
             if required not in values:
@@ -117,6 +123,43 @@ class GatewaySettings:
     def with_changes(self, **changes: Any) -> GatewaySettings:
         """A copy with some fields replaced (settings are immutable)."""
         return replace(self, **changes)
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size: ``2147483648``, ``512MiB``, ``2GiB``, ``1.5GB``.
+
+    Raises:
+        ValueError: Not a size.
+    """
+    units = {
+        "": 1,
+        "b": 1,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+    }
+    number = text.strip().rstrip("bBiIkKmMgG")
+    unit = text.strip()[len(number) :].lower()
+    if unit not in units:
+        raise ValueError(f"not a size: {text!r} (use bytes, or a KiB/MiB/GiB/KB/MB/GB suffix)")
+    try:
+        return int(float(number) * units[unit])
+    except ValueError:
+        raise ValueError(
+            f"not a size: {text!r} (use bytes, or a KiB/MiB/GiB/KB/MB/GB suffix)"
+        ) from None
+
+
+_TUNABLES: dict[str, tuple[str, Any]] = {
+    "HAPI_MEMORY_BUDGET": ("memory_budget_bytes", parse_size),
+    "HAPI_MAX_QUEUE_DELAY_MS": ("max_queue_delay_ms", float),
+    "HAPI_MAX_QUEUE_SAMPLES": ("max_queue_samples", int),
+    "HAPI_DEVICE": ("device", str),
+    "HAPI_REGISTRY_BUCKET": ("registry_bucket", str),
+}
 
 
 def read_credentials_file(path: Path) -> dict[str, str]:

@@ -1,0 +1,167 @@
+"""The storage-side batcher with an injected executor: batching, OOM split-and-retry,
+back-pressure and cancellation, on the CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from hapi.gateway._batcher import Batcher, MemoryBudget, OutOfMemory
+from hapi.gateway._errors import InsufficientMemory, SlowDown
+
+SAMPLE = 1000  # bytes per sample in these tests
+
+
+class FakeDevice:
+    """Doubles its input; raises OutOfMemory above ``fits`` samples; records batch sizes."""
+
+    def __init__(self, fits: int = 10**9, delay: float = 0.0) -> None:
+        self.fits = fits
+        self.delay = delay
+        self.sizes: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        self.gate.wait(5)
+        if len(batch) > self.fits:
+            raise OutOfMemory(f"{len(batch)} samples do not fit")
+        self.sizes.append(len(batch))
+        if self.delay:
+            threading.Event().wait(self.delay)
+        return batch * 2
+
+
+def _batcher(device: FakeDevice, budget: int = 64 * SAMPLE, **kwargs) -> Batcher:
+    pool = ThreadPoolExecutor(1)
+    return Batcher("t", device, per_sample_bytes=SAMPLE, budget=MemoryBudget(total=budget), pool=pool, **kwargs)
+
+
+def _samples(n: int, start: int = 0) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.float32).reshape(n, 1)
+
+
+def test_concurrent_requests_share_one_batch():
+    device = FakeDevice()
+    device.gate.clear()  # hold the device so that requests pile up behind the first batch
+
+    async def main():
+        batcher = _batcher(device, max_delay_s=0.001)
+        first = asyncio.create_task(batcher.submit(_samples(1)))
+        await asyncio.sleep(0.01)
+        rest = [asyncio.create_task(batcher.submit(_samples(3, 10 * i))) for i in range(1, 6)]
+        await asyncio.sleep(0.02)
+        device.gate.set()
+        results = await asyncio.gather(first, *rest)
+        await batcher.close()
+        return results
+
+    results = asyncio.run(main())
+    for i, (out, _) in enumerate(results[1:], start=1):
+        assert out.tolist() == (_samples(3, 10 * i) * 2).tolist()  # each gets its own samples back
+    assert device.sizes[0] == 1 and max(device.sizes) == 15  # the other five were merged
+
+
+def test_batch_size_follows_the_memory_budget():
+    device = FakeDevice()
+
+    async def main():
+        batcher = _batcher(device, budget=8 * SAMPLE, max_delay_s=0.01)
+        assert batcher.max_batch_size() == 8
+        out, used = await batcher.submit(_samples(20))
+        await batcher.close()
+        return out, used
+
+    out, used = asyncio.run(main())
+    assert out.tolist() == (_samples(20) * 2).tolist()
+    assert device.sizes == [8, 8, 4] and used == 8
+
+
+def test_oom_splits_the_batch_and_lowers_the_estimate():
+    device = FakeDevice(fits=5)  # the estimate says 64 fit; really only 5 do
+
+    async def main():
+        batcher = _batcher(device, max_delay_s=0.01)
+        out, _ = await batcher.submit(_samples(40))
+        size_after = batcher.max_batch_size()
+        again, _ = await batcher.submit(_samples(12))
+        await batcher.close()
+        return batcher, out, size_after, again
+
+    batcher, out, size_after, again = asyncio.run(main())
+    assert out.tolist() == (_samples(40) * 2).tolist()  # nothing lost, order kept
+    assert max(device.sizes) <= 5
+    assert size_after <= 5 and batcher.stats.oom_events > 0
+    assert again.tolist() == (_samples(12) * 2).tolist()
+
+
+def test_only_a_sample_that_alone_does_not_fit_fails():
+    device = FakeDevice(fits=0)
+
+    async def main():
+        batcher = _batcher(device, max_delay_s=0.01)
+        with pytest.raises(InsufficientMemory, match="does not fit"):
+            await batcher.submit(_samples(4))
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_queue_bound_gives_slowdown_with_retry_after():
+    device = FakeDevice()
+    device.gate.clear()
+
+    async def main():
+        batcher = _batcher(device, max_queue_samples=10, max_delay_s=0.001)
+        first = asyncio.create_task(batcher.submit(_samples(4)))
+        await asyncio.sleep(0.02)  # taken by the (blocked) device
+        queued = asyncio.create_task(batcher.submit(_samples(8)))
+        await asyncio.sleep(0.01)
+        with pytest.raises(SlowDown) as err:
+            await batcher.submit(_samples(5))
+        device.gate.set()
+        await asyncio.gather(first, queued)
+        await batcher.close()
+        return err.value
+
+    error = asyncio.run(main())
+    assert error.retry_after == 1 and error.status == 503
+
+
+def test_cancelled_request_is_not_computed():
+    device = FakeDevice()
+    device.gate.clear()
+
+    async def main():
+        batcher = _batcher(device, budget=4 * SAMPLE, max_delay_s=0.001)
+        busy = asyncio.create_task(batcher.submit(_samples(4)))
+        await asyncio.sleep(0.02)
+        gone = asyncio.create_task(batcher.submit(_samples(4, 100)))
+        await asyncio.sleep(0.01)
+        gone.cancel()  # the client disconnected while queued
+        device.gate.set()
+        await busy
+        kept, _ = await batcher.submit(_samples(2, 200))
+        await batcher.close()
+        return kept
+
+    kept = asyncio.run(main())
+    assert kept.tolist() == (_samples(2, 200) * 2).tolist()
+    assert device.sizes == [4, 2]  # the cancelled four never ran
+
+
+def test_tenants_share_the_budget():
+    budget = MemoryBudget(total=64 * SAMPLE)
+    pool = ThreadPoolExecutor(1)
+    a = Batcher("a", FakeDevice(), per_sample_bytes=SAMPLE, budget=budget, pool=pool)
+    b = Batcher("b", FakeDevice(), per_sample_bytes=SAMPLE, budget=budget, pool=pool)
+    budget.activate("a")
+    assert a.max_batch_size() == 64
+    budget.activate("b")
+    assert a.max_batch_size() == b.max_batch_size() == 32
+    budget.weights = 32 * SAMPLE
+    assert a.max_batch_size() == 16
