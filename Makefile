@@ -39,5 +39,8 @@ bench-proxy: $(STAMP)
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
 	$(PY) -m hapi.gateway._bench_proxy --out bench-results
 
+bench-pushdown: $(STAMP)
+	$(PY) -m hapi.gateway._bench_pushdown --out bench-results
+
 clean:
 	rm -rf $(VENV) .venv-awscli build *.egg-info

@@ -3,7 +3,9 @@
 Samples from every concurrent request for the same blocks queue together; a batch runs
 when it reaches the largest size that fits the tenant's share of the memory budget, or
 when its oldest sample has waited ``max_delay_s`` (Triton's dynamic batching, with the
-size derived from memory rather than configured). The size comes from
+size derived from memory rather than configured). Unlike a fixed delay, a batch waits only
+while more samples are known to be on their way (requests announced by the gateway, still
+fetching or decoding): a lone client pays no queueing delay. The size comes from
 
     share of budget = (budget - weights of cached sessions) / active tenants
     max batch       = share // per-sample estimate
@@ -94,6 +96,7 @@ class Batcher:
         max_delay_s: Longest a sample waits for company.
         max_queue_samples: Queued samples beyond which requests get ``SlowDown``.
         max_batch: Upper bound on the batch size whatever the memory allows.
+        fixed_batch: A fixed batch size instead of the adaptive one (for comparisons).
     """
 
     def __init__(
@@ -107,6 +110,7 @@ class Batcher:
         max_delay_s: float = 0.004,
         max_queue_samples: int = 4096,
         max_batch: int = 512,
+        fixed_batch: int | None = None,
     ) -> None:
         self.name = name
         self._run = run
@@ -116,8 +120,10 @@ class Batcher:
         self._max_delay = max_delay_s
         self._max_queue = max_queue_samples
         self._max_batch = max_batch
+        self._fixed = fixed_batch
         self._jobs: collections.deque[_Job] = collections.deque()
         self._queued = 0
+        self._incoming = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.stats = BatcherStats()
@@ -128,15 +134,35 @@ class Batcher:
 
     def max_batch_size(self) -> int:
         """The largest batch the current memory share allows (at least 1)."""
+        if self._fixed is not None:
+            return self._fixed
         return max(1, min(self._max_batch, self._budget.share() // self.per_sample_bytes))
 
-    async def submit(self, samples: np.ndarray) -> tuple[np.ndarray, int]:
+    def announce(self) -> None:
+        """A request for this batcher has started (fetching, decoding): worth waiting for."""
+        self._incoming += 1
+
+    def withdraw(self) -> None:
+        """An announced request will not submit (it failed); stop waiting for it."""
+        self._incoming -= 1
+        self._wakeup.set()
+
+    async def submit(
+        self, samples: np.ndarray, *, announced: bool = False
+    ) -> tuple[np.ndarray, int]:
         """Queue samples ``[N, ...]``; returns their outputs and the largest batch size used.
+
+        Args:
+            samples: The preprocessed inputs.
+            announced: The request called :meth:`announce` earlier (it is no longer on
+                its way once it submits).
 
         Raises:
             SlowDown: The queue is full.
             InsufficientMemory: One sample alone does not fit the budget.
         """
+        if announced:
+            self._incoming -= 1
         if self._queued + len(samples) > self._max_queue:
             raise SlowDown(
                 f"the storage side is saturated for {self.name}; retry shortly", retry_after=1
@@ -178,7 +204,11 @@ class Batcher:
                 continue
             size = self.max_batch_size()
             deadline = self._jobs[0].enqueued + self._max_delay
-            while self._queued < size and (remaining := deadline - loop.time()) > 0:
+            while (
+                self._queued < size
+                and self._incoming > 0
+                and (remaining := deadline - loop.time()) > 0
+            ):
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), remaining)

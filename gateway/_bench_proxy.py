@@ -14,7 +14,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ import httpx
 from botocore.config import Config
 from tqdm import tqdm
 
+from ._benchutil import gateway_subprocess
 from ._store import EmbeddedStore, StoreSettings, free_port
 
 MiB = 1024 * 1024
@@ -134,7 +134,7 @@ def run(out: Path, size_mib: int, rounds: int, small_count: int) -> dict[str, ob
         )
         with (
             EmbeddedStore(settings) as store,
-            _gateway(tmp, store.endpoint_url, key, secret) as gw,
+            gateway_subprocess(tmp / "gateway.log", store.endpoint_url, key, secret) as gw,
             _nginx(tmp, settings.port) as nginx_port,
         ):
             return _measure(
@@ -224,40 +224,6 @@ def _print(results: dict[str, object], names: list[str]) -> None:
         f"\ngateway/direct: GET {ratio['get_ratio']:.2f}x, PUT {ratio['put_ratio']:.2f}x "
         f"(target >= 0.8x); added p50 {ratio['added_p50_ms']:+.2f} ms (target <= 2 ms)"
     )
-
-
-class _gateway:
-    def __init__(self, tmp: Path, backend: str, key: str, secret: str) -> None:
-        self.port, self.key, self.secret = free_port(), "BENCHCLIENT", os.urandom(16).hex()
-        env = {
-            **os.environ,
-            "HAPI_BACKEND_URL": backend,
-            "HAPI_BACKEND_ACCESS_KEY_ID": key,
-            "HAPI_BACKEND_SECRET_ACCESS_KEY": secret,
-            "HAPI_ACCESS_KEY_ID": self.key,
-            "HAPI_SECRET_ACCESS_KEY": self.secret,
-        }
-        hapi = Path(sys.executable).parent / "hapi"
-        self.proc = subprocess.Popen(
-            [str(hapi), "serve", "--port", str(self.port)],
-            env=env,
-            stdout=(tmp / "gateway.log").open("wb"),
-            stderr=subprocess.STDOUT,
-        )
-
-    def __enter__(self) -> tuple[str, str, str]:
-        url = f"http://127.0.0.1:{self.port}"
-        for _ in range(300):
-            try:
-                httpx.get(url + "/_hapi/health", timeout=1)
-                return url, self.key, self.secret
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise RuntimeError("the gateway did not start")
-
-    def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 class _nginx:

@@ -154,7 +154,14 @@ class Pushdown:
         batcher = await self.tenants.batcher(manifest, params.split) if params.split else None
         result = _Result(manifest, params, [], np.zeros(0))
         started = time.perf_counter()
-        samples = await self._load_all(bucket, keys, manifest, result, per_key_errors)
+        if batcher is not None:
+            batcher.announce()
+        try:
+            samples = await self._load_all(bucket, keys, manifest, result, per_key_errors)
+        except BaseException:
+            if batcher is not None:
+                batcher.withdraw()
+            raise
         result.samples = samples
         result.timings["decode"] = (time.perf_counter() - started) * 1000 - result.timings.get(
             "fetch", 0.0
@@ -166,8 +173,10 @@ class Pushdown:
         )
         started = time.perf_counter()
         if batcher is not None and len(inputs):
-            result.features, result.batch_size = await batcher.submit(inputs)
+            result.features, result.batch_size = await batcher.submit(inputs, announced=True)
         else:
+            if batcher is not None:
+                batcher.withdraw()
             result.features = (
                 inputs
                 if batcher is None

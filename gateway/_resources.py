@@ -83,6 +83,7 @@ async def open_pushdown(
             runtime=runtime,
             max_delay_s=settings.max_queue_delay_ms / 1000,
             max_queue_samples=settings.max_queue_samples,
+            fixed_batch=settings.fixed_batch_size,
         )
         try:
             yield Pushdown(settings, client, tenants, decode_pool)

@@ -46,6 +46,8 @@ class GatewaySettings:
         decode_workers: Threads decoding and preprocessing (0: one per core).
         device: ``auto`` (CUDA when usable), ``cpu`` or ``cuda``.
         intra_op_threads: onnxruntime threads per operator (0: onnxruntime decides).
+        fixed_batch_size: Use this storage-side batch size instead of the adaptive one
+            (for benchmarks and comparisons; the adaptive size is the default).
     """
 
     backend_url: str
@@ -67,6 +69,7 @@ class GatewaySettings:
     decode_workers: int = 0
     device: str = "auto"
     intra_op_threads: int = 0
+    fixed_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if not self.backend_url.startswith(("http://", "https://")):
@@ -159,6 +162,7 @@ _TUNABLES: dict[str, tuple[str, Any]] = {
     "HAPI_MAX_QUEUE_SAMPLES": ("max_queue_samples", int),
     "HAPI_DEVICE": ("device", str),
     "HAPI_REGISTRY_BUCKET": ("registry_bucket", str),
+    "HAPI_FIXED_BATCH_SIZE": ("fixed_batch_size", int),
 }
 
 

@@ -99,6 +99,7 @@ class Tenants:
         max_tenants: int = 16,
         max_delay_s: float = 0.004,
         max_queue_samples: int = 4096,
+        fixed_batch: int | None = None,
     ) -> None:
         self.registry = registry
         self.budget = budget
@@ -107,7 +108,11 @@ class Tenants:
         self._make_run = make_run or self._ort_run
         self._latest_ttl = latest_ttl_s
         self._max_tenants = max_tenants
-        self._batcher_options = {"max_delay_s": max_delay_s, "max_queue_samples": max_queue_samples}
+        self._batcher_options: dict[str, Any] = {
+            "max_delay_s": max_delay_s,
+            "max_queue_samples": max_queue_samples,
+            "fixed_batch": fixed_batch,
+        }
         self._pinned: dict[str, Manifest] = {}
         self._latest: dict[str, tuple[float, Manifest]] = {}
         self._tenants: collections.OrderedDict[tuple[str, ...], _Tenant] = collections.OrderedDict()
@@ -176,7 +181,7 @@ class Tenants:
             per_sample_bytes=per_sample_bytes(manifest, split),
             budget=self.budget,
             pool=self._pool,
-            **self._batcher_options,  # type: ignore[arg-type]
+            **self._batcher_options,
         )
         tenant = _Tenant(batcher, weights, set(), time.monotonic())
         self._tenants[manifest.hashes[:split]] = tenant

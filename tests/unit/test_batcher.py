@@ -38,7 +38,9 @@ class FakeDevice:
 
 def _batcher(device: FakeDevice, budget: int = 64 * SAMPLE, **kwargs) -> Batcher:
     pool = ThreadPoolExecutor(1)
-    return Batcher("t", device, per_sample_bytes=SAMPLE, budget=MemoryBudget(total=budget), pool=pool, **kwargs)
+    return Batcher(
+        "t", device, per_sample_bytes=SAMPLE, budget=MemoryBudget(total=budget), pool=pool, **kwargs
+    )
 
 
 def _samples(n: int, start: int = 0) -> np.ndarray:
@@ -165,3 +167,44 @@ def test_tenants_share_the_budget():
     assert a.max_batch_size() == b.max_batch_size() == 32
     budget.weights = 32 * SAMPLE
     assert a.max_batch_size() == 16
+
+
+def test_waits_only_for_announced_requests():
+    device = FakeDevice()
+
+    async def main():
+        batcher = _batcher(device, max_delay_s=2.0)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        batcher.announce()
+        await batcher.submit(_samples(1), announced=True)  # nothing else on its way: no wait
+        alone = loop.time() - started
+        batcher.announce()
+        batcher.announce()  # two requests still decoding
+        first = asyncio.create_task(batcher.submit(_samples(1), announced=True))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(batcher.submit(_samples(2, 5), announced=True))
+        await asyncio.gather(first, second)
+        await batcher.close()
+        return alone
+
+    alone = asyncio.run(main())
+    assert alone < 1.0  # far below the 2 s queue delay
+    assert device.sizes == [1, 3]  # the first waited for the second, announced one
+
+
+def test_withdrawn_announcement_releases_the_wait():
+    device = FakeDevice()
+
+    async def main():
+        batcher = _batcher(device, max_delay_s=5.0)
+        batcher.announce()
+        batcher.announce()
+        task = asyncio.create_task(batcher.submit(_samples(1), announced=True))
+        await asyncio.sleep(0.05)
+        batcher.withdraw()  # the other request failed while decoding
+        out, _ = await asyncio.wait_for(task, 1.0)
+        await batcher.close()
+        return out
+
+    assert asyncio.run(main()).tolist() == [[0.0]]
