@@ -10,7 +10,7 @@ from urllib.parse import quote, urlsplit
 import boto3
 import botocore.auth
 import pytest
-from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth
+from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials as BotoCredentials
@@ -292,11 +292,20 @@ def test_unsigned_amz_header_is_denied():
         verify(received)
 
 
-def test_missing_content_sha256_header_is_refused():
-    received = wire(botocore_signed("GET", ENDPOINT + "/bucket/key"))
+def test_missing_content_sha256_on_a_body_is_refused():
+    received = wire(botocore_signed("PUT", ENDPOINT + "/bucket/key", body=b"data"))
     received["headers"] = [(n, v) for n, v in received["headers"] if n != "x-amz-content-sha256"]
     with pytest.raises(InvalidRequest, match="x-amz-content-sha256"):
         verify(received)
+
+
+def test_generic_sigv4_get_without_content_sha256_verifies():
+    # What curl --aws-sigv4 (7.x) sends: plain SigV4, the empty body's hash, no header.
+    request = AWSRequest(method="GET", url=ENDPOINT + "/bucket/key?b=2&a=1")
+    SigV4Auth(BotoCredentials(AKID, SECRET), "s3", "us-east-1").add_auth(request)
+    received = wire(request)
+    assert not any(n == "x-amz-content-sha256" for n, _ in received["headers"])
+    assert verify(received).payload_mode == "sha256"
 
 
 def test_bad_content_sha256_value_is_refused():
