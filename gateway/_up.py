@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +56,17 @@ def up(state_dir: Path, port: int, store_port: int, no_demo_model: bool) -> None
                 backend_credentials=Credentials(backend.access_key_id, backend.secret_access_key),
                 client_secrets={client.access_key_id: client.secret_access_key},
             )
+            model = None
             if not no_demo_model:
-                _ensure_demo_model(console, store.endpoint_url, backend, settings.registry_bucket)
-            _serve(settings, port, banner=lambda: _banner(console, port, client))
+                model = _ensure_demo_model(
+                    console, store.endpoint_url, backend, settings.registry_bucket
+                )
+            _serve(settings, port, banner=lambda: _banner(console, port, client, model))
     except StoreError as exc:
         raise UserError(str(exc)) from exc
 
 
-def _ensure_demo_model(console: Console, endpoint: str, creds: Any, bucket: str) -> None:
+def _ensure_demo_model(console: Console, endpoint: str, creds: Any, bucket: str) -> str:
     import boto3
     from hapi.models import register_default_model
 
@@ -76,6 +80,7 @@ def _ensure_demo_model(console: Console, endpoint: str, creds: Any, bucket: str)
     with console.status("registering the demo model (EfficientNet-Lite0) on first start..."):
         name = register_default_model(s3, bucket)
     console.print(f"[green]model[/] {name} is in the registry")
+    return str(name.name)
 
 
 def _serve(settings: GatewaySettings, port: int, banner: Any) -> None:
@@ -89,6 +94,9 @@ def _serve(settings: GatewaySettings, port: int, banner: Any) -> None:
             if self.started:
                 banner()
 
+    # uvicorn re-raises the signal that stopped it once it has shut down; SIGTERM's default
+    # action would then kill the process before the store is stopped, so make it an exit.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     config = uvicorn.Config(
         create_app(settings),
         host="127.0.0.1",
@@ -101,10 +109,21 @@ def _serve(settings: GatewaySettings, port: int, banner: Any) -> None:
     _Server(config).run()
 
 
-def _banner(console: Console, port: int, client: Any) -> None:
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _banner(console: Console, port: int, client: Any, model: str | None) -> None:
     url = f"http://127.0.0.1:{port}"
     key, secret = client.access_key_id, client.secret_access_key
-    console.print(f"""[bold green]hapi gateway[/] up at [bold]{url}[/]
+    sig = '--aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY"'
+    pushdown = (
+        f"\n  # features instead of the image (model {model}, split 5), as a readable summary\n"
+        f'  curl {sig} \\\n       "{url}/data/photo.jpg?hapi-model={model}&hapi-split=5&hapi-format=json"\n'
+        if model
+        else ""
+    )
+    text = f"""hapi gateway up at {url}
 
   export AWS_ENDPOINT_URL={url}
   export AWS_ACCESS_KEY_ID={key}
@@ -113,9 +132,12 @@ def _banner(console: Console, port: int, client: Any) -> None:
 
   aws s3 mb s3://data
   aws s3 cp photo.jpg s3://data/photo.jpg
-  curl --aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \\
+  curl {sig} \\
        {url}/data/photo.jpg -o copy.jpg
+{pushdown}
   curl {url}/_hapi/health
+  curl {url}/_hapi/models
   curl {url}/metrics
 
-Ctrl-C stops the gateway and the store.""")
+Ctrl-C stops the gateway and the store."""
+    console.print(text, soft_wrap=True, markup=False)
