@@ -171,9 +171,11 @@ def run_gateway(settings: GatewaySettings, host: str, port: int) -> None:
 def main() -> None:
     """Console-script entry point."""
     from hapi.models._cli import models
+    from hapi.planner._cli import plan
 
     from ._up import up
 
     cli.add_command(up)
     cli.add_command(models)
+    cli.add_command(plan)
     cli(prog_name="hapi")

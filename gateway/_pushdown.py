@@ -14,13 +14,14 @@ import json
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 from xml.etree import ElementTree
 
 import httpx
 import numpy as np
+from hapi import planner
 from hapi.models import Manifest
 from hapi.models._decode import Sample, UndecodableObject, decode_object
 from hapi.models._wire import DTYPES, encode
@@ -28,8 +29,8 @@ from hapi.models._wire import DTYPES, encode
 from ._addressing import object_path
 from ._errors import (
     BackendError,
+    InsufficientMemory,
     InvalidArgument,
-    NotImplementedYet,
     S3Error,
     ServiceUnavailable,
     UnprocessableObject,
@@ -50,9 +51,10 @@ class Params:
     """What a pushdown request asks for."""
 
     model: str
-    split: int
+    split: int | None  # None: ``auto``, the planner chooses
     dtype: str = "float32"
     format: str = "safetensors"
+    bandwidth_bps: float | None = None  # the client's link, for ``auto``
 
 
 def parse_params(headers: Mapping[str, str], raw_query: str) -> Params | None:
@@ -73,28 +75,45 @@ def parse_params(headers: Mapping[str, str], raw_query: str) -> Params | None:
     model = get("hapi-model")
     if not model:
         return None
-    return make_params(model, get("hapi-split"), get("hapi-dtype"), get("hapi-format"))
+    return make_params(
+        model, get("hapi-split"), get("hapi-dtype"), get("hapi-format"), get("hapi-bandwidth")
+    )
 
 
-def make_params(model: str, split: Any, dtype: Any, fmt: Any) -> Params:
+def make_params(model: str, split: Any, dtype: Any, fmt: Any, bandwidth: Any = None) -> Params:
     """Validate pushdown parameters (from headers, query or a batch body)."""
     if split is None:
-        raise InvalidArgument("a pushdown request needs x-hapi-split (an integer 0..freeze)")
+        raise InvalidArgument(
+            "a pushdown request needs x-hapi-split (an integer 0..freeze, or auto)"
+        )
     if split == "auto":
-        raise NotImplementedYet("split=auto needs the planner, which this gateway does not run yet")
+        return Params(model, None, *_dtype_format(dtype, fmt), _bandwidth(bandwidth))
     try:
         index = int(split)
     except (TypeError, ValueError):
         raise InvalidArgument(f"x-hapi-split must be an integer, not {split!r}") from None
     if index < 0:
         raise InvalidArgument(f"x-hapi-split must be >= 0, not {index}")
+    return Params(model, index, *_dtype_format(dtype, fmt))
+
+
+def _dtype_format(dtype: Any, fmt: Any) -> tuple[str, str]:
     dtype = dtype or "float32"
     if dtype not in DTYPES:
         raise InvalidArgument(f"x-hapi-dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     fmt = fmt or "safetensors"
     if fmt not in FORMATS:
         raise InvalidArgument(f"x-hapi-format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    return Params(model, index, dtype, fmt)
+    return dtype, fmt
+
+
+def _bandwidth(text: Any) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(planner.parse_bandwidth(str(text)))
+    except ValueError as exc:
+        raise InvalidArgument(f"x-hapi-bandwidth: {exc}") from exc
 
 
 @dataclass
@@ -147,6 +166,9 @@ class Pushdown:
         self, bucket: str, keys: Sequence[str], params: Params, *, per_key_errors: bool
     ) -> _Result:
         manifest = await self.tenants.manifest(params.model)
+        if params.split is None:
+            params = replace(params, split=self.choose_split(manifest, params))
+        assert params.split is not None
         if params.split > manifest.freeze:
             raise InvalidArgument(
                 f"x-hapi-split must be in 0..{manifest.freeze} for {manifest.ref}, not {params.split}"
@@ -184,6 +206,32 @@ class Pushdown:
             )
         result.timings["infer"] = (time.perf_counter() - started) * 1000
         return result
+
+    def choose_split(self, manifest: Manifest, params: Params) -> int:
+        """``split=auto``: the planner's best split on the gateway's view (its memory share
+        and load; the client's bandwidth from ``x-hapi-bandwidth``, else the configured
+        assumption). Raw objects are not an option here: the client asked for features.
+        """
+        budget = self.tenants.budget
+        profile = planner.profile_from_manifest(
+            manifest,
+            storage_memory_bytes=budget.share(),
+            storage_load=float(max(1, budget.active_tenants)),
+            wire_dtype=params.dtype,
+        )
+        bandwidth = params.bandwidth_bps or self._settings.assumed_bandwidth_bps
+        options = [
+            c
+            for c in planner.plan(manifest, profile, bandwidth).candidates
+            if c.split is not None and c.feasible
+        ]
+        if not options:
+            raise InsufficientMemory(
+                f"no split of {manifest.ref} fits the storage side's memory budget"
+            )
+        best = min(options, key=lambda c: c.epoch_s).split
+        assert best is not None
+        return int(best)
 
     async def _load_all(
         self,
@@ -274,7 +322,11 @@ def _parse_batch(body: bytes) -> tuple[list[str], Params]:
     if not isinstance(spec.get("model"), str):
         raise InvalidArgument("the batch body needs a model name")
     return keys, make_params(
-        spec["model"], spec.get("split"), spec.get("dtype"), spec.get("format")
+        spec["model"],
+        spec.get("split"),
+        spec.get("dtype"),
+        spec.get("format"),
+        spec.get("bandwidth"),
     )
 
 

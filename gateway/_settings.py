@@ -10,6 +10,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from hapi.planner import parse_bandwidth
+
 from ._sigv4 import Credentials
 
 ENV_BACKEND_URL = "HAPI_BACKEND_URL"
@@ -46,6 +48,8 @@ class GatewaySettings:
         decode_workers: Threads decoding and preprocessing (0: one per core).
         device: ``auto`` (CUDA when usable), ``cpu`` or ``cuda``.
         intra_op_threads: onnxruntime threads per operator (0: onnxruntime decides).
+        assumed_bandwidth_bps: The client link ``split=auto`` plans for when a request does
+            not say (``x-hapi-bandwidth``).
         fixed_batch_size: Use this storage-side batch size instead of the adaptive one
             (for benchmarks and comparisons; the adaptive size is the default).
     """
@@ -70,6 +74,7 @@ class GatewaySettings:
     device: str = "auto"
     intra_op_threads: int = 0
     fixed_batch_size: int | None = None
+    assumed_bandwidth_bps: float = 1e9
 
     def __post_init__(self) -> None:
         if not self.backend_url.startswith(("http://", "https://")):
@@ -163,6 +168,7 @@ _TUNABLES: dict[str, tuple[str, Any]] = {
     "HAPI_DEVICE": ("device", str),
     "HAPI_REGISTRY_BUCKET": ("registry_bucket", str),
     "HAPI_FIXED_BATCH_SIZE": ("fixed_batch_size", int),
+    "HAPI_ASSUMED_BANDWIDTH": ("assumed_bandwidth_bps", lambda text: float(parse_bandwidth(text))),
 }
 
 

@@ -1,5 +1,74 @@
-"""hapi.planner."""
+"""hapi.planner: which split of a model makes an epoch fastest, and why.
+
+Plan from a manifest's own profile::
+
+    from hapi import planner
+    profile = planner.profile_from_manifest(manifest, raw_bytes=110_000)
+    chosen = planner.plan(manifest, profile, planner.parse_bandwidth("100mbit"))
+    print(chosen.explain())
+
+Measure instead of assuming: :func:`measure_client_blocks` and :func:`measure_decode_ms`
+time the client side here, :func:`probe_bandwidth` and :func:`fetch_gateway_profile`
+ask a running gateway. After a run, :func:`needs_replan` says whether what was measured
+left the plan's assumptions by more than 25%.
+
+The command line is ``hapi plan`` (:data:`hapi.planner._cli.plan`).
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from ._cost import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_DATASET_SIZE,
+    DEFAULT_REPLAN_THRESHOLD,
+    Candidate,
+    Measurement,
+    Plan,
+    Profile,
+    drift,
+    needs_replan,
+    plan,
+    replan,
+)
+from ._errors import InvalidInput, NoFeasibleSplit, PlannerError, ProbeError
+from ._gateway import GatewayProfile, fetch_gateway_profile, probe_bandwidth
+from ._plot import plot_plan
+from ._profile import (
+    DEFAULT_DECODE_MS,
+    DEFAULT_RAW_BYTES,
+    measure_client_blocks,
+    measure_decode_ms,
+    profile_from_manifest,
+)
+from ._units import format_bandwidth, format_bytes, parse_bandwidth, parse_size
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_DATASET_SIZE",
+    "DEFAULT_DECODE_MS",
+    "DEFAULT_RAW_BYTES",
+    "DEFAULT_REPLAN_THRESHOLD",
+    "Candidate",
+    "GatewayProfile",
+    "InvalidInput",
+    "Measurement",
+    "NoFeasibleSplit",
+    "Plan",
+    "PlannerError",
+    "ProbeError",
+    "Profile",
+    "drift",
+    "fetch_gateway_profile",
+    "format_bandwidth",
+    "format_bytes",
+    "measure_client_blocks",
+    "measure_decode_ms",
+    "needs_replan",
+    "parse_bandwidth",
+    "parse_size",
+    "plan",
+    "plot_plan",
+    "probe_bandwidth",
+    "profile_from_manifest",
+    "replan",
+]

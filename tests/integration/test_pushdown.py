@@ -258,3 +258,17 @@ def test_concurrent_clients_with_different_models(gateway, registered, images):
     assert (
         max(max(t["recent_batch_sizes"] or [0]) for t in stats["tenants"]) > 1
     )  # requests were batched together
+
+
+def test_split_auto_uses_the_planner(gateway, registered, images):
+    bucket, _ = images
+    slow = _get(gateway, bucket, "cat.jpg", model="r18", split="auto", bandwidth="20mbit")
+    assert slow.status_code == 200, slow.text
+    split = int(slow.headers["x-hapi-split"])
+    manifest = registered["r18"]
+    # On a slow link the planner sends the smallest output the frozen blocks offer.
+    smallest = min(range(1, manifest.freeze + 1), key=lambda k: manifest.blocks[k - 1].output_bytes)
+    assert manifest.blocks[split - 1].output_bytes == manifest.blocks[smallest - 1].output_bytes
+    assert decode(slow.content)[0]["features"].shape[1:] == tuple(manifest.blocks[split - 1].output_shape)
+    bad = _get(gateway, bucket, "cat.jpg", model="r18", split="auto", bandwidth="fast")
+    assert bad.status_code == 400 and "bandwidth" in bad.text

@@ -1,0 +1,176 @@
+"""``hapi plan``: predicted epoch time per split, and the chosen split with its reason.
+
+The manifest comes from the registry the way ``hapi models`` reads it (``--endpoint``,
+else ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``, with the usual credential chain).
+``--bandwidth auto`` treats the endpoint as a hapi gateway: it probes the bandwidth and
+takes the gateway's storage-side view (times calibrated on real traffic, its memory
+budget, its load). Bad input ends with one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import click
+from hapi.models import Manifest, Registry
+from hapi.models._cli import BadInput, _registry, _store_options, _translated
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ._cost import DEFAULT_BATCH_SIZE, DEFAULT_DATASET_SIZE, Plan, Profile
+from ._cost import plan as compute_plan
+from ._errors import InvalidInput, PlannerError
+from ._explain import HEADERS, row, split_label, title
+from ._gateway import fetch_gateway_profile, probe_bandwidth
+from ._profile import (
+    DEFAULT_RAW_BYTES,
+    measure_client_blocks,
+    measure_decode_ms,
+    profile_from_manifest,
+)
+from ._units import format_bandwidth, parse_bandwidth, parse_size
+
+# `hapi models`' --endpoint/--bucket options and registry client, so both commands find
+# the store the same way (typed here: mypy cannot follow the editable install's mapping).
+_with_store: Callable[[Callable[..., None]], Callable[..., None]] = _store_options
+_MEMORY_HELP = "memory budget, e.g. 16GB or 8GiB; unlimited if unset."
+
+
+@contextlib.contextmanager
+def _planner_errors() -> Iterator[None]:
+    try:
+        yield
+    except InvalidInput as exc:
+        raise BadInput(str(exc)) from exc
+    except PlannerError as exc:  # the gateway failed, or nothing fits in memory
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command(name="plan")
+@click.option("--model", "ref", required=True, metavar="NAME[@VERSION]", help="The model.")
+@click.option(
+    "--bandwidth",
+    required=True,
+    help="Client-gateway bandwidth: 100mbit, 1gbit, 50Mbit/s, 2.5GB/s (b = bits, "
+    "B = bytes), or auto to probe the gateway at --endpoint.",
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(min=1),
+    default=DEFAULT_BATCH_SIZE,
+    show_default=True,
+    help="Training batch size.",
+)
+@click.option(
+    "--dataset-size",
+    type=click.IntRange(min=1),
+    default=DEFAULT_DATASET_SIZE,
+    show_default=True,
+    help="Samples per epoch (ImageNet-1k's by default).",
+)
+@click.option(
+    "--raw-bytes",
+    type=click.IntRange(min=1),
+    default=DEFAULT_RAW_BYTES,
+    show_default=True,
+    help="Mean object bytes per sample.",
+)
+@click.option(
+    "--head-ms", type=click.FloatRange(min=0), default=0.0, help="Head training step, ms/sample."
+)
+@click.option("--client-memory", metavar="SIZE", help="Client " + _MEMORY_HELP)
+@click.option("--storage-memory", metavar="SIZE", help="Storage-side " + _MEMORY_HELP)
+@click.option(
+    "--measure", is_flag=True, help="Time decoding and the frozen blocks here (client side)."
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw sizes, compute and epoch times per split into FILE (.png, .svg, .pdf).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@_with_store
+def plan(
+    ref: str,
+    bandwidth: str,
+    batch: int,
+    dataset_size: int,
+    raw_bytes: int,
+    head_ms: float,
+    client_memory: str | None,
+    storage_memory: str | None,
+    measure: bool,
+    plot: Path | None,
+    as_json: bool,
+    endpoint: str | None,
+    bucket: str,
+) -> None:
+    """Predict the epoch time of every split of a model and choose the fastest."""
+    with _planner_errors():
+        auto = bandwidth.strip().lower() == "auto"
+        if auto and not endpoint:
+            raise InvalidInput("--bandwidth auto probes the gateway: give --endpoint URL")
+        bits = math.nan if auto else parse_bandwidth(bandwidth)
+        client_budget = parse_size(client_memory) if client_memory else None
+        storage_budget = parse_size(storage_memory) if storage_memory else None
+        with _translated():
+            registry = _registry(endpoint, bucket)
+            manifest = registry.get_manifest(ref)
+            profile = profile_from_manifest(
+                manifest,
+                raw_bytes=raw_bytes,
+                head_ms=head_ms,
+                client_memory_bytes=client_budget,
+                storage_memory_bytes=storage_budget,
+            )
+            if measure:
+                profile = _measured(registry, manifest, profile)
+        if auto and endpoint:
+            bits = probe_bandwidth(endpoint)
+            profile = fetch_gateway_profile(endpoint, manifest.ref).apply(profile)
+        chosen = compute_plan(manifest, profile, bits, batch_size=batch, dataset_size=dataset_size)
+        if plot is not None:
+            _plot(chosen, plot)
+    if as_json:
+        click.echo(json.dumps(chosen.to_dict(), indent=1))
+        return
+    _print(chosen, bandwidth_source="probed" if auto else "given")
+
+
+def _measured(registry: Registry, manifest: Manifest, profile: Profile) -> Profile:
+    client_ms = measure_client_blocks(registry, manifest)
+    decode_ms = measure_decode_ms(manifest.preprocess)
+    return dataclasses.replace(profile, client_ms=client_ms, client_decode_ms=decode_ms)
+
+
+def _plot(chosen: Plan, path: Path) -> None:
+    from ._plot import plot_plan
+
+    try:
+        plot_plan(chosen, path)
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # matplotlib: an image format it does not know
+        raise InvalidInput(f"cannot draw {path}: {exc}") from exc
+    click.echo(f"wrote {path}", err=True)
+
+
+def _print(chosen: Plan, *, bandwidth_source: str) -> None:
+    table = Table(*HEADERS, title=Text(title(chosen)), title_justify="left")
+    for candidate in chosen.candidates:
+        style = "bold green" if candidate.split == chosen.split else None
+        cells = (Text(cell) for cell in row(chosen, candidate))
+        table.add_row(*cells, style=style if candidate.feasible else "dim")
+    console = Console(soft_wrap=True, width=max(160, Console().width))
+    console.print(table)
+    console.print(
+        f"bandwidth {format_bandwidth(chosen.bandwidth_bps)} ({bandwidth_source})", style="dim"
+    )
+    choice = Text.assemble((f"chosen: split {split_label(chosen.split)}", "bold"), ". ")
+    console.print(choice + Text(chosen.reason()))

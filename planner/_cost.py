@@ -1,0 +1,440 @@
+"""The cost model: predicted epoch time of every candidate split, and the choice.
+
+Candidates are *no pushdown* (``split=None``: raw objects cross the network, the client
+decodes and runs blocks ``[0, freeze)``), split ``0`` (the storage side decodes and
+preprocesses only) and every split ``1..freeze`` (the storage side also runs blocks
+``[0, split)``). One training batch of ``B`` samples passes three stages, each a linear
+cost per sample:
+
+- storage: ``B * (decode + blocks [0, split)) * load`` (``load`` >= 1 models a shared device),
+- transfer: ``B * bytes_per_sample * 8 / bandwidth``,
+- client: ``B * ((decode if no pushdown) + blocks [split, freeze) + head step)``.
+
+The stages overlap (the client requests batch ``i + 1`` before training on batch ``i``),
+so an epoch of ``n`` batches takes ``fill + (n - 1) * max(stages) + drain``, where the
+first batch fills the pipeline (storage + transfer) and the last drains it (client). A
+candidate is feasible when each side's memory holds its blocks' weights plus its batch of
+activations. :func:`plan` picks the feasible candidate with the least epoch time.
+
+Everything here is pure: measurements come in as a :class:`Profile` and a bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+from hapi.models import Manifest
+
+from . import _explain
+from ._errors import InvalidInput, NoFeasibleSplit
+from ._units import format_bytes
+
+Stage = Literal["storage", "transfer", "client"]
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_DATASET_SIZE = 1_281_167  # ImageNet-1k's training set
+DEFAULT_REPLAN_THRESHOLD = 0.25
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """What the cost model knows about a model on both sides; per-block tuples cover the
+    frozen blocks ``[0, freeze)``, times are milliseconds per sample, sizes are bytes.
+
+    Args:
+        storage_ms: Per-block compute time on the storage side, with the device idle.
+        client_ms: Per-block compute time on the client.
+        output_bytes: Per-block output bytes of one sample (what split ``k`` sends is
+            block ``k - 1``'s).
+        peak_activation_bytes: Per-block peak activation bytes of one sample.
+        weight_bytes: Per-block weight bytes (held once per side, whatever the batch).
+        input_bytes: Bytes of one preprocessed sample (what split 0 sends).
+        raw_bytes: Mean bytes of one raw object per sample (what no pushdown sends).
+        storage_decode_ms: Decode and preprocess time on the storage side.
+        client_decode_ms: Decode and preprocess time on the client.
+        head_ms: The trainable head's training step (forward, backward, update) on the client.
+        head_memory_bytes: Client memory the head's training needs beyond the frozen blocks.
+        storage_memory_bytes: The storage side's memory budget; ``None`` for unlimited.
+        client_memory_bytes: The client's memory budget; ``None`` for unlimited.
+        storage_load: Factor on the storage stage's time: 1 as profiled, ``n`` when its
+            device is time-shared in turn with ``n - 1`` busy tenants.
+        storage_batch: The batch the storage side must fit at least. The gateway sizes
+            its batches to its memory, so 1 by default.
+    """
+
+    storage_ms: tuple[float, ...]
+    client_ms: tuple[float, ...]
+    output_bytes: tuple[int, ...]
+    peak_activation_bytes: tuple[int, ...]
+    weight_bytes: tuple[int, ...]
+    input_bytes: int
+    raw_bytes: float
+    storage_decode_ms: float
+    client_decode_ms: float
+    head_ms: float = 0.0
+    head_memory_bytes: int = 0
+    storage_memory_bytes: int | None = None
+    client_memory_bytes: int | None = None
+    storage_load: float = 1.0
+    storage_batch: int = 1
+
+    def __post_init__(self) -> None:
+        blocks = (
+            self.storage_ms,
+            self.client_ms,
+            self.output_bytes,
+            self.peak_activation_bytes,
+            self.weight_bytes,
+        )
+        if len({len(values) for values in blocks}) != 1:
+            raise InvalidInput("profile: the per-block tuples must have one entry per block")
+        scalars = (
+            self.input_bytes,
+            self.raw_bytes,
+            self.storage_decode_ms,
+            self.client_decode_ms,
+            self.head_ms,
+            self.head_memory_bytes,
+        )
+        if min((*scalars, *(v for values in blocks for v in values))) < 0:
+            raise InvalidInput("profile: times and sizes must be >= 0")
+        if not 0 < self.storage_load < math.inf or self.storage_batch < 1:
+            raise InvalidInput("profile: storage_load must be > 0 and storage_batch >= 1")
+        for budget in (self.storage_memory_bytes, self.client_memory_bytes):
+            if budget is not None and budget <= 0:
+                raise InvalidInput("profile: memory budgets must be positive (or None)")
+
+    @property
+    def blocks(self) -> int:
+        """How many blocks the profile covers."""
+        return len(self.storage_ms)
+
+    def bytes_at(self, split: int | None) -> float:
+        """Bytes one sample sends over the network at ``split`` (``None``: no pushdown)."""
+        if split is None:
+            return self.raw_bytes
+        return self.input_bytes if split == 0 else self.output_bytes[split - 1]
+
+    def activation_bytes(self, start: int, stop: int) -> int:
+        """Memory one sample needs through blocks ``[start, stop)``: its input, or a block's
+        input and output alive together, or a block's own peak, whichever is largest
+        (the gateway's estimate, so both sides agree)."""
+        held = int(self.bytes_at(start))
+        need = held
+        for index in range(start, stop):
+            output = self.output_bytes[index]
+            need = max(need, held + output, self.peak_activation_bytes[index])
+            held = output
+        return need
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One row of a plan. Stage times are milliseconds per training batch.
+
+    Args:
+        split: ``None`` for no pushdown, else ``0..freeze``.
+        bytes_per_sample: What one sample sends over the network.
+        storage_ms: The storage stage (decode and blocks ``[0, split)``, under load).
+        transfer_ms: The network stage.
+        client_ms: The client stage (decode without pushdown, blocks ``[split, freeze)``,
+            the head's training step).
+        bottleneck: The slowest stage.
+        epoch_s: Predicted epoch time in seconds (``inf`` when infeasible).
+        storage_memory_bytes: Memory the storage side needs.
+        client_memory_bytes: Memory the client needs.
+        infeasible: Why the candidate does not fit, or ``None`` when it does.
+    """
+
+    split: int | None
+    bytes_per_sample: float
+    storage_ms: float
+    transfer_ms: float
+    client_ms: float
+    bottleneck: Stage
+    epoch_s: float
+    storage_memory_bytes: int
+    client_memory_bytes: int
+    infeasible: str | None = None
+
+    @property
+    def feasible(self) -> bool:
+        """Whether both sides' memory holds this candidate."""
+        return self.infeasible is None
+
+    @property
+    def bottleneck_ms(self) -> float:
+        """The slowest stage's time per batch."""
+        return max(self.storage_ms, self.transfer_ms, self.client_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields, ``feasible`` included (``inf`` becomes ``None``)."""
+        data = asdict(self)
+        data["feasible"] = self.feasible
+        return {k: None if isinstance(v, float) and math.isinf(v) else v for k, v in data.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The chosen split, every candidate, and the inputs they were computed from.
+
+    Args:
+        model: ``NAME@VERSION`` of the manifest.
+        freeze: The manifest's freeze point.
+        block_names: Names of the frozen blocks.
+        split: The chosen split; ``None`` means no pushdown (read raw objects).
+        candidates: Every candidate in order: no pushdown, then splits ``0..freeze``.
+        bandwidth_bps: The bandwidth assumed, in bits per second.
+        batch_size: The training batch size.
+        dataset_size: Samples per epoch.
+        profile: The profile assumed.
+    """
+
+    model: str
+    freeze: int
+    block_names: tuple[str, ...]
+    split: int | None
+    candidates: tuple[Candidate, ...]
+    bandwidth_bps: float
+    batch_size: int
+    dataset_size: int
+    profile: Profile
+
+    @property
+    def chosen(self) -> Candidate:
+        """The chosen candidate's row."""
+        return self.candidate(self.split)
+
+    def candidate(self, split: int | None) -> Candidate:
+        """The row of ``split`` (``None`` for no pushdown)."""
+        return next(c for c in self.candidates if c.split == split)
+
+    @property
+    def batches(self) -> int:
+        """Training batches per epoch."""
+        return math.ceil(self.dataset_size / self.batch_size)
+
+    def reason(self) -> str:
+        """One sentence on why :attr:`split` was chosen."""
+        return _explain.reason(self)
+
+    def explain(self) -> str:
+        """The candidates as a plain-text table, followed by the choice and its reason."""
+        return _explain.explain(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the choice, its reason, the assumptions and every candidate."""
+        return {
+            "model": self.model,
+            "freeze": self.freeze,
+            "split": self.split,
+            "reason": self.reason(),
+            "bandwidth_bps": None if math.isinf(self.bandwidth_bps) else self.bandwidth_bps,
+            "batch_size": self.batch_size,
+            "dataset_size": self.dataset_size,
+            "batches": self.batches,
+            "block_names": list(self.block_names),
+            "candidates": [c.to_dict() for c in self.candidates],
+            "profile": asdict(self.profile),
+        }
+
+
+def plan(
+    manifest: Manifest,
+    profile: Profile,
+    bandwidth_bps: float,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    dataset_size: int = DEFAULT_DATASET_SIZE,
+) -> Plan:
+    """Predict every candidate's epoch time and choose the fastest feasible one.
+
+    Args:
+        manifest: The model (its freeze point and block names).
+        profile: Times, sizes and memory budgets; one entry per frozen block.
+        bandwidth_bps: Bits per second between client and gateway (``inf``: no limit).
+        batch_size: Samples per training batch.
+        dataset_size: Samples per epoch.
+
+    Returns:
+        The plan. Ties go to the candidate sending fewer bytes, then to the earlier split.
+
+    Raises:
+        InvalidInput: The profile does not cover the frozen blocks, or a size is below 1.
+        NoFeasibleSplit: Not even reading raw objects fits the client's memory.
+    """
+    _check(manifest, profile, bandwidth_bps, batch_size, dataset_size)
+    batches = math.ceil(dataset_size / batch_size)
+    splits: list[int | None] = [None, *range(manifest.freeze + 1)]
+    candidates = tuple(
+        _candidate(profile, split, manifest.freeze, bandwidth_bps, batch_size, batches)
+        for split in splits
+    )
+    feasible = [c for c in candidates if c.feasible]
+    if not feasible:
+        raise NoFeasibleSplit(
+            f"no split of {manifest.ref} fits the memory budgets, not even reading raw objects",
+            candidates,
+        )
+    best = min(feasible, key=lambda c: (c.epoch_s, c.bytes_per_sample, _order(c.split)))
+    return Plan(
+        model=manifest.ref,
+        freeze=manifest.freeze,
+        block_names=tuple(block.name for block in manifest.blocks[: manifest.freeze]),
+        split=best.split,
+        candidates=candidates,
+        bandwidth_bps=float(bandwidth_bps),
+        batch_size=batch_size,
+        dataset_size=dataset_size,
+        profile=profile,
+    )
+
+
+def _order(split: int | None) -> int:
+    return -1 if split is None else split
+
+
+def _check(
+    manifest: Manifest, profile: Profile, bandwidth: float, batch_size: int, dataset_size: int
+) -> None:
+    if profile.blocks != manifest.freeze:
+        raise InvalidInput(
+            f"the profile covers {profile.blocks} blocks, but {manifest.ref} freezes "
+            f"{manifest.freeze}: profile the frozen blocks [0, {manifest.freeze})"
+        )
+    if not bandwidth > 0:
+        raise InvalidInput(f"bandwidth must be positive, not {bandwidth}")
+    if batch_size < 1 or dataset_size < 1:
+        raise InvalidInput("batch size and dataset size must be at least 1")
+
+
+def _candidate(
+    profile: Profile, split: int | None, freeze: int, bandwidth: float, batch: int, batches: int
+) -> Candidate:
+    start = 0 if split is None else split
+    storage = 0.0
+    if split is not None:
+        storage = (profile.storage_decode_ms + sum(profile.storage_ms[:split])) * batch
+        storage *= profile.storage_load
+    client_decode = profile.client_decode_ms if split is None else 0.0
+    client = (client_decode + sum(profile.client_ms[start:]) + profile.head_ms) * batch
+    sent = profile.bytes_at(split)
+    transfer = 1000.0 * batch * sent * 8 / bandwidth
+    stages: dict[Stage, float] = {"storage": storage, "transfer": transfer, "client": client}
+    bottleneck = max(stages, key=lambda name: stages[name])
+    storage_memory, client_memory = _memory(profile, split, freeze, batch)
+    infeasible = _infeasible(profile, storage_memory, client_memory)
+    epoch_ms = storage + transfer + client + (batches - 1) * stages[bottleneck]
+    return Candidate(
+        split=split,
+        bytes_per_sample=sent,
+        storage_ms=storage,
+        transfer_ms=transfer,
+        client_ms=client,
+        bottleneck=bottleneck,
+        epoch_s=math.inf if infeasible else epoch_ms / 1000.0,
+        storage_memory_bytes=storage_memory,
+        client_memory_bytes=client_memory,
+        infeasible=infeasible,
+    )
+
+
+def _memory(profile: Profile, split: int | None, freeze: int, batch: int) -> tuple[int, int]:
+    """Bytes each side needs: weights of its blocks plus a batch of activations."""
+    weights = profile.weight_bytes
+    client_start = 0 if split is None else split
+    client = sum(weights[client_start:]) + profile.head_memory_bytes
+    client += batch * profile.activation_bytes(client_start, freeze)
+    if split is None:
+        return 0, client
+    storage = sum(weights[:split]) + profile.storage_batch * profile.activation_bytes(0, split)
+    return storage, client
+
+
+def _infeasible(profile: Profile, storage: int, client: int) -> str | None:
+    problems = []
+    if profile.storage_memory_bytes is not None and storage > profile.storage_memory_bytes:
+        problems.append(
+            f"storage needs {format_bytes(storage)} > {format_bytes(profile.storage_memory_bytes)}"
+        )
+    if profile.client_memory_bytes is not None and client > profile.client_memory_bytes:
+        problems.append(
+            f"client needs {format_bytes(client)} > {format_bytes(profile.client_memory_bytes)}"
+        )
+    return "; ".join(problems) or None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """What a run measured, to compare with what its plan assumed. ``None``: not measured.
+
+    Args:
+        bandwidth_bps: Bits per second the transfers achieved.
+        storage_ms_per_sample: The storage stage per sample as the cost model defines it
+            (decode and blocks ``[0, split)`` under the current load), e.g. the
+            ``decode`` and ``infer`` durations of the gateway's ``Server-Timing`` header.
+        client_ms_per_sample: The client stage per sample.
+    """
+
+    bandwidth_bps: float | None = None
+    storage_ms_per_sample: float | None = None
+    client_ms_per_sample: float | None = None
+
+
+def drift(plan: Plan, measured: Measurement) -> dict[str, float]:
+    """Relative drift of each measured quantity from the plan: ``measured / assumed - 1``.
+
+    Keys are ``bandwidth``, ``storage`` and ``client``, for what was measured and is
+    comparable: the storage stage only when the plan pushes down (a split), and only
+    stages the plan predicts to take time.
+    """
+    chosen = plan.chosen
+    assumed = {
+        "bandwidth": plan.bandwidth_bps,
+        "storage": chosen.storage_ms / plan.batch_size if plan.split is not None else 0.0,
+        "client": chosen.client_ms / plan.batch_size,
+    }
+    observed = {
+        "bandwidth": measured.bandwidth_bps,
+        "storage": measured.storage_ms_per_sample,
+        "client": measured.client_ms_per_sample,
+    }
+    return {
+        name: value / assumed[name] - 1.0
+        for name, value in observed.items()
+        if value is not None and value > 0 and 0 < assumed[name] < math.inf
+    }
+
+
+def needs_replan(
+    plan: Plan, measured: Measurement, threshold: float = DEFAULT_REPLAN_THRESHOLD
+) -> bool:
+    """Whether measured bandwidth or storage-side throughput left the plan's assumptions
+    by more than ``threshold`` (0.25: more than 25% either way)."""
+    changes = drift(plan, measured)
+    return any(abs(changes.get(name, 0.0)) > threshold for name in ("bandwidth", "storage"))
+
+
+def replan(manifest: Manifest, previous: Plan, measured: Measurement) -> Plan:
+    """Plan again with what a run measured: its bandwidth, and its storage-side time as a
+    new load factor (the storage side's profile scaled by measured over predicted)."""
+    profile = previous.profile
+    changes = drift(previous, measured)
+    if "storage" in changes:
+        load = profile.storage_load * (1.0 + changes["storage"])
+        profile = replace(profile, storage_load=load)
+    bandwidth = measured.bandwidth_bps or previous.bandwidth_bps
+    return plan(
+        manifest,
+        profile,
+        bandwidth,
+        batch_size=previous.batch_size,
+        dataset_size=previous.dataset_size,
+    )
+
+
+def speedup(plan: Plan, split: int | None) -> float:
+    """No pushdown's epoch time over ``split``'s (``nan`` when either is infeasible)."""
+    base, other = plan.candidate(None).epoch_s, plan.candidate(split).epoch_s
+    return base / other if math.isfinite(base) and math.isfinite(other) and other > 0 else math.nan

@@ -1,0 +1,126 @@
+"""Plans in words: the candidate table (plain text here, rich in the CLI) and the reason."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ._units import format_bandwidth, format_bytes
+
+if TYPE_CHECKING:
+    from ._cost import Candidate, Plan
+
+STAGE_WORDS = {"storage": "storage side", "transfer": "network", "client": "client"}
+HEADERS = (
+    "split",
+    "storage runs",
+    "bytes/sample",
+    "storage ms",
+    "transfer ms",
+    "client ms",
+    "bottleneck",
+    "epoch",
+)
+
+
+def split_label(split: int | None) -> str:
+    """``none``, ``0``, ``1``... as the table and the CLI write a split."""
+    return "none" if split is None else str(split)
+
+
+def storage_runs(plan: Plan, split: int | None) -> str:
+    """What the storage side does at ``split``, in a few words."""
+    if split is None:
+        return "nothing (raw objects)"
+    if split == 0:
+        return "decode"
+    if split == 1:
+        return f"decode + {plan.block_names[0]}"
+    return f"decode + {plan.block_names[0]}..{plan.block_names[split - 1]}"
+
+
+def format_duration(seconds: float) -> str:
+    """``0.25`` -> ``250 ms``, ``95`` -> ``95.0 s``, ``4000`` -> ``66.7 min``."""
+    if not math.isfinite(seconds):
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def row(plan: Plan, candidate: Candidate) -> tuple[str, ...]:
+    """One candidate's cells, in :data:`HEADERS` order."""
+    epoch = format_duration(candidate.epoch_s)
+    if candidate.infeasible:
+        epoch = f"infeasible: {candidate.infeasible}"
+    return (
+        split_label(candidate.split),
+        storage_runs(plan, candidate.split),
+        format_bytes(candidate.bytes_per_sample),
+        f"{candidate.storage_ms:.1f}",
+        f"{candidate.transfer_ms:.1f}",
+        f"{candidate.client_ms:.1f}",
+        candidate.bottleneck if candidate.feasible else "-",
+        epoch,
+    )
+
+
+def title(plan: Plan) -> str:
+    """The assumptions a plan was made under, on one line."""
+    return (
+        f"{plan.model} at {format_bandwidth(plan.bandwidth_bps)}, batch {plan.batch_size}, "
+        f"{plan.dataset_size:,} samples per epoch ({plan.batches:,} batches); "
+        "stage times in ms per batch"
+    )
+
+
+def explain(plan: Plan) -> str:
+    """A plain-text table of every candidate, the chosen one marked, and the reason."""
+    rows = [HEADERS, *(row(plan, c) for c in plan.candidates)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADERS))]
+    lines = [title(plan), ""]
+    for cells, candidate in zip(rows, [None, *plan.candidates], strict=True):
+        marker = "*" if candidate is not None and candidate.split == plan.split else " "
+        text = "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
+        lines.append(f"{marker} {text}".rstrip())
+    lines += ["", f"chosen: split {split_label(plan.split)}. {reason(plan)}"]
+    return "\n".join(lines)
+
+
+def reason(plan: Plan) -> str:
+    """One sentence on why the plan's split wins."""
+    chosen = plan.chosen
+    base = plan.candidate(None)
+    if plan.split is None:
+        others = [c for c in plan.candidates if c.split is not None and c.feasible]
+        if not others:
+            return "Reading raw objects is the only candidate that fits in memory."
+        runner = min(others, key=lambda c: c.epoch_s)
+        return (
+            f"No pushdown is fastest at {format_duration(chosen.epoch_s)} per epoch "
+            f"(bound by the {STAGE_WORDS[chosen.bottleneck]}); the best split, "
+            f"{split_label(runner.split)}, would take {format_duration(runner.epoch_s)}, "
+            f"bound by the {STAGE_WORDS[runner.bottleneck]} at "
+            f"{runner.bottleneck_ms:.1f} ms per batch."
+        )
+    compared = "no pushdown does not fit in memory"
+    if base.feasible:
+        compared = (
+            f"{_ratio(base.epoch_s / chosen.epoch_s)} faster than no pushdown at "
+            f"{format_duration(base.epoch_s)}, which is bound by the "
+            f"{STAGE_WORDS[base.bottleneck]}"
+        )
+    return (
+        f"Split {split_label(plan.split)} is fastest at {format_duration(chosen.epoch_s)} per "
+        f"epoch ({compared}): it sends {format_bytes(chosen.bytes_per_sample)} per sample "
+        f"instead of {format_bytes(base.bytes_per_sample)} and is bound by the "
+        f"{STAGE_WORDS[chosen.bottleneck]} at {chosen.bottleneck_ms:.1f} ms per batch."
+    )
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2f}x" if value < 10 else f"{value:.0f}x"

@@ -1,0 +1,212 @@
+"""What the gateway knows: bandwidth to it, and its storage-side view of a model.
+
+Both read the gateway's unauthenticated operations endpoints with httpx: ``/_hapi/probe``
+streams zeros to time, ``/_hapi/models/{name}`` and ``/_hapi/stats`` give the manifest's
+figures, per-split times measured on real traffic, and the memory budget. The httpx
+client is a seam: pass one (with an ``httpx.MockTransport`` in tests), or one is created
+and closed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+
+from ._cost import Profile
+from ._errors import ProbeError
+
+DEFAULT_PROBE_STREAMS = 4
+DEFAULT_PROBE_SECONDS = 2.0
+_FIRST_PROBE_BYTES = 512 * 1024
+_MAX_PROBE_BYTES = 256 * 1024**2  # the gateway serves at most 1 GiB per probe
+_CHUNK = 256 * 1024
+_SERVED_AS = re.compile(r"(?P<ref>.+):(?P<split>\d+)")
+
+
+@contextlib.contextmanager
+def _http(client: httpx.Client | None, timeout: float) -> Iterator[httpx.Client]:
+    if client is not None:
+        yield client
+        return
+    with httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=64)) as owned:
+        yield owned
+
+
+@contextlib.contextmanager
+def _translated(endpoint: str, what: str) -> Iterator[None]:
+    try:
+        yield
+    except httpx.HTTPStatusError as exc:
+        raise ProbeError(
+            f"{what} at {endpoint}: HTTP {exc.response.status_code} (is it a hapi gateway?)"
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise ProbeError(f"{what} at {endpoint}: {exc!r}") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProbeError(f"{what} at {endpoint}: unexpected answer ({exc})") from exc
+
+
+def probe_bandwidth(
+    endpoint: str,
+    *,
+    bytes: int | None = None,
+    streams: int = DEFAULT_PROBE_STREAMS,
+    seconds: float = DEFAULT_PROBE_SECONDS,
+    client: httpx.Client | None = None,
+    timeout: float = 60.0,
+) -> float:
+    """Measure the bandwidth from the gateway to here, in bits per second.
+
+    ``streams`` parallel downloads of ``/_hapi/probe`` share the bytes, like a data
+    loader's parallel requests; connections are opened first, so the timed part is the
+    transfer. Without ``bytes``, a short first probe sizes a second one to last about
+    ``seconds``, so a slow link is not tied up for minutes and a fast one is not timed
+    on a blink.
+
+    Args:
+        endpoint: The gateway's base URL.
+        bytes: Total bytes to download; sized from a first probe if omitted.
+        streams: Parallel downloads.
+        seconds: How long the sized probe should take.
+        client: The httpx client to use; one is created and closed if omitted.
+        timeout: Per-request timeout of a created client, in seconds.
+
+    Raises:
+        ProbeError: A request failed, or the stream was cut short.
+        ValueError: ``bytes`` or ``streams`` below 1.
+    """
+    if (bytes is not None and bytes < 1) or streams < 1:
+        raise ValueError("probe bytes and streams must be at least 1")
+    url = endpoint.rstrip("/") + "/_hapi/probe"
+    with (
+        _translated(endpoint, "bandwidth probe"),
+        _http(client, timeout) as http,
+        ThreadPoolExecutor(streams) as pool,
+    ):
+        _timed(pool, http, url, streams, streams)  # opens the connections
+        if bytes is None:
+            rough = _timed(pool, http, url, _FIRST_PROBE_BYTES, streams)
+            wanted = int(rough / 8 * seconds)
+            bytes = min(max(wanted, _FIRST_PROBE_BYTES), _MAX_PROBE_BYTES)
+        return _timed(pool, http, url, bytes, streams)
+
+
+def _timed(
+    pool: ThreadPoolExecutor, http: httpx.Client, url: str, total: int, streams: int
+) -> float:
+    """Bits per second of ``total`` bytes downloaded over ``streams`` parallel requests."""
+    share = max(1, total // streams)
+    start = time.perf_counter()
+    received = sum(pool.map(lambda _: _download(http, url, share), range(streams)))
+    return received * 8 / max(time.perf_counter() - start, 1e-9)
+
+
+def _download(http: httpx.Client, url: str, size: int) -> int:
+    with http.stream("GET", url, params={"bytes": size}) as reply:
+        reply.raise_for_status()
+        received = sum(len(chunk) for chunk in reply.iter_bytes(_CHUNK))
+    if received != size:
+        raise ProbeError(f"{url}: the probe sent {received} bytes instead of {size}")
+    return received
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayProfile:
+    """The gateway's view of one model.
+
+    Args:
+        model: ``NAME@VERSION`` the gateway resolved.
+        cpu_ms: The manifest's per-block CPU ms per sample, all blocks.
+        served: ``split -> (ms per sample, samples)`` measured on real traffic for blocks
+            ``[0, split)``; only splits that have run.
+        memory_bytes: A new tenant's share of the memory budget: unused bytes divided
+            among the active tenants and one more. ``None`` when unknown.
+        busy_tenants: Tenants other than this model's with work queued now.
+    """
+
+    model: str
+    cpu_ms: tuple[float, ...]
+    served: Mapping[int, tuple[float, int]]
+    memory_bytes: int | None
+    busy_tenants: int
+
+    @property
+    def calibration(self) -> float:
+        """Measured over manifest time across served splits, weighted by samples (1 if none)."""
+        measured = sum(ms * n for ms, n in self.served.values())
+        predicted = sum(sum(self.cpu_ms[:k]) * n for k, (_, n) in self.served.items())
+        return measured / predicted if measured > 0 and predicted > 0 else 1.0
+
+    @property
+    def storage_ms(self) -> tuple[float, ...]:
+        """Per-block storage-side ms per sample: the manifest's, calibrated by real traffic."""
+        return tuple(ms * self.calibration for ms in self.cpu_ms)
+
+    @property
+    def storage_load(self) -> float:
+        """Factor for time-sharing the device in turn with the other busy tenants."""
+        return 1.0 + self.busy_tenants
+
+    def apply(self, profile: Profile) -> Profile:
+        """``profile`` with this view's storage-side times, memory budget and load."""
+        return replace(
+            profile,
+            storage_ms=self.storage_ms[: profile.blocks],
+            storage_memory_bytes=self.memory_bytes or profile.storage_memory_bytes,
+            storage_load=self.storage_load,
+        )
+
+
+def fetch_gateway_profile(
+    endpoint: str, name: str, *, client: httpx.Client | None = None, timeout: float = 10.0
+) -> GatewayProfile:
+    """Read ``/_hapi/models/{name}`` and ``/_hapi/stats`` from the gateway at ``endpoint``.
+
+    Args:
+        endpoint: The gateway's base URL.
+        name: ``NAME`` or ``NAME@VERSION``.
+        client: The httpx client to use; one is created and closed if omitted.
+        timeout: Request timeout of a created client, in seconds.
+
+    Raises:
+        ProbeError: A request failed (an unknown model is a 404), or the answer is not
+            what a hapi gateway sends.
+    """
+    base = endpoint.rstrip("/")
+    with _translated(endpoint, f"model {name}"), _http(client, timeout) as http:
+        model = http.get(f"{base}/_hapi/models/{name}").raise_for_status().json()
+        stats = http.get(f"{base}/_hapi/stats").raise_for_status().json()
+        return _parse(model, stats)
+
+
+def _parse(model: Mapping[str, Any], stats: Mapping[str, Any]) -> GatewayProfile:
+    ref = str(model["ref"])
+    served: dict[int, tuple[float, int]] = {}
+    ours_busy = False
+    for tenant in model.get("served", []):
+        matches = (_SERVED_AS.fullmatch(str(served_as)) for served_as in tenant["served_as"])
+        splits = [int(m["split"]) for m in matches if m and m["ref"] == ref]
+        ours_busy = ours_busy or bool(tenant.get("queue_depth"))
+        ms, samples = tenant.get("ms_per_sample"), int(tenant.get("samples") or 0)
+        if ms and samples and splits:
+            served[splits[0]] = (float(ms), samples)
+    budget = stats.get("memory_budget", {})
+    busy = sum(1 for t in stats.get("tenants", []) if t.get("queue_depth"))
+    memory = None
+    if budget.get("total_bytes"):
+        free = int(budget["total_bytes"]) - int(budget.get("weights_bytes", 0))
+        memory = max(1, free // (int(budget.get("active_tenants", 0)) + 1))
+    return GatewayProfile(
+        model=ref,
+        cpu_ms=tuple(float(block["cpu_ms"]) for block in model["blocks"]),
+        served=served,
+        memory_bytes=memory,
+        busy_tenants=max(0, busy - (1 if ours_busy else 0)),
+    )

@@ -1,0 +1,298 @@
+"""The cost model and the choice, on synthetic profiles with known answers."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import random
+
+import pytest
+from hapi.planner import (
+    InvalidInput,
+    Measurement,
+    NoFeasibleSplit,
+    Profile,
+    drift,
+    needs_replan,
+    plan,
+    profile_from_manifest,
+    replan,
+)
+
+from tests.planner.synthetic import INPUT_BYTES, R18_OUTPUTS, manifest, r18
+
+MBIT = 1e6
+GBIT = 1e9
+
+
+def _tiny() -> tuple[object, Profile]:
+    model = manifest(outputs=(1000,), cpu_ms=(2.0,), weights=(0,))
+    profile = Profile(
+        storage_ms=(2.0,),
+        client_ms=(4.0,),
+        output_bytes=(1000,),
+        peak_activation_bytes=(1000,),
+        weight_bytes=(0,),
+        input_bytes=2000,
+        raw_bytes=500,
+        storage_decode_ms=1.0,
+        client_decode_ms=3.0,
+        head_ms=1.0,
+    )
+    return model, profile
+
+
+def test_epoch_time_is_fill_plus_bottleneck_per_batch_plus_drain() -> None:
+    model, profile = _tiny()
+    # 8 Mbit/s = 1000 bytes per ms; 10 batches of 10 samples.
+    chosen = plan(model, profile, 8 * MBIT, batch_size=10, dataset_size=100)
+    raw, zero, one = chosen.candidates
+    assert (raw.split, zero.split, one.split) == (None, 0, 1)
+    assert (raw.storage_ms, raw.transfer_ms, raw.client_ms) == pytest.approx((0, 5, 80))
+    assert (zero.storage_ms, zero.transfer_ms, zero.client_ms) == pytest.approx((10, 20, 50))
+    assert (one.storage_ms, one.transfer_ms, one.client_ms) == pytest.approx((30, 10, 10))
+    assert [c.bottleneck for c in chosen.candidates] == ["client", "client", "storage"]
+    assert raw.epoch_s == pytest.approx((5 + 80 + 9 * 80) / 1000)
+    assert zero.epoch_s == pytest.approx((10 + 20 + 50 + 9 * 50) / 1000)
+    assert one.epoch_s == pytest.approx((30 + 10 + 10 + 9 * 30) / 1000)
+    assert chosen.split == 1 and chosen.batches == 10
+
+
+def test_storage_load_slows_the_storage_stage() -> None:
+    model, profile = _tiny()
+    loaded = dataclasses.replace(profile, storage_load=3.0)
+    chosen = plan(model, loaded, 8 * MBIT, batch_size=10, dataset_size=100)
+    assert chosen.candidate(1).storage_ms == pytest.approx(90)
+    assert chosen.candidate(None).storage_ms == 0
+
+
+def test_very_low_bandwidth_picks_the_split_with_the_smallest_output() -> None:
+    model, profile = r18()
+    chosen = plan(model, profile, 0.1 * MBIT)
+    assert chosen.split == 10  # pooled features, 2 KB per sample
+    assert chosen.chosen.bottleneck == "transfer"
+
+
+def test_very_low_bandwidth_picks_the_latest_feasible_small_output() -> None:
+    # 16 MB of storage memory holds the weights of blocks [0, 8) but not [0, 9).
+    model, profile = r18(storage_memory_bytes=16_000_000)
+    chosen = plan(model, profile, 10 * MBIT)
+    assert [c.split for c in chosen.candidates if not c.feasible] == [9, 10]
+    assert chosen.split == 8
+    assert chosen.chosen.bytes_per_sample == R18_OUTPUTS[7]
+    assert chosen.chosen.bytes_per_sample == min(
+        c.bytes_per_sample for c in chosen.candidates if c.feasible
+    )
+
+
+def test_very_high_bandwidth_and_a_weak_storage_side_mean_no_pushdown() -> None:
+    model, profile = r18(storage_load=20.0)
+    chosen = plan(model, profile, 100 * GBIT)
+    assert chosen.split is None
+    assert chosen.reason().startswith("No pushdown is fastest")
+
+
+def test_client_cpu_bound_decoding_is_offloaded() -> None:
+    model = manifest()
+    profile = profile_from_manifest(
+        model,
+        storage_ms=[b.cpu_ms / 10 for b in model.blocks],  # a GPU next to the data
+        client_decode_ms=40.0,
+        storage_decode_ms=5.0,
+    )
+    chosen = plan(model, profile, math.inf)  # no network limit at all
+    assert chosen.split is not None and chosen.split >= 0
+    assert chosen.candidate(None).bottleneck == "client"
+    assert "bound by the client" in chosen.reason()
+
+
+def test_the_network_limit_alone_never_favours_raw_objects_when_decoding_dominates() -> None:
+    model = manifest()
+    profile = profile_from_manifest(model, client_decode_ms=40.0, storage_decode_ms=5.0)
+    for bandwidth in (1 * GBIT, 10 * GBIT, math.inf):
+        assert plan(model, profile, bandwidth).split is not None
+
+
+def _random_profile(rng: random.Random) -> tuple[object, Profile]:
+    blocks = rng.randint(1, 12)
+    outputs = [rng.randint(1_000, 2_000_000) for _ in range(blocks)]
+    weights = [rng.randint(0, 10_000_000) for _ in range(blocks)]
+    model = manifest(outputs, [rng.uniform(0.1, 10) for _ in range(blocks)], weights)
+    profile = profile_from_manifest(
+        model,
+        storage_ms=[rng.uniform(0.01, 20) for _ in range(blocks)],
+        raw_bytes=rng.uniform(10_000, 500_000),
+        storage_decode_ms=rng.uniform(0, 20),
+        client_decode_ms=rng.uniform(0, 20),
+        head_ms=rng.uniform(0, 5),
+        storage_memory_bytes=rng.choice([None, rng.randint(1_000_000, 30_000_000)]),
+        client_memory_bytes=rng.choice([None, rng.randint(50_000_000, 500_000_000)]),
+        storage_load=rng.uniform(1, 4),
+    )
+    return model, profile
+
+
+def test_infeasible_candidates_are_never_chosen() -> None:
+    rng = random.Random(5)
+    seen_infeasible = 0
+    for _ in range(300):
+        model, profile = _random_profile(rng)
+        bandwidth = 10 ** rng.uniform(6, 11)
+        try:
+            chosen = plan(model, profile, bandwidth, batch_size=rng.choice([8, 32, 256]))
+        except NoFeasibleSplit as exc:
+            assert not any(c.feasible for c in exc.candidates)
+            continue
+        feasible = [c for c in chosen.candidates if c.feasible]
+        seen_infeasible += len(chosen.candidates) - len(feasible)
+        assert chosen.chosen.feasible
+        assert chosen.chosen.epoch_s == min(c.epoch_s for c in feasible)
+        assert all(math.isinf(c.epoch_s) for c in chosen.candidates if not c.feasible)
+    assert seen_infeasible > 100  # the budgets really did exclude candidates
+
+
+def test_infeasible_rows_say_which_side_does_not_fit() -> None:
+    model, profile = r18(storage_memory_bytes=16_000_000, client_memory_bytes=40_000_000)
+    chosen = plan(model, profile, 100 * MBIT, batch_size=32)
+    last = chosen.candidate(10)
+    assert not last.feasible and last.infeasible is not None
+    assert last.infeasible.startswith("storage needs")
+    raw = chosen.candidate(None)  # 32 samples of 1.4 MB activations + all weights
+    assert raw.infeasible is not None and "client needs" in raw.infeasible
+    assert "infeasible: storage needs" in chosen.explain()
+
+
+def test_nothing_fits() -> None:
+    model, profile = r18(storage_memory_bytes=1_000, client_memory_bytes=1_000)
+    with pytest.raises(NoFeasibleSplit) as caught:
+        plan(model, profile, 100 * MBIT)
+    assert len(caught.value.candidates) == 12
+
+
+def test_predicted_time_never_rises_with_bandwidth() -> None:
+    rng = random.Random(7)
+    bandwidths = [10 ** (5 + i / 4) for i in range(25)] + [math.inf]
+    for _ in range(100):
+        model, profile = _random_profile(rng)
+        profile = dataclasses.replace(profile, storage_memory_bytes=None, client_memory_bytes=None)
+        plans = [plan(model, profile, b) for b in bandwidths]
+        chosen = [p.chosen.epoch_s for p in plans]
+        assert all(a >= b for a, b in itertools.pairwise(chosen)), chosen
+        for index in range(len(plans[0].candidates)):
+            times = [p.candidates[index].epoch_s for p in plans]
+            assert all(a >= b for a, b in itertools.pairwise(times))
+
+
+def test_explain_lists_every_candidate_and_marks_the_choice() -> None:
+    model, profile = r18()
+    chosen = plan(model, profile, 100 * MBIT, batch_size=16, dataset_size=1000)
+    text = chosen.explain()
+    lines = text.splitlines()
+    assert lines[0].startswith("synthetic@1 at 100 Mbit/s, batch 16, 1,000 samples")
+    rows = [line for line in lines if line[2:].split(" ")[0] in {"none", *map(str, range(11))}]
+    assert len(rows) == 12
+    marked = [line for line in rows if line.startswith("*")]
+    assert len(marked) == 1 and marked[0][2:].startswith(f"{chosen.split} ")
+    assert lines[-1].startswith(f"chosen: split {chosen.split}. Split {chosen.split} is fastest")
+
+
+def test_to_dict_is_strict_json() -> None:
+    model, profile = r18(storage_memory_bytes=16_000_000)
+    data = json.loads(json.dumps(plan(model, profile, math.inf).to_dict(), allow_nan=False))
+    assert data["bandwidth_bps"] is None  # unlimited
+    assert data["candidates"][-1] == data["candidates"][-1] | {"feasible": False, "epoch_s": None}
+    assert data["split"] in [c["split"] for c in data["candidates"] if c["feasible"]]
+    assert data["profile"]["input_bytes"] == INPUT_BYTES
+
+
+def test_split_zero_sends_the_preprocessed_input() -> None:
+    model, profile = r18()
+    chosen = plan(model, profile, 1 * GBIT)
+    assert chosen.candidate(0).bytes_per_sample == INPUT_BYTES
+    assert chosen.candidate(None).bytes_per_sample == profile.raw_bytes
+    half = profile_from_manifest(model, wire_dtype="float16")
+    assert half.input_bytes == INPUT_BYTES // 2 and half.output_bytes[-1] == 1024
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"storage_ms": (1.0,)}, "one entry per block"),
+        ({"raw_bytes": -1}, ">= 0"),
+        ({"storage_load": 0.0}, "storage_load"),
+        ({"client_memory_bytes": 0}, "memory budgets"),
+    ],
+)
+def test_profile_validation(change: dict[str, object], message: str) -> None:
+    _, profile = r18()
+    with pytest.raises(InvalidInput, match=message):
+        dataclasses.replace(profile, **change)
+
+
+def test_plan_rejects_a_profile_of_other_blocks_and_bad_sizes() -> None:
+    model, profile = r18()
+    with pytest.raises(InvalidInput, match="covers 10 blocks"):
+        plan(manifest(freeze=6), profile, GBIT)
+    with pytest.raises(InvalidInput, match="at least 1"):
+        plan(model, profile, GBIT, batch_size=0)
+    with pytest.raises(InvalidInput, match="positive"):
+        plan(model, profile, 0)
+
+
+# -- drift and re-planning ---------------------------------------------------------------
+
+
+def _pushdown_plan():
+    model, profile = r18()
+    chosen = plan(model, profile, 100 * MBIT, batch_size=32)
+    assert chosen.split is not None and chosen.chosen.storage_ms > 0
+    return model, chosen
+
+
+@pytest.mark.parametrize(
+    ("factor", "expected"), [(1.0, False), (1.24, False), (0.76, False), (1.26, True), (0.74, True)]
+)
+def test_needs_replan_on_bandwidth_drift_beyond_25_percent(factor: float, expected: bool) -> None:
+    _, chosen = _pushdown_plan()
+    measured = Measurement(bandwidth_bps=chosen.bandwidth_bps * factor)
+    assert needs_replan(chosen, measured) is expected
+
+
+@pytest.mark.parametrize(
+    ("factor", "expected"), [(1.24, False), (0.76, False), (1.26, True), (0.74, True)]
+)
+def test_needs_replan_on_storage_throughput_drift(factor: float, expected: bool) -> None:
+    _, chosen = _pushdown_plan()
+    assumed = chosen.chosen.storage_ms / chosen.batch_size
+    measured = Measurement(
+        bandwidth_bps=chosen.bandwidth_bps, storage_ms_per_sample=assumed * factor
+    )
+    assert needs_replan(chosen, measured) is expected
+    assert drift(chosen, measured)["storage"] == pytest.approx(factor - 1)
+
+
+def test_client_drift_is_reported_but_does_not_trigger_a_replan() -> None:
+    _, chosen = _pushdown_plan()
+    measured = Measurement(client_ms_per_sample=10 * chosen.chosen.client_ms / chosen.batch_size)
+    assert drift(chosen, measured)["client"] == pytest.approx(9)
+    assert not needs_replan(chosen, measured)
+    assert not needs_replan(chosen, Measurement())
+
+
+def test_no_pushdown_plans_ignore_storage_measurements() -> None:
+    model, profile = r18(storage_load=20.0)
+    chosen = plan(model, profile, 100 * GBIT)
+    assert chosen.split is None
+    assert not needs_replan(chosen, Measurement(storage_ms_per_sample=1000.0))
+
+
+def test_replan_follows_a_collapsed_bandwidth_and_a_slower_storage_side() -> None:
+    model, chosen = _pushdown_plan()
+    slower = replan(model, chosen, Measurement(bandwidth_bps=1 * MBIT))
+    assert slower.bandwidth_bps == 1 * MBIT and slower.split == 10
+    loaded = Measurement(storage_ms_per_sample=3 * chosen.chosen.storage_ms / chosen.batch_size)
+    again = replan(model, chosen, loaded)
+    assert again.profile.storage_load == pytest.approx(3.0)
+    assert again.bandwidth_bps == chosen.bandwidth_bps

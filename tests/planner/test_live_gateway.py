@@ -1,0 +1,85 @@
+"""``hapi plan --bandwidth auto`` against a real gateway that has served real traffic."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+from click.testing import CliRunner
+from hapi.gateway._sigv4 import Credentials, sign_request
+from hapi.models import Manifest, sample_images
+from hapi.planner._cli import plan
+
+from tests.support import RunningGateway, gateway_process
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    store: Any, planned_model: tuple[str, Manifest], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningGateway]:
+    with gateway_process(
+        backend_url=store.endpoint_url,
+        backend_key=store.credentials.access_key_id,
+        backend_secret=store.credentials.secret_access_key,
+        log_dir=tmp_path_factory.mktemp("plan-gateway"),
+        extra_args=("--registry-bucket", planned_model[0], "--memory-budget", "1GiB"),
+    ) as running:
+        yield running
+
+
+def _pushdown(gateway: RunningGateway, bucket: str, key: str, split: int) -> None:
+    url = f"{gateway.endpoint_url}/{bucket}/{key}?hapi-model=r18&hapi-split={split}"
+    creds = Credentials(gateway.access_key_id, gateway.secret_access_key)
+    headers = sign_request(method="GET", url=url, headers={}, credentials=creds)
+    reply = httpx.get(url, headers=headers, timeout=60)
+    assert reply.status_code == 200, reply.text
+
+
+def test_auto_probes_and_takes_the_gateways_view(
+    gateway: RunningGateway,
+    planned_model: tuple[str, Manifest],
+    backend_s3: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bucket, manifest = planned_model
+    photo = io.BytesIO()
+    sample_images()[0].save(photo, "JPEG", quality=90)
+    backend_s3.put_object(Bucket=bucket, Key="photo.jpg", Body=photo.getvalue())
+    for _ in range(3):
+        _pushdown(gateway, bucket, "photo.jpg", 3)
+    served = httpx.get(f"{gateway.endpoint_url}/_hapi/models/r18").json()["served"]
+    measured = next(t["ms_per_sample"] for t in served if "r18@1:3" in t["served_as"])
+
+    env = {
+        "AWS_ENDPOINT_URL": gateway.endpoint_url,  # the manifest is read through the gateway
+        "AWS_ENDPOINT_URL_S3": None,
+        "AWS_ACCESS_KEY_ID": gateway.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": gateway.secret_access_key,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_PROFILE": None,
+    }
+    # boto3's default session keeps the credentials it first found (the store's, from
+    # other tests in this process); a real `hapi plan` is a fresh process.
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    arguments = ["--model", "r18", "--bandwidth", "auto", "--json", "--bucket", bucket]
+    done = CliRunner().invoke(plan, arguments, env=env)
+    assert done.exit_code == 0, done.output
+    data = json.loads(done.stdout)
+    assert data["bandwidth_bps"] > 10e6  # loopback
+    profile = data["profile"]
+    factor = measured / sum(block.cpu_ms for block in manifest.blocks[:3])
+    expected = [block.cpu_ms * factor for block in manifest.blocks[:4]]
+    assert profile["storage_ms"] == pytest.approx(expected, rel=1e-3)
+    assert profile["client_ms"] == [block.cpu_ms for block in manifest.blocks[:4]]
+    assert 0 < profile["storage_memory_bytes"] <= 1024**3
+
+    table = CliRunner().invoke(plan, arguments[:-3] + arguments[-2:], env=env)
+    assert table.exit_code == 0, table.output
+    assert "(probed)" in table.stdout and "chosen: split " in table.stdout

@@ -1,0 +1,31 @@
+"""The public surface and the layering rule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from hapi import planner
+
+
+def test_all_lists_exactly_the_public_names() -> None:
+    public = {name for name in vars(planner) if not name.startswith("_")}
+    modules = {name for name in public if type(getattr(planner, name)).__name__ == "module"}
+    assert set(planner.__all__) == public - modules - {"annotations"}
+    assert planner.__all__ == sorted(planner.__all__, key=lambda n: (not n.isupper(), n))
+
+
+def test_the_planner_imports_no_gateway_sdk_or_web_framework() -> None:
+    code = (
+        "import sys, hapi.planner, hapi.planner._cli; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in {'starlette', 'uvicorn', 'fastapi'}"
+        " or m.startswith(('hapi.gateway', 'hapi.sdk'))]; print(bad)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_errors_form_one_tree() -> None:
+    for error in (planner.InvalidInput, planner.NoFeasibleSplit, planner.ProbeError):
+        assert issubclass(error, planner.PlannerError)
+    assert issubclass(planner.InvalidInput, ValueError)
