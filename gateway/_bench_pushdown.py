@@ -22,8 +22,9 @@ from typing import Any
 
 import boto3
 import httpx
-from hapi import models
 from PIL import Image
+
+from hapi import models
 
 from ._benchutil import gateway_subprocess
 from ._sigv4 import Credentials, sign_request

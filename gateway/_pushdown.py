@@ -21,6 +21,7 @@ from xml.etree import ElementTree
 
 import httpx
 import numpy as np
+
 from hapi import planner
 from hapi.models import Manifest
 from hapi.models._decode import Sample, UndecodableObject, decode_object

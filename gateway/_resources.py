@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import boto3
 import httpx
 from botocore.config import Config
+
 from hapi.models import Registry, RuntimeSettings, cuda_usable
 
 from ._batcher import MemoryBudget

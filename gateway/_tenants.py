@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, create_session
 from hapi.models import NoSuchModel as RegistryNoSuchModel
 

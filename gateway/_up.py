@@ -68,6 +68,7 @@ def up(state_dir: Path, port: int, store_port: int, no_demo_model: bool) -> None
 
 def _ensure_demo_model(console: Console, endpoint: str, creds: Any, bucket: str) -> str:
     import boto3
+
     from hapi.models import register_default_model
 
     s3 = boto3.client(

@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
-from hapi.models import Manifest, Registry
-from hapi.models._cli import BadInput, _registry, _store_options, _translated
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from hapi.models import Manifest, Registry
+from hapi.models._cli import BadInput, _registry, _store_options, _translated
 
 from ._cost import DEFAULT_BATCH_SIZE, DEFAULT_DATASET_SIZE, Plan, Profile
 from ._cost import plan as compute_plan

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from PIL import Image
+
 from hapi.models import (
     Manifest,
     Preset,
@@ -26,7 +28,6 @@ from hapi.models import (
     preprocess_batch,
     sample_images,
 )
-from PIL import Image
 
 from ._cost import Profile
 from ._errors import InvalidInput

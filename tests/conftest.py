@@ -12,6 +12,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
+
 from hapi.gateway._store import EmbeddedStore, StoreSettings, free_port, load_or_create_credentials
 
 

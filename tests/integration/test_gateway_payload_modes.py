@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 
 import httpx
 import pytest
-from hapi.gateway._sigv4 import Credentials, sign_request, verify_request
 
+from hapi.gateway._sigv4 import Credentials, sign_request, verify_request
 from tests.unit.test_chunked import botocore_chunked, encode_signed
 
 PAYLOAD = os.urandom(300_000)

@@ -12,11 +12,12 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+from skimage import data as samples
+
 from hapi import models
 from hapi.gateway._sigv4 import Credentials, sign_request
 from hapi.models._wire import decode
-from PIL import Image
-from skimage import data as samples
 
 IMAGES = {
     "cat.jpg": samples.chelsea(),

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from PIL import Image
+
 from hapi.models import (
     Decomposition,
     ExportedModel,
@@ -16,7 +18,6 @@ from hapi.models import (
     preprocess_batch,
     sample_images,
 )
-from PIL import Image
 
 
 @pytest.fixture(scope="session")

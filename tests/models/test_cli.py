@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+
 from hapi.models import Registry
 from hapi.models._cli import models
 

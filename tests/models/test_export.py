@@ -10,6 +10,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from torch import nn
+
 from hapi.models import (
     Decomposition,
     ExportedModel,
@@ -18,7 +20,6 @@ from hapi.models import (
     create_session,
     export_model,
 )
-from torch import nn
 
 
 def _run(graph: onnx.ModelProto | bytes, batch: np.ndarray) -> np.ndarray:

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from hapi.models import FAMILIES, Decomposition, InvalidModelSpec, build
 from safetensors.torch import save_file
 from torch import nn
+
+from hapi.models import FAMILIES, Decomposition, InvalidModelSpec, build
 
 
 def _reference(family: str) -> nn.Module:

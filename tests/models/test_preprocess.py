@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hapi.models import PRESETS, InvalidModelSpec, Preset, get_preset, preprocess, preprocess_batch
 from PIL import Image
 from torchvision import transforms
+
+from hapi.models import PRESETS, InvalidModelSpec, Preset, get_preset, preprocess, preprocess_batch
 
 
 def _torchvision_pipeline(preset: Preset) -> transforms.Compose:

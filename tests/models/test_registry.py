@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+
 from hapi.models import (
     CorruptBlock,
     InvalidModelSpec,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from hapi.models import RuntimeSettings, SessionError, create_session, cuda_usable
 from hapi.models._runtime import providers
 

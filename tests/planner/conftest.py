@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hapi.models import Manifest, Registry, export_model
 
+from hapi.models import Manifest, Registry, export_model
 from tests.conftest import _empty_bucket
 
 

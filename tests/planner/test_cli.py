@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from PIL import Image
+
 from hapi.models import Manifest
 from hapi.planner._cli import plan
-from PIL import Image
 
 
 @pytest.fixture

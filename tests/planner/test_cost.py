@@ -9,6 +9,7 @@ import math
 import random
 
 import pytest
+
 from hapi.planner import (
     InvalidInput,
     Measurement,
@@ -20,7 +21,6 @@ from hapi.planner import (
     profile_from_manifest,
     replan,
 )
-
 from tests.planner.synthetic import INPUT_BYTES, R18_OUTPUTS, manifest, r18
 
 MBIT = 1e6

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+
 from hapi.planner import (
     GatewayProfile,
     ProbeError,
@@ -16,7 +17,6 @@ from hapi.planner import (
     plan,
     probe_bandwidth,
 )
-
 from tests.planner.synthetic import manifest, r18
 
 GATEWAY = "http://gateway.test"

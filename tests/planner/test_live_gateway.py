@@ -11,10 +11,10 @@ import boto3
 import httpx
 import pytest
 from click.testing import CliRunner
+
 from hapi.gateway._sigv4 import Credentials, sign_request
 from hapi.models import Manifest, sample_images
 from hapi.planner._cli import plan
-
 from tests.support import RunningGateway, gateway_process
 
 pytestmark = pytest.mark.slow

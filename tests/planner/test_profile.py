@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from PIL import Image
+
 from hapi.models import get_preset
 from hapi.planner import (
     DEFAULT_DECODE_MS,
@@ -11,8 +13,6 @@ from hapi.planner import (
     measure_decode_ms,
     profile_from_manifest,
 )
-from PIL import Image
-
 from tests.planner.synthetic import INPUT_BYTES, R18_CPU_MS, R18_OUTPUTS, R18_WEIGHTS, manifest
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from hapi.planner import InvalidInput, format_bandwidth, parse_bandwidth, parse_size
 
 

@@ -18,6 +18,7 @@ import boto3
 import pytest
 from botocore.config import Config
 from botocore.httpchecksum import AwsChunkedWrapper, Crc32Checksum, Sha1Checksum, Sha256Checksum
+
 from hapi.gateway import _chunked
 from hapi.gateway._chunked import decode_body
 from hapi.gateway._errors import (

@@ -9,6 +9,7 @@ import pytest
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
+
 from hapi.gateway import GatewaySettings, create_app
 from hapi.gateway._sigv4 import Credentials, verify_request
 

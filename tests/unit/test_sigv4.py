@@ -14,6 +14,7 @@ from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials as BotoCredentials
+
 from hapi.gateway._errors import (
     AccessDenied,
     AuthorizationHeaderMalformed,
