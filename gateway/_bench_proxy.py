@@ -25,7 +25,7 @@ import httpx
 from botocore.config import Config
 from tqdm import tqdm
 
-from ._benchutil import gateway_subprocess
+from ._benchutil import BenchGateway, gateway_subprocess
 from ._store import EmbeddedStore, StoreSettings, free_port
 
 MiB = 1024 * 1024
@@ -124,7 +124,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(out: Path, size_mib: int, rounds: int, small_count: int) -> dict[str, object]:
+def run(
+    out: Path, size_mib: int, rounds: int, small_count: int, rss_mib: int = 1024
+) -> dict[str, object]:
     """Run the benchmark; returns (and writes) the results."""
     with tempfile.TemporaryDirectory(prefix="hapi-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -138,26 +140,41 @@ def run(out: Path, size_mib: int, rounds: int, small_count: int) -> dict[str, ob
             _nginx(tmp, settings.port) as nginx_port,
         ):
             return _measure(
-                out, store.endpoint_url, gw, nginx_port, key, secret, size_mib, rounds, small_count
+                out,
+                store.endpoint_url,
+                gw,
+                nginx_port,
+                key,
+                secret,
+                size_mib,
+                rounds,
+                small_count,
+                rss_mib,
             )
 
 
 def _measure(
     out: Path,
     store_url: str,
-    gw: tuple[str, str, str],
+    gw: BenchGateway,
     nginx_port: int | None,
     key: str,
     secret: str,
     size_mib: int,
     rounds: int,
     small_count: int,
+    rss_mib: int,
 ) -> dict[str, object]:
     store_host = httpx.URL(store_url).netloc.decode()
     direct = _presigner(store_url, key, secret)
     targets = [
         Target("direct", store_url, store_host, direct),
-        Target("gateway", gw[0], httpx.URL(gw[0]).netloc.decode(), _presigner(*gw)),
+        Target(
+            "gateway",
+            gw[0],
+            httpx.URL(gw[0]).netloc.decode(),
+            _presigner(gw.url, gw.key, gw.secret),
+        ),
     ]
     if nginx_port:
         targets.append(Target("nginx", f"http://127.0.0.1:{nginx_port}", store_host, direct))
@@ -181,13 +198,36 @@ def _measure(
                 samples[t.name]["get"].append(_get_mib_s(client, t, len(payload)))
                 samples[t.name]["put"].append(_put_mib_s(client, t, payload))
                 samples[t.name]["lat"] += _small_latencies_ms(client, t, small_count // rounds)
-    return _report(out, samples, size_mib)
+        memory = _rss_growth(client, targets[1], gw, rss_mib) if rss_mib else None
+    return _report(out, samples, size_mib, memory)
+
+
+def _rss_growth(
+    client: httpx.Client, target: Target, gw: BenchGateway, size_mib: int
+) -> dict[str, float]:
+    """Peak RSS growth of the gateway while a ``size_mib`` object goes up and comes back."""
+    gw.reset_peak_rss()
+    base = gw.rss_bytes()
+    block = os.urandom(MiB)
+    url, headers = _url(target, "PUT", "rss")
+    body = (block for _ in range(size_mib))
+    client.put(
+        url, content=body, headers={**headers, "content-length": str(size_mib * MiB)}
+    ).raise_for_status()
+    url, headers = _url(target, "GET", "rss")
+    with client.stream("GET", url, headers=headers) as reply:
+        got = sum(len(chunk) for chunk in reply.iter_raw(MiB))
+    assert got == size_mib * MiB, f"read back {got} bytes"
+    return {"object_mib": size_mib, "peak_rss_growth_mib": (gw.rss_bytes("VmHWM") - base) / MiB}
 
 
 def _report(
-    out: Path, samples: dict[str, dict[str, list[float]]], size_mib: int
+    out: Path,
+    samples: dict[str, dict[str, list[float]]],
+    size_mib: int,
+    memory: dict[str, float] | None,
 ) -> dict[str, object]:
-    results: dict[str, object] = {"object_mib": size_mib}
+    results: dict[str, object] = {"object_mib": size_mib, "gateway_memory": memory}
     for name, s in samples.items():
         results[name] = {
             "get_mib_s": statistics.median(s["get"]),
@@ -224,6 +264,12 @@ def _print(results: dict[str, object], names: list[str]) -> None:
         f"\ngateway/direct: GET {ratio['get_ratio']:.2f}x, PUT {ratio['put_ratio']:.2f}x "
         f"(target >= 0.8x); added p50 {ratio['added_p50_ms']:+.2f} ms (target <= 2 ms)"
     )
+    memory = results.get("gateway_memory")
+    if isinstance(memory, dict):
+        print(
+            f"gateway peak RSS growth for a {memory['object_mib']:.0f} MiB PUT + GET: "
+            f"{memory['peak_rss_growth_mib']:.1f} MiB (target < 100 MiB)"
+        )
 
 
 class _nginx:
@@ -261,8 +307,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size-mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--small-count", type=int, default=1000)
+    parser.add_argument(
+        "--rss-mib",
+        type=int,
+        default=1024,
+        help="object size for the gateway memory check (0: skip)",
+    )
     args = parser.parse_args(argv)
-    run(args.out, args.size_mib, args.rounds, args.small_count)
+    run(args.out, args.size_mib, args.rounds, args.small_count, args.rss_mib)
 
 
 if __name__ == "__main__":

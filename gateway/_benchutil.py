@@ -9,17 +9,38 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
 from ._store import free_port
 
 
+class BenchGateway(NamedTuple):
+    """A running benchmark gateway."""
+
+    url: str
+    key: str
+    secret: str
+    pid: int
+
+    def rss_bytes(self, field: str = "VmRSS") -> int:
+        """Resident memory (``VmRSS``) or its peak since the last reset (``VmHWM``)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+        raise KeyError(field)
+
+    def reset_peak_rss(self) -> None:
+        """Reset ``VmHWM`` to the current RSS (Linux: write 5 to clear_refs)."""
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+
+
 @contextlib.contextmanager
 def gateway_subprocess(
     log: Path, backend: str, key: str, secret: str, extra_env: Mapping[str, str] | None = None
-) -> Iterator[tuple[str, str, str]]:
-    """Run the gateway in front of ``backend``; yields (url, client key id, client secret)."""
+) -> Iterator[BenchGateway]:
+    """Run the gateway in front of ``backend``; yields its URL, client credentials and pid."""
     port, client_key, client_secret = free_port(), "BENCHCLIENT", os.urandom(16).hex()
     env = {
         **os.environ,
@@ -38,7 +59,7 @@ def gateway_subprocess(
     url = f"http://127.0.0.1:{port}"
     try:
         _wait(url, proc, log)
-        yield url, client_key, client_secret
+        yield BenchGateway(url, client_key, client_secret, proc.pid)
     finally:
         proc.terminate()
         try:
