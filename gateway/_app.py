@@ -77,6 +77,7 @@ class Gateway:
         self.metrics = Metrics()
         self.upstream = _Upstream(settings, upstream)
         self.proxy = Proxy(settings, self.upstream.get)
+        self.metrics.queued_samples.set_function(self._queued_samples)
         self.ops = Starlette(
             routes=ops_routes(self),
             lifespan=self._lifespan,
@@ -94,6 +95,10 @@ class Gateway:
             self.proxy.pushdown = pushdown
             yield
             self.proxy.pushdown = None
+
+    def _queued_samples(self) -> float:
+        pushdown = self.proxy.pushdown
+        return float(pushdown.tenants.queued_samples()) if pushdown is not None else 0.0
 
     async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "lifespan":

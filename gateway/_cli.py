@@ -93,7 +93,8 @@ def store(
     "--domain",
     "domains",
     multiple=True,
-    help="Domain for virtual-hosted-style addressing (BUCKET.DOMAIN); repeatable.",
+    help="Domain for virtual-hosted-style addressing (BUCKET.DOMAIN); repeatable "
+    "[env HAPI_DOMAINS, comma-separated].",
 )
 @click.option(
     "--memory-budget", help="Inference memory on CPU, e.g. 2GiB [env HAPI_MEMORY_BUDGET]."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -49,6 +49,15 @@ class Metrics:
             "hapi_upstream_errors",
             "Upstream failures (unreachable, reset, truncated).",
             ("kind",),
+            registry=self.registry,
+        )
+
+        self.in_flight = Gauge(
+            "hapi_requests_in_flight", "Requests being handled now.", registry=self.registry
+        )
+        self.queued_samples = Gauge(
+            "hapi_batcher_queued_samples",
+            "Samples waiting in the storage-side batchers (all tenants).",
             registry=self.registry,
         )
 

@@ -44,6 +44,9 @@ def ops_routes(gateway: Gateway) -> list[Route]:
         backend = "ok" if reply.status_code == 200 else f"reachable, HTTP {reply.status_code}"
         return JSONResponse({"status": "ok", "backend": backend})
 
+    async def live(_request: Request) -> Response:
+        return JSONResponse({"status": "alive"})  # the event loop answers; the store is not asked
+
     async def metrics(_request: Request) -> Response:
         body, content_type = gateway.metrics.render()
         return Response(body, media_type=content_type)
@@ -83,6 +86,7 @@ def ops_routes(gateway: Gateway) -> list[Route]:
 
     return [
         Route("/_hapi/health", health),
+        Route("/_hapi/live", live),
         Route("/metrics", metrics),
         Route("/_hapi/models", models),
         Route("/_hapi/models/{name:path}", model),

@@ -168,6 +168,10 @@ _TUNABLES: dict[str, tuple[str, Any]] = {
     "HAPI_DEVICE": ("device", str),
     "HAPI_REGISTRY_BUCKET": ("registry_bucket", str),
     "HAPI_FIXED_BATCH_SIZE": ("fixed_batch_size", int),
+    "HAPI_DOMAINS": (
+        "virtual_host_domains",
+        lambda text: tuple(d.strip() for d in text.split(",") if d.strip()),
+    ),
     "HAPI_ASSUMED_BANDWIDTH": ("assumed_bandwidth_bps", lambda text: float(parse_bandwidth(text))),
 }
 

@@ -214,6 +214,10 @@ class Tenants:
             await tenant.batcher.close()
         self._tenants.clear()
 
+    def queued_samples(self) -> int:
+        """Samples waiting in every batcher."""
+        return sum(tenant.batcher.queued for tenant in self._tenants.values())
+
     def stats(self) -> dict[str, Any]:
         """Per-tenant batching figures and the memory budget, for ``/_hapi/stats``."""
         return {

@@ -52,8 +52,8 @@ def _store_options(command: F) -> F:
         "--bucket",
         default=DEFAULT_BUCKET,
         show_default=True,
-        envvar="HAPI_MODELS_BUCKET",
-        help="Registry bucket [env HAPI_MODELS_BUCKET].",
+        envvar="HAPI_REGISTRY_BUCKET",
+        help="Registry bucket [env HAPI_REGISTRY_BUCKET].",
     )(command)
     return click.option(
         "--endpoint",

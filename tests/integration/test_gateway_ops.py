@@ -22,6 +22,10 @@ def test_health_reports_backend(gateway):
     assert reply.json() == {"status": "ok", "backend": "ok"}
 
 
+def test_liveness_does_not_need_the_store(gateway):
+    assert httpx.get(gateway.endpoint_url + "/_hapi/live").json() == {"status": "alive"}
+
+
 def test_metrics_count_operations_and_bytes(gateway, s3, bucket):
     s3.put_object(Bucket=bucket, Key="m", Body=b"m" * 1234)
     s3.get_object(Bucket=bucket, Key="m")["Body"].read()
@@ -29,6 +33,8 @@ def test_metrics_count_operations_and_bytes(gateway, s3, bucket):
     assert 'hapi_requests_total{operation="PutObject",status="200"}' in text
     assert 'hapi_requests_total{operation="GetObject",status="200"}' in text
     assert "hapi_request_duration_seconds_bucket" in text
+    assert "hapi_requests_in_flight 1.0" in text  # this very request
+    assert "hapi_batcher_queued_samples 0.0" in text
     sent = [
         line
         for line in text.splitlines()
