@@ -1,0 +1,175 @@
+"""Building a dataset: list the objects, pin the model version, choose the split, resolve
+labels. Done once, in the process that constructs the dataset; the result is a picklable
+value that DataLoader workers and DDP ranks share unchanged, so every process reads the
+same objects with the same model version at the same split."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hapi.models import DEFAULT_BUCKET, Manifest, ModelError, Registry, RuntimeSettings
+from hapi.models import NoSuchModel as MissingModel
+from hapi.models._wire import DTYPES
+
+from ._client import client, resolve_endpoint
+from ._compute import Spec
+from ._errors import ModelUnavailable, NoSuchModel
+from ._sources import (
+    IMAGE_SUFFIXES,
+    SHARD_SUFFIXES,
+    Labels,
+    list_objects,
+    parse_uri,
+    resolve_labels,
+    same_bucket,
+)
+from ._split import SplitChoice, choose_split, parse_bandwidth
+
+SplitArg = int | Literal["auto"] | None
+LabelsArg = str | Callable[[str], int] | None
+
+
+@dataclass(frozen=True)
+class Source:
+    """The objects of a dataset.
+
+    Args:
+        bucket: Their bucket.
+        prefix: The prefix they were listed under (``""`` for explicit objects).
+        keys: Their keys, in dataset order.
+        sizes: Their sizes in bytes, when listed.
+        shards: Whether they are WebDataset tar shards.
+    """
+
+    bucket: str
+    prefix: str
+    keys: tuple[str, ...]
+    sizes: tuple[int, ...] | None
+    shards: bool
+
+    @property
+    def raw_bytes(self) -> int | None:
+        """Total bytes of the objects, when known."""
+        return None if self.sizes is None else sum(self.sizes)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything a dataset class needs; ``s3`` is this process's client (not shared)."""
+
+    source: Source
+    labels: Labels
+    spec: Spec
+    choice: SplitChoice
+    s3: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """The arguments every constructor shares (see ``FeatureDataset.from_prefix``)."""
+
+    model: str
+    split: SplitArg = "auto"
+    freeze: int | None = None
+    labels: LabelsArg = "folder"
+    dtype: str = "float32"
+    endpoint_url: str | None = None
+    client_options: Mapping[str, Any] | None = None
+    registry_bucket: str = DEFAULT_BUCKET
+    runtime: RuntimeSettings | None = None
+    request_size: int = 32
+    bandwidth: float | str | None = None
+
+
+def list_source(s3: Any, what: str | Sequence[str], *, shards: bool) -> Source:
+    """A prefix URI (listed) or explicit object URIs, as a :class:`Source`."""
+    if isinstance(what, str):
+        bucket, prefix = parse_uri(what)
+        listed = list_objects(s3, bucket, prefix, SHARD_SUFFIXES if shards else IMAGE_SUFFIXES)
+        keys, sizes = zip(*listed, strict=True)
+        return Source(bucket, prefix, tuple(keys), tuple(sizes), shards)
+    bucket, named = same_bucket(what)
+    return Source(bucket, "", tuple(named), None, shards)
+
+
+def prepare(what: str | Sequence[str], options: Options, *, shards: bool) -> Prepared:
+    """Resolve a dataset's objects, model, split and labels.
+
+    Raises:
+        NoSuchModel: The registry has no such model.
+        ValueError: Bad arguments, or no objects found.
+        RequestError: The store failed to list or to read a label manifest.
+        LabelError: An object has no label.
+    """
+    if options.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
+    if options.request_size < 1:
+        raise ValueError(f"request_size must be >= 1, not {options.request_size}")
+    endpoint = resolve_endpoint(options.endpoint_url, os.environ)
+    extra = dict(options.client_options or {})
+    s3 = client(endpoint, **extra)
+    source = list_source(s3, what, shards=shards)
+    manifest = _manifest(s3, options)
+    freeze = _freeze(manifest, options.freeze)
+    choice = _choose(manifest, freeze, options, endpoint, source)
+    spec = Spec(
+        endpoint_url=endpoint,
+        client_options=extra,
+        registry_bucket=options.registry_bucket,
+        manifest=manifest,
+        freeze=freeze,
+        split=choice.split,
+        dtype=options.dtype,
+        runtime=options.runtime or RuntimeSettings(),
+    )
+    labels = resolve_labels(options.labels, s3, source.bucket, source.prefix, source.keys)
+    return Prepared(source, labels, spec, choice, s3)
+
+
+def _manifest(s3: Any, options: Options) -> Manifest:
+    bucket = options.registry_bucket
+    try:
+        return Registry(s3, bucket).get_manifest(options.model)
+    except MissingModel as exc:
+        raise NoSuchModel(
+            "NoSuchModel", str(exc), bucket=bucket, key=f"models/{options.model}"
+        ) from exc
+    except ModelError as exc:
+        raise ModelUnavailable(f"cannot read model {options.model!r}: {exc}") from exc
+
+
+def _freeze(manifest: Manifest, freeze: int | None) -> int:
+    freeze = manifest.freeze if freeze is None else freeze
+    if not 1 <= freeze <= len(manifest.blocks):
+        raise ValueError(
+            f"freeze must be in 1..{len(manifest.blocks)} for {manifest.ref} "
+            f"(its own freeze point is {manifest.freeze}), not {freeze}"
+        )
+    return freeze
+
+
+def _choose(
+    manifest: Manifest, freeze: int, options: Options, endpoint: str | None, source: Source
+) -> SplitChoice:
+    split = options.split
+    if split is None:
+        return SplitChoice(None, "no pushdown, as asked: raw objects, every block here", "given")
+    if split == "auto":
+        raw = source.raw_bytes
+        return choose_split(
+            manifest,
+            freeze,
+            options.dtype,
+            endpoint=endpoint,
+            bandwidth_bps=parse_bandwidth(options.bandwidth),
+            raw_bytes=raw / len(source.keys) if raw else None,
+            dataset_size=len(source.keys),
+            batch_size=options.request_size,
+        )
+    last = min(freeze, manifest.freeze)
+    if isinstance(split, bool) or not isinstance(split, int) or not 0 <= split <= last:
+        raise ValueError(f"split must be 'auto', None or an integer in 0..{last}, not {split!r}")
+    return SplitChoice(split, f"split {split}, as asked", "given")

@@ -1,0 +1,255 @@
+"""Turning object keys into features at the freeze point, one process at a time.
+
+An :class:`Engine` belongs to one process (see ``_dataset``): it holds that process's
+boto3 client and onnxruntime sessions. A batch of keys goes to the gateway as one
+``?hapi-batch`` request for blocks ``[0, split)``, and the engine runs ``[split, freeze)``
+here with the same registry blocks, so every split yields the same tensor. Against a
+plain S3 store, or a gateway whose registry lacks the model, it reads the raw objects
+instead, decodes them exactly as the gateway would (``hapi.models._decode``) and runs
+``[0, freeze)`` here: the same outputs, after one :class:`FallbackWarning` per process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from botocore.exceptions import BotoCoreError, ClientError
+
+from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, create_session
+from hapi.models._decode import Sample, UndecodableObject, decode_object
+
+from ._client import client
+from ._errors import (
+    ModelUnavailable,
+    NoSuchModel,
+    PushdownUnavailable,
+    RequestError,
+    UnprocessableObject,
+    request_error,
+)
+
+_warned: set[tuple[str | None, str]] = set()
+_warned_lock = threading.Lock()
+
+
+class FallbackWarning(UserWarning):
+    """The endpoint cannot serve the model's features; objects are read and computed here."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """What every process needs to rebuild its engine (picklable, so workers get it).
+
+    Args:
+        endpoint_url: The resolved endpoint (``None``: AWS).
+        client_options: Extra ``boto3.client`` keyword arguments.
+        registry_bucket: Where the model's blocks are.
+        manifest: The model version, pinned for the whole run.
+        freeze: Blocks ``[0, freeze)`` produce the features.
+        split: Blocks ``[0, split)`` run on the storage side; ``None``: no pushdown.
+        dtype: Wire dtype of pushed-down features.
+        runtime: onnxruntime settings for the blocks run here.
+    """
+
+    endpoint_url: str | None
+    client_options: Mapping[str, Any] = field(default_factory=dict)
+    registry_bucket: str
+    manifest: Manifest
+    freeze: int
+    split: int | None
+    dtype: str = "float32"
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+
+
+@dataclass
+class Batch:
+    """Features at the freeze point for a run of objects.
+
+    Args:
+        features: ``float32`` ``[N, ...]``, writable.
+        objects: The object key of each row (a shard gives several rows).
+        carried: The label each sample carried (a shard's ``.cls``), or ``None``.
+        nbytes: Bytes received for it.
+        mode: ``pushdown`` or ``local``.
+        server_ms: The gateway's ``Server-Timing`` durations.
+        round_trip: ``time.perf_counter()`` at the request's start and end.
+    """
+
+    features: np.ndarray
+    objects: list[str]
+    carried: list[int | None]
+    nbytes: int
+    mode: str
+    server_ms: dict[str, float] = field(default_factory=dict)
+    round_trip: tuple[float, float] | None = None
+
+
+class Engine:
+    """One process's client, sessions and pushdown state.
+
+    Args:
+        spec: The dataset's spec.
+        s3: A client to reuse (the process that built the dataset has one already).
+    """
+
+    def __init__(self, spec: Spec, s3: Any = None) -> None:
+        self.spec = spec
+        self.s3 = s3 if s3 is not None else client(spec.endpoint_url, **spec.client_options)
+        self.registry = Registry(self.s3, spec.registry_bucket)
+        self.pushdown = spec.split is not None
+        self._sessions: dict[tuple[int, int], Any] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def split(self) -> int | None:
+        """The split in use now (``None`` once fallen back to local compute)."""
+        return self.spec.split if self.pushdown else None
+
+    def fetch(self, bucket: str, keys: Sequence[str]) -> Batch:
+        """Features at the freeze point for ``keys``, in order.
+
+        Raises:
+            RequestError: An object is missing or undecodable (naming it), or the
+                gateway refused the request.
+            ModelUnavailable: The blocks cannot be loaded or run here.
+        """
+        if self.pushdown:
+            try:
+                return self._pushdown(bucket, keys)
+            except PushdownUnavailable as exc:
+                self._fall_back(str(exc))
+            except NoSuchModel as exc:
+                self._fall_back(
+                    f"the gateway at {self.spec.endpoint_url} has no model "
+                    f"{self.spec.manifest.ref} ({exc.message})"
+                )
+        return self._local(bucket, keys)
+
+    def _fall_back(self, why: str) -> None:
+        self.pushdown = False
+        ref = self.spec.manifest.ref
+        with _warned_lock:
+            if (self.spec.endpoint_url, ref) in _warned:
+                return
+            _warned.add((self.spec.endpoint_url, ref))
+        warnings.warn(
+            f"{why}; reading raw objects and running {ref} blocks [0, {self.spec.freeze}) "
+            "here instead (the same features; the objects cross the network whole)",
+            FallbackWarning,
+            stacklevel=2,
+        )
+
+    def _pushdown(self, bucket: str, keys: Sequence[str]) -> Batch:
+        spec = self.spec
+        assert spec.split is not None
+        started = time.perf_counter()
+        reply = self.s3.get_features_batch(
+            bucket, list(keys), model=spec.manifest.ref, split=spec.split, dtype=spec.dtype
+        )
+        round_trip = (started, time.perf_counter())
+        reply.raise_for_errors()
+        labels = [-1] * len(reply.keys) if reply.labels is None else reply.labels.tolist()
+        return Batch(
+            features=self.run(reply.features, spec.split, spec.freeze),
+            objects=_owners(keys, reply.keys),
+            carried=[None if label < 0 else int(label) for label in labels],
+            nbytes=reply.nbytes,
+            mode="pushdown",
+            server_ms=dict(reply.server_timing),
+            round_trip=round_trip,
+        )
+
+    def _local(self, bucket: str, keys: Sequence[str]) -> Batch:
+        samples: list[tuple[str, Sample]] = []
+        nbytes = 0
+        for key in keys:
+            data = self._read(bucket, key)
+            nbytes += len(data)
+            try:
+                decoded = decode_object(data, self.spec.manifest.preprocess, key=key)
+            except UndecodableObject as exc:
+                raise UnprocessableObject(
+                    "UnprocessableObject", str(exc), bucket=bucket, key=key
+                ) from exc
+            samples.extend((key, sample) for sample in decoded)
+        inputs = np.stack([sample.array for _, sample in samples])
+        return Batch(
+            features=self.run(inputs, 0, self.spec.freeze),
+            objects=[key for key, _ in samples],
+            carried=[sample.label for _, sample in samples],
+            nbytes=nbytes,
+            mode="local",
+        )
+
+    def _read(self, bucket: str, key: str) -> bytes:
+        # Decoders need the whole object (image codecs and tar indexes seek).
+        try:
+            return bytes(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+            raise request_error(
+                str(error.get("Code", "Unknown")),
+                str(error.get("Message", "")),
+                bucket=bucket,
+                key=key,
+                status=status,
+            ) from exc
+        except BotoCoreError as exc:
+            raise RequestError("NetworkError", str(exc), bucket=bucket, key=key) from exc
+
+    def run(self, inputs: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """Run blocks ``[start, stop)`` here; returns a writable float32 array."""
+        if start >= stop:
+            return np.array(inputs, dtype=np.float32)  # a copy: wire arrays are read-only
+        session = self._session(start, stop)
+        first = session.get_inputs()[0]
+        if first.type == "tensor(float16)":
+            inputs = inputs.astype(np.float16)
+        try:
+            output = session.run(None, {first.name: inputs})[0]
+        except Exception as exc:  # onnxruntime raises untyped pybind errors
+            raise ModelUnavailable(
+                f"blocks [{start}, {stop}) of {self.spec.manifest.ref} failed here: {exc}"
+            ) from exc
+        return np.asarray(output, dtype=np.float32)
+
+    def _session(self, start: int, stop: int) -> Any:
+        with self._lock:  # one session per range, however many prefetch threads ask
+            session = self._sessions.get((start, stop))
+            if session is None:
+                try:
+                    graph = self.registry.load_blocks(self.spec.manifest, start, stop)
+                    session = create_session(graph, self.spec.runtime)
+                except ModelError as exc:
+                    raise ModelUnavailable(
+                        f"cannot load blocks [{start}, {stop}) of {self.spec.manifest.ref} "
+                        f"from s3://{self.spec.registry_bucket}: {exc}"
+                    ) from exc
+                self._sessions[(start, stop)] = session
+            return session
+
+
+def _owners(requested: Sequence[str], samples: Sequence[str]) -> list[str]:
+    """The object key of each sample key (``key`` itself, or ``key#member`` of a shard)."""
+    owners: list[str] = []
+    position = 0
+    for sample in samples:
+        while position < len(requested) and not (
+            sample == requested[position] or sample.startswith(requested[position] + "#")
+        ):
+            position += 1
+        if position == len(requested):
+            raise RequestError(
+                "InvalidResponse",
+                f"the gateway returned an unrequested sample {sample!r}",
+                bucket="",
+            )
+        owners.append(requested[position])
+    return owners

@@ -1,0 +1,126 @@
+"""The error tree of ``hapi.sdk``.
+
+::
+
+    SDKError                                base of everything raised here
+    ├── RequestError                        the gateway or the store refused a request;
+    │   │                                   .code .status .bucket .key .request_id
+    │   ├── NoSuchModel (LookupError)       no such model in the registry (404)
+    │   ├── NoSuchKey (LookupError)         the object does not exist (404)
+    │   ├── UnprocessableObject (ValueError)
+    │   │                                   not a decodable image or shard (422, or
+    │   │                                   the same failure when decoding locally)
+    │   ├── InvalidArgument (ValueError)    a bad split, dtype or request (400)
+    │   └── SlowDown                        still saturated after the retries (503)
+    ├── PushdownUnavailable                 the endpoint is a plain S3 store: no features
+    ├── ModelUnavailable                    the frozen blocks cannot be loaded or run here
+    └── LabelError (LookupError)            an object has no label in the label source
+
+Gateway errors arrive as S3 XML (botocore's ``ClientError`` for ``get_features``); they are
+translated where they enter, in :func:`request_error`, so training code catches these
+classes and every message names the object it concerns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class SDKError(Exception):
+    """Base class of every error raised by ``hapi.sdk``."""
+
+
+class RequestError(SDKError):
+    """The gateway (or the store behind it) answered a request with an error.
+
+    Args:
+        code: The S3 error code (``NoSuchModel``, ``UnprocessableObject``, ...).
+        message: The server's explanation.
+        bucket: The bucket of the request.
+        key: The object the error concerns (``""`` when it concerns no single object).
+        status: The HTTP status (0 when the error was found locally).
+        request_id: The server's request id, for its logs.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        bucket: str,
+        key: str = "",
+        status: int = 0,
+        request_id: str = "",
+    ) -> None:
+        where = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
+        super().__init__(f"{code} for {where}: {message}")
+        self.code = code
+        self.message = message
+        self.bucket = bucket
+        self.key = key
+        self.status = status
+        self.request_id = request_id
+
+
+class NoSuchModel(RequestError, LookupError):
+    """The registry (the gateway's, or the one the SDK reads) has no such model."""
+
+
+class NoSuchKey(RequestError, LookupError):
+    """The object does not exist."""
+
+
+class UnprocessableObject(RequestError, ValueError):
+    """The object is not a decodable image or WebDataset shard."""
+
+
+class InvalidArgument(RequestError, ValueError):
+    """The request names an invalid split, dtype or body."""
+
+
+class SlowDown(RequestError):
+    """The gateway stayed saturated through every retry."""
+
+
+class PushdownUnavailable(SDKError):
+    """The endpoint serves plain objects only: it is not a hapi gateway.
+
+    Args:
+        endpoint: The endpoint URL.
+        reason: What showed it.
+    """
+
+    def __init__(self, endpoint: str, reason: str) -> None:
+        super().__init__(f"{endpoint} does not serve hapi pushdown: {reason}")
+        self.endpoint = endpoint
+
+
+class ModelUnavailable(SDKError):
+    """The model's blocks cannot be loaded from the registry or run by onnxruntime here."""
+
+
+class LabelError(SDKError, LookupError):
+    """An object has no label in the dataset's label source."""
+
+
+_BY_CODE: Mapping[str, type[RequestError]] = {
+    "NoSuchModel": NoSuchModel,
+    "NoSuchKey": NoSuchKey,
+    "UnprocessableObject": UnprocessableObject,
+    "InvalidArgument": InvalidArgument,
+    "SlowDown": SlowDown,
+}
+
+
+def request_error(
+    code: str,
+    message: str,
+    *,
+    bucket: str,
+    key: str = "",
+    status: int = 0,
+    request_id: str = "",
+) -> RequestError:
+    """The :class:`RequestError` subclass for an S3 error code (the base for others)."""
+    cls = _BY_CODE.get(code, RequestError)
+    return cls(code, message, bucket=bucket, key=key, status=status, request_id=request_id)

@@ -1,0 +1,143 @@
+"""Choosing the split for ``split="auto"``, and re-planning after an epoch.
+
+The planner decides (:func:`hapi.planner.plan`): it predicts each candidate's pipelined
+epoch time from the manifest's per-block figures, the gateway's own measurements and the
+bandwidth (given, or measured with the gateway's probe). When it cannot (the endpoint is
+not a hapi gateway, so nothing can be probed; or the dataset freezes at another point
+than the manifest the planner plans for), the policy is the one the manifest alone
+supports: send the fewest bytes per sample, at the latest split among equals.
+
+After each full epoch, what was measured (bandwidth, the gateway's time per sample) is
+compared with what the plan assumed; :func:`hapi.planner.needs_replan` decides whether
+to plan again (a drift beyond 25%).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hapi import planner
+from hapi.models import Manifest
+
+from ._stats import EpochStats
+
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+PROBE_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    """The split a dataset uses, and why.
+
+    Args:
+        split: Blocks ``[0, split)`` run on the storage side; ``None`` means no pushdown
+            (read raw objects and run every frozen block here).
+        reason: One sentence for people.
+        policy: ``given``, ``planner``, ``replanned`` or ``fewest-bytes``.
+        plan: The planner's plan, when it decided (``plan.explain()`` has the table).
+        measured_bandwidth: Whether the plan's bandwidth was measured (and so may be
+            re-measured), rather than given.
+    """
+
+    split: int | None
+    reason: str
+    policy: str
+    plan: planner.Plan | None = None
+    measured_bandwidth: bool = True
+
+
+def wire_bytes(manifest: Manifest, split: int, dtype: str) -> int:
+    """Bytes of one sample's features at ``split`` on the wire in ``dtype``."""
+    shape = manifest.input.shape if split == 0 else manifest.blocks[split - 1].output_shape
+    return int(math.prod(shape)) * _ITEMSIZE[dtype]
+
+
+def fewest_bytes(manifest: Manifest, freeze: int, dtype: str, why: str) -> SplitChoice:
+    """The split in ``0..min(freeze, manifest.freeze)`` sending the fewest bytes."""
+    last = min(freeze, manifest.freeze)
+    split = min(range(last + 1), key=lambda k: (wire_bytes(manifest, k, dtype), -k))
+    size = wire_bytes(manifest, split, dtype)
+    where = "the input" if split == 0 else f"block {manifest.blocks[split - 1].name}"
+    return SplitChoice(
+        split,
+        f"split {split} sends the fewest bytes per sample ({size:,} B, the output of {where}); "
+        f"the planner was not used: {why}",
+        "fewest-bytes",
+    )
+
+
+def parse_bandwidth(bandwidth: float | str | None) -> float | None:
+    """Bits per second from ``1e8`` or ``"100mbit"`` (``None`` stays ``None``).
+
+    Raises:
+        ValueError: Not a positive bandwidth.
+    """
+    if bandwidth is None:
+        return None
+    value = planner.parse_bandwidth(bandwidth) if isinstance(bandwidth, str) else bandwidth
+    if not 0 < value < math.inf:
+        raise ValueError(f"bandwidth must be positive and finite, not {bandwidth!r}")
+    return float(value)
+
+
+def choose_split(
+    manifest: Manifest,
+    freeze: int,
+    dtype: str,
+    *,
+    endpoint: str | None,
+    bandwidth_bps: float | None,
+    raw_bytes: float | None,
+    dataset_size: int,
+    batch_size: int,
+) -> SplitChoice:
+    """Ask the planner for the split; fall back to :func:`fewest_bytes`.
+
+    Args:
+        manifest: The model.
+        freeze: The dataset's freeze point.
+        dtype: The wire dtype.
+        endpoint: The gateway, to probe and to read its measurements.
+        bandwidth_bps: The bandwidth to plan for; probed when ``None``.
+        raw_bytes: Mean bytes of one raw object, when known.
+        dataset_size: Samples per epoch.
+        batch_size: Objects per request.
+    """
+    if freeze != manifest.freeze:
+        return fewest_bytes(manifest, freeze, dtype, f"it plans for freeze {manifest.freeze}")
+    if endpoint is None:
+        return fewest_bytes(manifest, freeze, dtype, "no endpoint to probe")
+    given = bandwidth_bps is not None
+    extra = {"raw_bytes": raw_bytes} if raw_bytes else {}
+    profile = planner.profile_from_manifest(manifest, wire_dtype=dtype, **extra)
+    try:
+        profile = planner.fetch_gateway_profile(endpoint, manifest.ref).apply(profile)
+        if bandwidth_bps is None:
+            bandwidth_bps = planner.probe_bandwidth(endpoint, bytes=PROBE_BYTES)
+    except planner.ProbeError as exc:  # not a hapi gateway, or one without the model
+        if bandwidth_bps is None:
+            return fewest_bytes(manifest, freeze, dtype, str(exc))
+    try:
+        plan = planner.plan(
+            manifest, profile, bandwidth_bps, batch_size=batch_size, dataset_size=dataset_size
+        )
+    except planner.PlannerError as exc:  # no feasible split
+        return fewest_bytes(manifest, freeze, dtype, str(exc))
+    return SplitChoice(plan.split, plan.reason(), "planner", plan, measured_bandwidth=not given)
+
+
+def replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> SplitChoice | None:
+    """A new choice when an epoch's measurements left the plan's assumptions, else ``None``."""
+    plan = choice.plan
+    if plan is None or stats.mode != "pushdown" or not stats.samples:
+        return None
+    measured = planner.Measurement(
+        bandwidth_bps=stats.bandwidth_bps if choice.measured_bandwidth else None,
+        storage_ms_per_sample=stats.storage_ms_per_sample,
+    )
+    if not planner.needs_replan(plan, measured):
+        return None
+    new = planner.replan(manifest, plan, measured)
+    reason = f"re-planned after epoch {stats.epoch}: {new.reason()}"
+    return SplitChoice(new.split, reason, "replanned", new, choice.measured_bandwidth)

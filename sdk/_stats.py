@@ -1,0 +1,164 @@
+"""Per-epoch statistics, and the optional tqdm bar that shows them live."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """What one pass over a dataset (in this process) cost.
+
+    Args:
+        epoch: Index of the pass in this process, from 0.
+        samples: Samples delivered.
+        seconds: Wall time from the first request to the last sample.
+        bytes_received: Response bytes: features under pushdown, objects otherwise.
+        wait_seconds: Time the training loop spent blocked waiting for data.
+        requests: Requests made.
+        split: The split used (``None``: no pushdown).
+        mode: ``pushdown``, or ``local`` when objects were read and computed here.
+        server_ms: The gateway's ``Server-Timing`` durations summed, by stage.
+        transfer_seconds: Wall time during which responses were on the wire (request
+            round trips less the gateway's own time, overlapping requests counted once).
+        storage_seconds: Wall time during which the gateway decoded or ran blocks for
+            this pass (overlapping requests counted once, so concurrent requests that
+            queue behind each other do not inflate it).
+    """
+
+    epoch: int
+    samples: int
+    seconds: float
+    bytes_received: int
+    wait_seconds: float
+    requests: int
+    split: int | None
+    mode: str
+    server_ms: dict[str, float]
+    transfer_seconds: float = 0.0
+    storage_seconds: float = 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        """Throughput of the pass."""
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def bytes_per_sample(self) -> float:
+        """Mean bytes received per sample."""
+        return self.bytes_received / self.samples if self.samples else 0.0
+
+    @property
+    def bandwidth_bps(self) -> float | None:
+        """Bits per second received while transferring (``None`` if not measured)."""
+        if self.transfer_seconds <= 0 or not self.bytes_received:
+            return None
+        return self.bytes_received * 8 / self.transfer_seconds
+
+    @property
+    def storage_ms_per_sample(self) -> float | None:
+        """The gateway's decode and inference wall time per sample (``None`` without
+        pushdown): the storage stage of the planner's cost model."""
+        if self.storage_seconds <= 0 or not self.samples:
+            return None
+        return self.storage_seconds * 1000 / self.samples
+
+    def __str__(self) -> str:
+        return (
+            f"epoch {self.epoch}: {self.samples} samples in {self.seconds:.1f} s "
+            f"({self.samples_per_s:.1f}/s), {self.bytes_received / 1e6:.2f} MB received, "
+            f"{self.wait_seconds:.1f} s waiting for data, split {self.split} ({self.mode})"
+        )
+
+
+class Meter:
+    """Accumulates one epoch's figures; optionally drives a tqdm bar.
+
+    Args:
+        epoch: The epoch index to report.
+        total: Samples expected, for the bar (``None`` if unknown).
+        progress: Show a tqdm bar.
+        description: The bar's label.
+    """
+
+    def __init__(
+        self, epoch: int, *, total: int | None, progress: bool, description: str = "hapi"
+    ) -> None:
+        self.epoch = epoch
+        self.samples = 0
+        self.bytes_received = 0
+        self.wait_seconds = 0.0
+        self.requests = 0
+        self.split: int | None = None
+        self.mode = "pushdown"
+        self.server_ms: dict[str, float] = {}
+        self._transfers: list[tuple[float, float]] = []
+        self._storage: list[tuple[float, float]] = []
+        self._started = time.perf_counter()
+        self._bar: Any = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc=description, unit="sample")
+
+    def record(
+        self,
+        *,
+        samples: int,
+        nbytes: int,
+        split: int | None,
+        mode: str,
+        server_ms: dict[str, float],
+        round_trip: tuple[float, float] | None = None,
+    ) -> None:
+        """Count one batch of results; ``round_trip`` is its request's (start, end)."""
+        if round_trip is not None:
+            start, end = round_trip
+            served = sum(server_ms.values()) / 1000
+            fetched = server_ms.get("fetch", 0.0) / 1000
+            self._storage.append((start + fetched, min(end, start + served)))
+            self._transfers.append((min(end, start + served), end))
+        self.samples += samples
+        self.bytes_received += nbytes
+        self.requests += 1
+        self.split, self.mode = split, mode
+        for stage, ms in server_ms.items():
+            self.server_ms[stage] = self.server_ms.get(stage, 0.0) + ms
+        if self._bar is not None:
+            self._bar.update(samples)
+            self._bar.set_postfix(
+                MB=f"{self.bytes_received / 1e6:.1f}",
+                wait=f"{self.wait_seconds:.1f}s",
+                refresh=False,
+            )
+
+    def finish(self) -> EpochStats:
+        """Close the bar and return the epoch's figures."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        return EpochStats(
+            epoch=self.epoch,
+            samples=self.samples,
+            seconds=time.perf_counter() - self._started,
+            bytes_received=self.bytes_received,
+            wait_seconds=self.wait_seconds,
+            requests=self.requests,
+            split=self.split,
+            mode=self.mode,
+            server_ms=dict(self.server_ms),
+            transfer_seconds=_union(self._transfers),
+            storage_seconds=_union(self._storage),
+        )
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by possibly overlapping intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
