@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import click
@@ -171,12 +172,9 @@ def run_gateway(settings: GatewaySettings, host: str, port: int) -> None:
 
 def main() -> None:
     """Console-script entry point."""
-    from hapi.models._cli import models
-    from hapi.planner._cli import plan
-
     from ._up import up
 
     cli.add_command(up)
-    cli.add_command(models)
-    cli.add_command(plan)
+    for entry in entry_points(group="hapi.commands"):
+        cli.add_command(entry.load(), entry.name)
     cli(prog_name="hapi")
