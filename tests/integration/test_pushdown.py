@@ -270,6 +270,8 @@ def test_split_auto_uses_the_planner(gateway, registered, images):
     # On a slow link the planner sends the smallest output the frozen blocks offer.
     smallest = min(range(1, manifest.freeze + 1), key=lambda k: manifest.blocks[k - 1].output_bytes)
     assert manifest.blocks[split - 1].output_bytes == manifest.blocks[smallest - 1].output_bytes
-    assert decode(slow.content)[0]["features"].shape[1:] == tuple(manifest.blocks[split - 1].output_shape)
+    assert decode(slow.content)[0]["features"].shape[1:] == tuple(
+        manifest.blocks[split - 1].output_shape
+    )
     bad = _get(gateway, bucket, "cat.jpg", model="r18", split="auto", bandwidth="fast")
     assert bad.status_code == 400 and "bandwidth" in bad.text

@@ -24,6 +24,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
+
 from hapi.gateway._store import (
     EmbeddedStore,
     StoreError,
