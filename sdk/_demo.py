@@ -122,7 +122,7 @@ def train_head(dataset: sdk.IterableFeatureDataset, epochs: int, batch: int) -> 
             assert optimizer is not None
             loss = torch.nn.functional.cross_entropy(head(features.flatten(1)), labels)
             optimizer.zero_grad()
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
             optimizer.step()
         print(f"train: {dataset.stats}, last loss {loss.item():.3f}")
     assert head is not None
