@@ -18,14 +18,20 @@ features locally, after one :class:`FallbackWarning`.
 
 ``sdk.client()`` is an ordinary boto3 S3 client with ``get_features`` and
 ``get_features_batch`` added, for code that wants the tensors without a dataset.
+
+Several gateways in front of one store can share the load: pass them all
+(``endpoint_url="http://a:8080,http://b:8080"`` or a list) and feature requests are
+spread over them, with a request that meets a dead gateway retried on another.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._client import Features, client
 from ._compute import FallbackWarning
-from ._dataset import FeatureDataset, IterableFeatureDataset
 from ._errors import (
+    EndpointsUnavailable,
     InvalidArgument,
     LabelError,
     ModelUnavailable,
@@ -41,8 +47,12 @@ from ._sources import LABEL_SOURCES
 from ._split import SplitChoice
 from ._stats import EpochStats
 
+if TYPE_CHECKING:
+    from ._dataset import FeatureDataset, IterableFeatureDataset
+
 __all__ = [
     "LABEL_SOURCES",
+    "EndpointsUnavailable",
     "EpochStats",
     "FallbackWarning",
     "FeatureDataset",
@@ -61,3 +71,18 @@ __all__ = [
     "UnprocessableObject",
     "client",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The dataset classes need torch. Loading them on first use keeps `import hapi.sdk`
+    # free of it, and so the `hapi` CLI (which registers `hapi demo` from this package)
+    # where only the gateway is installed, and its start-up seconds faster everywhere.
+    if name in ("FeatureDataset", "IterableFeatureDataset"):
+        from . import _dataset
+
+        return getattr(_dataset, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -14,8 +14,9 @@ from hapi.models import DEFAULT_BUCKET, Manifest, ModelError, Registry, RuntimeS
 from hapi.models import NoSuchModel as MissingModel
 from hapi.models._wire import DTYPES
 
-from ._client import client, resolve_endpoint
+from ._client import client
 from ._compute import Spec
+from ._endpoints import resolve_endpoints
 from ._errors import ModelUnavailable, NoSuchModel
 from ._sources import (
     IMAGE_SUFFIXES,
@@ -76,7 +77,7 @@ class Options:
     freeze: int | None = None
     labels: LabelsArg = "folder"
     dtype: str = "float32"
-    endpoint_url: str | None = None
+    endpoint_url: str | Sequence[str] | None = None
     client_options: Mapping[str, Any] | None = None
     registry_bucket: str = DEFAULT_BUCKET
     runtime: RuntimeSettings | None = None
@@ -108,15 +109,15 @@ def prepare(what: str | Sequence[str], options: Options, *, shards: bool) -> Pre
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
     if options.request_size < 1:
         raise ValueError(f"request_size must be >= 1, not {options.request_size}")
-    endpoint = resolve_endpoint(options.endpoint_url, os.environ)
+    endpoints = resolve_endpoints(options.endpoint_url, os.environ)
     extra = dict(options.client_options or {})
-    s3 = client(endpoint, **extra)
+    s3 = client(list(endpoints) or None, **extra)
     source = list_source(s3, what, shards=shards)
     manifest = _manifest(s3, options)
     freeze = _freeze(manifest, options.freeze)
-    choice = _choose(manifest, freeze, options, endpoint, source)
+    choice = _choose(manifest, freeze, options, endpoints, source)
     spec = Spec(
-        endpoint_url=endpoint,
+        endpoints=endpoints,
         client_options=extra,
         registry_bucket=options.registry_bucket,
         manifest=manifest,
@@ -152,7 +153,11 @@ def _freeze(manifest: Manifest, freeze: int | None) -> int:
 
 
 def _choose(
-    manifest: Manifest, freeze: int, options: Options, endpoint: str | None, source: Source
+    manifest: Manifest,
+    freeze: int,
+    options: Options,
+    endpoints: Sequence[str],
+    source: Source,
 ) -> SplitChoice:
     split = options.split
     if split is None:
@@ -163,7 +168,7 @@ def _choose(
             manifest,
             freeze,
             options.dtype,
-            endpoint=endpoint,
+            endpoints=endpoints,
             bandwidth_bps=parse_bandwidth(options.bandwidth),
             raw_bytes=raw / len(source.keys) if raw else None,
             dataset_size=len(source.keys),

@@ -11,15 +11,23 @@ them. ``get_features_batch`` is ``POST /{bucket}?hapi-batch``, an operation the 
 lacks: the request is built as a botocore ``AWSRequest``, signed by the client's own
 request signer with the body's SHA-256 as payload hash, and sent over the client's
 connection pool. Both are wire-contract calls of DESIGN.md, "Wire contract for pushdown".
+
+Given several endpoints (``_endpoints`` chooses among them and keeps their health), both
+methods run under :func:`failover`, which picks the endpoint of each attempt; for
+``get_features`` the choice is pinned in the request context. A ``before-sign`` hook
+moves every request onto its endpoint before SigV4 signs the host (plain S3 calls: the
+first healthy endpoint; their botocore retries re-sign, so they move on too). A
+``needs-retry`` hook, asked before botocore's retry policy, declines botocore's own
+retries of feature requests (the failover loop retries them elsewhere) and marks an
+endpoint down when a plain call cannot reach it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import random
-import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -29,45 +37,56 @@ import boto3
 import numpy as np
 from botocore.awsrequest import AWSRequest, AWSResponse
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError,
+    HTTPClientError,
+    IncompleteReadError,
+)
 
 from hapi.models._wire import DTYPES, decode
 
-from ._errors import PushdownUnavailable, RequestError, request_error
+from ._endpoints import EndpointFailure, EndpointPool, failover, rebase, resolve_endpoints
+from ._errors import PushdownUnavailable, RequestError, SDKError, request_error
 
-ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-_CONTEXT_KEY = "hapi_features"
+_CONTEXT_KEY = "hapi_features"  # the x-hapi-* headers of a GetObject
+_PINNED_KEY = "hapi_pinned"  # the endpoint the failover loop chose for this attempt
+_SENT_KEY = "hapi_endpoint"  # where the request went, for the needs-retry hook
 _PARAMS_KEY = "HapiFeatures"  # popped from GetObject's parameters before validation
+_POOL_ATTRIBUTE = "_hapi_endpoints"
 _GATEWAY_MARK = "x-hapi-request-id"  # the gateway stamps every response with it
-_ATTEMPTS = 5
-_MAX_BACKOFF_S = 5.0
 _RETRYABLE = {"SlowDown", "ServiceUnavailable", "RequestTimeout", "InternalError"}
+# Refused, reset, timed out or cut short: the endpoint, not the request, is at fault.
+_TRANSPORT_ERRORS = (ConnectionError, HTTPClientError, IncompleteReadError)
 
 
-def resolve_endpoint(endpoint_url: str | None, environ: Mapping[str, str]) -> str | None:
-    """The endpoint as boto3 resolves it: the argument, then ``AWS_ENDPOINT_URL_S3``,
-    then ``AWS_ENDPOINT_URL``; ``None`` means AWS's own endpoints."""
-    if endpoint_url:
-        return endpoint_url
-    return next((environ[name] for name in ENDPOINT_VARIABLES if environ.get(name)), None)
-
-
-def client(endpoint_url: str | None = None, **boto3_kwargs: Any) -> Any:
+def client(endpoint_url: str | Sequence[str] | None = None, **boto3_kwargs: Any) -> Any:
     """A boto3 S3 client with ``get_features`` and ``get_features_batch``.
 
     Path-style addressing is the default (gateways and local stores seldom have wildcard
     DNS); a ``config=`` passed in is merged over it.
 
+    Several gateways in front of one store can be given as one client's endpoints: feature
+    requests are spread over them (to the one with the fewest outstanding, in turn among
+    equals) and a request that meets a dead or overloaded gateway is retried on another;
+    plain S3 calls go to the first healthy one. ``meta.endpoint_url`` is the first.
+
     Args:
-        endpoint_url: The gateway (or any S3 store); else ``AWS_ENDPOINT_URL_S3``, else
-            ``AWS_ENDPOINT_URL``, else AWS.
+        endpoint_url: The gateway (or any S3 store), or several gateways as a list or
+            comma-separated; else ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``
+            (either may list several), else AWS.
         **boto3_kwargs: Anything ``boto3.client("s3", ...)`` accepts (``region_name``,
             ``aws_access_key_id``, ``config``...).
 
     Returns:
         The client; see :func:`get_features` and :func:`get_features_batch` for the
         added methods.
+
+    Raises:
+        ValueError: An endpoint is not an ``http(s)://`` URL.
     """
+    endpoints = resolve_endpoints(endpoint_url, os.environ)
     config = Config(s3={"addressing_style": "path"})
     given = boto3_kwargs.pop("config", None)
     if given is not None:
@@ -75,13 +94,24 @@ def client(endpoint_url: str | None = None, **boto3_kwargs: Any) -> Any:
     session = boto3.session.Session()
     session.events.register("creating-client-class.s3", _add_methods, unique_id="hapi-methods")
     s3 = session.client(
-        "s3", endpoint_url=resolve_endpoint(endpoint_url, os.environ), config=config, **boto3_kwargs
+        "s3", endpoint_url=endpoints[0] if endpoints else None, config=config, **boto3_kwargs
     )
+    pool = EndpointPool(endpoints or (s3.meta.endpoint_url,))
+    setattr(s3, _POOL_ATTRIBUTE, pool)
     events = s3.meta.events
     # unique_id is per emitter, and the client's emitter is a copy of the session's.
     events.register("provide-client-params.s3.GetObject", _take_params, unique_id="hapi-params")
     events.register("before-sign.s3.GetObject", _add_headers, unique_id="hapi-headers")
+    events.register("before-sign.s3", functools.partial(_route, pool), unique_id="hapi-route")
+    events.register_first(
+        "needs-retry.s3", functools.partial(_observe, pool), unique_id="hapi-failover"
+    )
     return s3
+
+
+def _pool(s3: Any) -> EndpointPool:
+    pool: EndpointPool = getattr(s3, _POOL_ATTRIBUTE)
+    return pool
 
 
 def _add_methods(class_attributes: dict[str, Any], **_: Any) -> None:
@@ -91,7 +121,9 @@ def _add_methods(class_attributes: dict[str, Any], **_: Any) -> None:
 
 def _take_params(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
     if _PARAMS_KEY in params:
-        context[_CONTEXT_KEY] = params.pop(_PARAMS_KEY)
+        hapi = params.pop(_PARAMS_KEY)
+        context[_CONTEXT_KEY] = hapi["headers"]
+        context[_PINNED_KEY] = hapi["endpoint"]
 
 
 def _add_headers(request: AWSRequest, **_: Any) -> None:
@@ -99,6 +131,45 @@ def _add_headers(request: AWSRequest, **_: Any) -> None:
     if hapi:
         for name, value in hapi.items():
             request.headers[f"x-hapi-{name}"] = str(value)
+
+
+def _route(pool: EndpointPool, request: AWSRequest, **_: Any) -> None:
+    """Before signing (so SigV4 covers the host): move the request onto its endpoint, the
+    one the failover loop pinned, else the first healthy one. A botocore retry re-signs,
+    so a plain call's retry goes to the next healthy endpoint."""
+    if len(pool) == 1:
+        return
+    target = request.context.get(_PINNED_KEY) or pool.primary()
+    request.context[_SENT_KEY] = target
+    request.url = rebase(request.url, pool.endpoints, target)
+
+
+def _observe(
+    pool: EndpointPool,
+    request_dict: dict[str, Any],
+    response: tuple[AWSResponse, dict[str, Any]] | None,
+    caught_exception: Exception | None,
+    attempts: int,
+    **_: Any,
+) -> float | bool | None:
+    """botocore's ``needs-retry``, asked first: ``False`` declines a retry, a number retries
+    after that many seconds, ``None`` leaves the decision to botocore's retry policy."""
+    context = request_dict.get("context") or {}
+    if _CONTEXT_KEY in context:
+        return False  # a features request: failover() retries it, elsewhere
+    endpoint = context.get(_SENT_KEY)
+    if endpoint is None:
+        return None
+    status = response[0].status_code if response is not None else 0
+    if isinstance(caught_exception, _TRANSPORT_ERRORS):
+        pool.mark_down(endpoint, str(caught_exception))
+    elif status in (502, 503, 504):
+        pool.mark_down(endpoint, f"HTTP {status}")
+    else:
+        if response is not None:
+            pool.mark_up(endpoint)
+        return None
+    return 0 if attempts < len(pool) and pool.any_up() else None
 
 
 @dataclass(frozen=True)
@@ -117,6 +188,7 @@ class Features:
         dtype: The wire dtype (features are widened to float32 on arrival).
         nbytes: Bytes of the response body.
         server_timing: The gateway's ``Server-Timing`` entries, in milliseconds.
+        endpoint: The endpoint that answered.
     """
 
     features: np.ndarray
@@ -128,6 +200,7 @@ class Features:
     dtype: str = "float32"
     nbytes: int = 0
     server_timing: Mapping[str, float] = field(default_factory=dict)
+    endpoint: str = ""
 
     def raise_for_errors(self) -> None:
         """Raise the first per-object error of a batch, if any."""
@@ -149,6 +222,9 @@ def get_features(
 ) -> Features:
     """Features of one object (an image, or every sample of a WebDataset shard).
 
+    With several endpoints, the request goes to one of them and is retried on another
+    if that one cannot be reached, resets, or answers 503.
+
     Args:
         Bucket: The bucket.
         Key: The object.
@@ -158,21 +234,29 @@ def get_features(
 
     Raises:
         PushdownUnavailable: The endpoint answered with the plain object.
+        EndpointsUnavailable: No endpoint could be reached; names each and its failure.
         RequestError: The gateway refused (a subclass per S3 error code), naming the key.
     """
     _check(model, split, dtype)
-    hapi = {"model": model, "split": split, "dtype": dtype}
-    try:
-        response = self.get_object(Bucket=Bucket, Key=Key, **{_PARAMS_KEY: hapi})
-    except ClientError as exc:
-        raise _client_error(exc, Bucket, Key) from exc
-    except BotoCoreError as exc:
-        raise RequestError("NetworkError", str(exc), bucket=Bucket, key=Key) from exc
-    headers = response["ResponseMetadata"]["HTTPHeaders"]
-    with response["Body"] as body:
-        if "x-hapi-split" not in headers:
-            raise PushdownUnavailable(self.meta.endpoint_url, f"GET {Key} returned the object")
-        return _features(body.read(), headers, Bucket, Key)
+    headers = {"model": model, "split": split, "dtype": dtype}
+
+    def attempt(endpoint: str) -> Features:
+        hapi = {"headers": headers, "endpoint": endpoint}
+        try:
+            response = self.get_object(Bucket=Bucket, Key=Key, **{_PARAMS_KEY: hapi})
+            answered = response["ResponseMetadata"]["HTTPHeaders"]
+            with response["Body"] as body:
+                if "x-hapi-split" not in answered:
+                    raise PushdownUnavailable(endpoint, f"GET {Key} returned the object")
+                return _features(body.read(), answered, Bucket, Key, endpoint)
+        except ClientError as exc:
+            raise _client_failure(exc, Bucket, Key) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise EndpointFailure(str(exc)) from exc
+        except BotoCoreError as exc:
+            raise RequestError("NetworkError", str(exc), bucket=Bucket, key=Key) from exc
+
+    return failover(_pool(self), attempt, bucket=Bucket, key=Key)
 
 
 def get_features_batch(
@@ -187,7 +271,9 @@ def get_features_batch(
 
     Objects that fail are left out of the rows and reported in ``errors`` (see
     :meth:`Features.raise_for_errors`). ``SlowDown`` answers are retried after their
-    ``Retry-After``.
+    ``Retry-After``. With several endpoints, the request goes to the one with the fewest
+    requests outstanding and is retried on another if that one cannot be reached, resets
+    or answers 503 (the request is idempotent).
 
     Args:
         Bucket: The bucket.
@@ -198,6 +284,7 @@ def get_features_batch(
 
     Raises:
         PushdownUnavailable: The endpoint is not a hapi gateway.
+        EndpointsUnavailable: No endpoint could be reached; names each and its failure.
         RequestError: The whole request was refused (a subclass per S3 error code).
     """
     _check(model, split, dtype)
@@ -205,45 +292,61 @@ def get_features_batch(
         raise ValueError("get_features_batch needs at least one key")
     body = json.dumps({"keys": list(Keys), "model": model, "split": split, "dtype": dtype})
     first = Keys[0] if len(Keys) == 1 else ""
-    response = _post_batch(self, Bucket, body.encode(), first)
+    endpoint, response = _post_batch(self, Bucket, body.encode(), first)
     if response.status_code != 200:
-        if _GATEWAY_MARK not in response.headers:
-            raise PushdownUnavailable(
-                self.meta.endpoint_url, f"POST ?hapi-batch answered HTTP {response.status_code}"
-            )
-        raise _xml_error(response, Bucket, first)
-    return _features(response.content, response.headers, Bucket, first)
+        raise _batch_error(response, endpoint, Bucket, first)
+    return _features(response.content, response.headers, Bucket, first, endpoint)
 
 
-def _post_batch(s3: Any, bucket: str, body: bytes, key: str) -> AWSResponse:
-    base = (s3.meta.endpoint_url or "").rstrip("/")
-    url = f"{base}/{quote(bucket, safe='')}?hapi-batch"
-    for attempt in range(_ATTEMPTS):
+def _post_batch(s3: Any, bucket: str, body: bytes, key: str) -> tuple[str, AWSResponse]:
+    def attempt(endpoint: str) -> tuple[str, AWSResponse]:
+        url = f"{endpoint}/{quote(bucket, safe='')}?hapi-batch"
         request = AWSRequest(
             method="POST", url=url, data=body, headers={"Content-Type": "application/json"}
         )
+        request.context[_PINNED_KEY] = endpoint  # so the routing hook leaves it there
         # The client's own signer: its credentials (refreshed as boto3 does), region and
         # signature version. With no Content-MD5 header S3SigV4Auth hashes the body.
         s3._request_signer.sign("GetFeaturesBatch", request)
         try:
             response: AWSResponse = s3._endpoint.http_session.send(request.prepare())
+        except _TRANSPORT_ERRORS as exc:
+            raise EndpointFailure(str(exc)) from exc
         except BotoCoreError as exc:
-            if attempt + 1 == _ATTEMPTS:
-                raise RequestError("NetworkError", str(exc), bucket=bucket, key=key) from exc
-            time.sleep(_backoff(attempt, None))
-            continue
-        if response.status_code < 500 or attempt + 1 == _ATTEMPTS:
-            return response
-        if _GATEWAY_MARK in response.headers and _error_code(response) not in _RETRYABLE:
-            return response
-        time.sleep(_backoff(attempt, response.headers.get("retry-after")))
-    raise AssertionError("unreachable")  # the loop returns or raises on its last attempt
+            raise RequestError("NetworkError", str(exc), bucket=bucket, key=key) from exc
+        _check_length(response)
+        marked = _GATEWAY_MARK in response.headers
+        code = _error_code(response) if marked and response.status_code >= 500 else ""
+        if _retryable(response.status_code, code, marked):
+            raise EndpointFailure(
+                f"HTTP {response.status_code} {code}".rstrip(),
+                retry_after=_retry_after(response.headers),
+                error=_batch_error(response, endpoint, bucket, key),
+            )
+        return endpoint, response
+
+    return failover(_pool(s3), attempt, bucket=bucket, key=key)
 
 
-def _backoff(attempt: int, retry_after: str | None) -> float:
-    if retry_after is not None and retry_after.strip().isdigit():
-        return min(float(retry_after), _MAX_BACKOFF_S)
-    return float(min(_MAX_BACKOFF_S, 0.1 * 2**attempt * (1 + random.random())))
+def _check_length(response: AWSResponse) -> None:
+    # botocore sends with enforce_content_length=False: a gateway that dies mid-body
+    # leaves a short body here, not an exception.
+    expected = response.headers.get("content-length", "")
+    if expected.isdigit() and int(expected) != len(response.content):
+        raise EndpointFailure(
+            f"the response was cut short ({len(response.content)} of {expected} bytes)"
+        )
+
+
+def _retryable(status: int, code: str, from_gateway: bool) -> bool:
+    """A 5xx from something else than a gateway (a proxy, a load balancer), or one the
+    gateway marks as transient."""
+    return status >= 500 and (not from_gateway or code in _RETRYABLE)
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("retry-after", "").strip()
+    return float(value) if value.isdigit() else None
 
 
 def _error_code(response: AWSResponse) -> str:
@@ -251,6 +354,23 @@ def _error_code(response: AWSResponse) -> str:
         return ElementTree.fromstring(response.content).findtext("Code") or ""
     except ElementTree.ParseError:
         return ""
+
+
+def _batch_error(response: AWSResponse, endpoint: str, bucket: str, key: str) -> SDKError:
+    if _GATEWAY_MARK not in response.headers:
+        return PushdownUnavailable(
+            endpoint, f"POST ?hapi-batch answered HTTP {response.status_code}"
+        )
+    return _xml_error(response, bucket, key)
+
+
+def _client_failure(exc: ClientError, bucket: str, key: str) -> SDKError | EndpointFailure:
+    error = _client_error(exc, bucket, key)
+    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    if _retryable(error.status, error.code, _GATEWAY_MARK in headers):
+        reason = f"HTTP {error.status} {error.code}"
+        return EndpointFailure(reason, retry_after=_retry_after(headers), error=error)
+    return error
 
 
 def _xml_error(response: AWSResponse, bucket: str, key: str) -> RequestError:
@@ -283,7 +403,9 @@ def _client_error(exc: ClientError, bucket: str, key: str) -> RequestError:
     )
 
 
-def _features(body: bytes, headers: Mapping[str, str], bucket: str, key: str) -> Features:
+def _features(
+    body: bytes, headers: Mapping[str, str], bucket: str, key: str, endpoint: str
+) -> Features:
     try:
         tensors, meta = decode(body)
         keys = tuple(json.loads(meta.get("keys", "[]")))
@@ -306,6 +428,7 @@ def _features(body: bytes, headers: Mapping[str, str], bucket: str, key: str) ->
         dtype=headers.get("x-hapi-dtype", "float32"),
         nbytes=len(body),
         server_timing=_server_timing(headers.get("server-timing", "")),
+        endpoint=endpoint,
     )
 
 

@@ -34,7 +34,7 @@ from ._errors import (
     request_error,
 )
 
-_warned: set[tuple[str | None, str]] = set()
+_warned: set[tuple[tuple[str, ...], str]] = set()
 _warned_lock = threading.Lock()
 
 
@@ -47,7 +47,7 @@ class Spec:
     """What every process needs to rebuild its engine (picklable, so workers get it).
 
     Args:
-        endpoint_url: The resolved endpoint (``None``: AWS).
+        endpoints: The resolved endpoints (empty: AWS), in the order given.
         client_options: Extra ``boto3.client`` keyword arguments.
         registry_bucket: Where the model's blocks are.
         manifest: The model version, pinned for the whole run.
@@ -57,7 +57,7 @@ class Spec:
         runtime: onnxruntime settings for the blocks run here.
     """
 
-    endpoint_url: str | None
+    endpoints: tuple[str, ...]
     client_options: Mapping[str, Any] = field(default_factory=dict)
     registry_bucket: str
     manifest: Manifest
@@ -100,7 +100,9 @@ class Engine:
 
     def __init__(self, spec: Spec, s3: Any = None) -> None:
         self.spec = spec
-        self.s3 = s3 if s3 is not None else client(spec.endpoint_url, **spec.client_options)
+        if s3 is None:
+            s3 = client(list(spec.endpoints) or None, **spec.client_options)
+        self.s3 = s3
         self.registry = Registry(self.s3, spec.registry_bucket)
         self.pushdown = spec.split is not None
         self._sessions: dict[tuple[int, int], Any] = {}
@@ -126,7 +128,7 @@ class Engine:
                 self._fall_back(str(exc))
             except NoSuchModel as exc:
                 self._fall_back(
-                    f"the gateway at {self.spec.endpoint_url} has no model "
+                    f"the gateway at {', '.join(self.spec.endpoints)} has no model "
                     f"{self.spec.manifest.ref} ({exc.message})"
                 )
         return self._local(bucket, keys)
@@ -135,9 +137,9 @@ class Engine:
         self.pushdown = False
         ref = self.spec.manifest.ref
         with _warned_lock:
-            if (self.spec.endpoint_url, ref) in _warned:
+            if (self.spec.endpoints, ref) in _warned:
                 return
-            _warned.add((self.spec.endpoint_url, ref))
+            _warned.add((self.spec.endpoints, ref))
         warnings.warn(
             f"{why}; reading raw objects and running {ref} blocks [0, {self.spec.freeze}) "
             "here instead (the same features; the objects cross the network whole)",

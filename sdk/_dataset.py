@@ -61,7 +61,7 @@ class _FeatureSource:
         freeze: int | None = None,
         labels: LabelsArg = "folder",
         dtype: str = "float32",
-        endpoint_url: str | None = None,
+        endpoint_url: str | Sequence[str] | None = None,
         client_options: Mapping[str, Any] | None = None,
         registry_bucket: str = DEFAULT_BUCKET,
         runtime: RuntimeSettings | None = None,
@@ -81,7 +81,10 @@ class _FeatureSource:
             labels: ``"folder"`` (ImageFolder convention), ``"manifest:s3://...csv"`` or
                 ``.jsonl``, ``"cls"`` (shards), a function of the key, or ``None``.
             dtype: Wire dtype of the features: ``float32``, ``float16``, ``bfloat16``.
-            endpoint_url: The gateway; else ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``.
+            endpoint_url: The gateway, or several gateways in front of the same store
+                (a list, or comma-separated): requests are spread over them and fail
+                over from one that is down; else ``AWS_ENDPOINT_URL_S3``,
+                ``AWS_ENDPOINT_URL``.
             client_options: More ``boto3.client`` arguments (credentials, region,
                 config); they must pickle, since every worker builds its own client.
             registry_bucket: The registry bucket (the gateway's).

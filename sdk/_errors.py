@@ -11,7 +11,9 @@
     │   │                                   not a decodable image or shard (422, or
     │   │                                   the same failure when decoding locally)
     │   ├── InvalidArgument (ValueError)    a bad split, dtype or request (400)
-    │   └── SlowDown                        still saturated after the retries (503)
+    │   ├── SlowDown                        still saturated after the retries (503)
+    │   └── EndpointsUnavailable            no endpoint reachable through every retry;
+    │                                       .endpoints: each one's last failure
     ├── PushdownUnavailable                 the endpoint is a plain S3 store: no features
     ├── ModelUnavailable                    the frozen blocks cannot be loaded or run here
     └── LabelError (LookupError)            an object has no label in the label source
@@ -80,6 +82,31 @@ class InvalidArgument(RequestError, ValueError):
 
 class SlowDown(RequestError):
     """The gateway stayed saturated through every retry."""
+
+
+class EndpointsUnavailable(RequestError):
+    """No endpoint answered: each refused, reset or timed out, through every retry.
+
+    The code is ``NetworkError``, as for a single endpoint that cannot be reached.
+
+    Args:
+        endpoints: Each endpoint and its last failure (``"up"`` if it had none).
+        attempts: The attempts made.
+        bucket: The bucket of the request.
+        key: The object the request concerned, if one.
+    """
+
+    def __init__(
+        self, endpoints: Mapping[str, str], *, attempts: int, bucket: str, key: str = ""
+    ) -> None:
+        named = "; ".join(f"{endpoint} ({failure})" for endpoint, failure in endpoints.items())
+        super().__init__(
+            "NetworkError",
+            f"no endpoint answered in {attempts} attempts: {named}",
+            bucket=bucket,
+            key=key,
+        )
+        self.endpoints = dict(endpoints)
 
 
 class PushdownUnavailable(SDKError):

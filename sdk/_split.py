@@ -15,6 +15,7 @@ to plan again (a drift beyond 25%).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hapi import planner
@@ -86,7 +87,7 @@ def choose_split(
     freeze: int,
     dtype: str,
     *,
-    endpoint: str | None,
+    endpoints: Sequence[str],
     bandwidth_bps: float | None,
     raw_bytes: float | None,
     dataset_size: int,
@@ -98,7 +99,8 @@ def choose_split(
         manifest: The model.
         freeze: The dataset's freeze point.
         dtype: The wire dtype.
-        endpoint: The gateway, to probe and to read its measurements.
+        endpoints: The gateways, to probe and to read measurements from: the first that
+            answers (they share one registry and run the same blocks).
         bandwidth_bps: The bandwidth to plan for; probed when ``None``.
         raw_bytes: Mean bytes of one raw object, when known.
         dataset_size: Samples per epoch.
@@ -106,15 +108,13 @@ def choose_split(
     """
     if freeze != manifest.freeze:
         return fewest_bytes(manifest, freeze, dtype, f"it plans for freeze {manifest.freeze}")
-    if endpoint is None:
+    if not endpoints:
         return fewest_bytes(manifest, freeze, dtype, "no endpoint to probe")
     given = bandwidth_bps is not None
     extra = {"raw_bytes": raw_bytes} if raw_bytes else {}
     profile = planner.profile_from_manifest(manifest, wire_dtype=dtype, **extra)
     try:
-        profile = planner.fetch_gateway_profile(endpoint, manifest.ref).apply(profile)
-        if bandwidth_bps is None:
-            bandwidth_bps = planner.probe_bandwidth(endpoint, bytes=PROBE_BYTES)
+        profile, bandwidth_bps = _probe(endpoints, manifest, profile, bandwidth_bps)
     except planner.ProbeError as exc:  # not a hapi gateway, or one without the model
         if bandwidth_bps is None:
             return fewest_bytes(manifest, freeze, dtype, str(exc))
@@ -125,6 +125,30 @@ def choose_split(
     except planner.PlannerError as exc:  # no feasible split
         return fewest_bytes(manifest, freeze, dtype, str(exc))
     return SplitChoice(plan.split, plan.reason(), "planner", plan, measured_bandwidth=not given)
+
+
+def _probe(
+    endpoints: Sequence[str],
+    manifest: Manifest,
+    profile: planner.Profile,
+    bandwidth_bps: float | None,
+) -> tuple[planner.Profile, float]:
+    """The gateway's measurements and the bandwidth, from the first endpoint that answers.
+
+    Raises:
+        planner.ProbeError: No endpoint answered (the last one's error).
+    """
+    failure: planner.ProbeError | None = None
+    for endpoint in endpoints:
+        try:
+            measured = planner.fetch_gateway_profile(endpoint, manifest.ref).apply(profile)
+            if bandwidth_bps is None:
+                return measured, planner.probe_bandwidth(endpoint, bytes=PROBE_BYTES)
+            return measured, bandwidth_bps
+        except planner.ProbeError as exc:
+            failure = exc
+    assert failure is not None  # endpoints is not empty
+    raise failure
 
 
 def replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> SplitChoice | None:
