@@ -264,17 +264,23 @@ class Proxy:
 
 
 async def _relay(response: httpx.Response, send: ASGISend, state: dict[str, Any]) -> None:
-    headers = [
-        (name, value) for name, value in response.headers.raw if name.lower() not in _DROP_RESPONSE
-    ]
+    headers, length = [], -1
+    for name, value in response.headers.raw:
+        lower = name.lower()
+        if lower == b"content-length" and value.isdigit():
+            length = int(value)
+        if lower not in _DROP_RESPONSE:
+            headers.append((name, value))
     state["status"] = response.status_code
     await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    # The chunk that completes a known length ends the response: no extra empty message.
     sent = 0
     async for chunk in response.aiter_raw():
         sent += len(chunk)
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": chunk, "more_body": sent != length})
     state["sent"] = sent
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    if sent != length or not sent:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _receive_body(receive: ASGIReceive, state: dict[str, Any]) -> AsyncIterator[bytes]:

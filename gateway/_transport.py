@@ -386,15 +386,16 @@ class _Pool:
         self._idle: collections.deque[_Connection] = collections.deque()
         self._open: set[_Connection] = set()
 
-    async def acquire(self, timeouts: Timeouts) -> _Connection:
-        """A connection for one request: an idle one, else a new one.
+    async def acquire(self, timeouts: Timeouts, *, reuse: bool = True) -> _Connection:
+        """A connection for one request: an idle one (if ``reuse``), else a new one.
 
         Raises:
             httpx.PoolTimeout, httpx.ConnectError, httpx.ConnectTimeout
         """
         await self._take_slot(timeouts.get("pool"))
         try:
-            return self._reuse() or await self._connect(timeouts.get("connect"))
+            idle = self._reuse() if reuse else None
+            return idle or await self._connect(timeouts.get("connect"))
         except BaseException:
             self._give_slot()
             raise
@@ -418,6 +419,9 @@ class _Pool:
     async def _take_slot(self, timeout: float | None) -> None:
         if self._slots is None:
             return
+        if not self._slots.locked():
+            await self._slots.acquire()  # a free slot: no wait, no timer
+            return
         try:
             async with asyncio.timeout(timeout):
                 await self._slots.acquire()
@@ -429,9 +433,10 @@ class _Pool:
             self._slots.release()
 
     def _reuse(self) -> _Connection | None:
-        stale_before = time.monotonic() - (self._expiry or 0.0)
-        while self._idle and (self._idle[0].closed or self._idle[0].idle_since < stale_before):
-            self._drop(self._idle.popleft())
+        if self._expiry is not None:  # the oldest idle connections are on the left
+            stale_before = time.monotonic() - self._expiry
+            while self._idle and self._idle[0].idle_since < stale_before:
+                self._drop(self._idle.popleft())
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed:
@@ -478,6 +483,15 @@ class _ResponseStream(httpx.AsyncByteStream):
             pool.release(self._conn)
 
 
+class _RequestHead(NamedTuple):
+    """A request's encoded head, and how its body is framed."""
+
+    data: bytes
+    length: int | None  # Content-Length
+    chunked: bool  # Transfer-Encoding: chunked
+    close: bool  # Connection: close
+
+
 class _StaleConnection(Exception):
     """A reused connection ended before any of the response arrived: try another."""
 
@@ -508,11 +522,12 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                 closed, so the store sees a short body).
         """
         pool = self._pool(request.url)
+        head = _encode_head(request)
         timeouts: Timeouts = request.extensions.get("timeout", {})
         try:
-            return await self._attempt(pool, request, timeouts, retry=_replayable(request))
+            return await self._attempt(pool, request, head, timeouts, retry=_replayable(request))
         except _StaleConnection:
-            return await self._attempt(pool, request, timeouts, retry=False)
+            return await self._attempt(pool, request, head, timeouts, retry=False, fresh=True)
 
     async def aclose(self) -> None:
         """Close every connection."""
@@ -533,11 +548,19 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         return pool
 
     async def _attempt(
-        self, pool: _Pool, request: httpx.Request, timeouts: Timeouts, *, retry: bool
+        self,
+        pool: _Pool,
+        request: httpx.Request,
+        head: _RequestHead,
+        timeouts: Timeouts,
+        *,
+        retry: bool,
+        fresh: bool = False,
     ) -> httpx.Response:
-        conn = await pool.acquire(timeouts)
+        """One try; ``retry`` allows another if a reused connection turns out stale."""
+        conn = await pool.acquire(timeouts, reuse=not fresh)
         try:
-            message = await _exchange(conn, request, timeouts)
+            message = await _exchange(conn, request, head, timeouts)
         except BaseException as exc:
             conn.close()
             pool.release(conn)
@@ -553,16 +576,10 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         )
 
 
-class _RequestHead(NamedTuple):
-    data: bytes
-    length: int | None  # Content-Length
-    chunked: bool  # Transfer-Encoding: chunked
-    close: bool  # Connection: close
-
-
-async def _exchange(conn: _Connection, request: httpx.Request, timeouts: Timeouts) -> _Message:
+async def _exchange(
+    conn: _Connection, request: httpx.Request, head: _RequestHead, timeouts: Timeouts
+) -> _Message:
     """Write ``request`` on ``conn`` and read the response head."""
-    head = _encode_head(request)
     conn.begin(request.method, last=head.close)
     write_timeout = timeouts.get("write")
     await conn.write(write_timeout, head.data)
