@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 from starlette.applications import Starlette
@@ -46,11 +47,17 @@ class _Upstream:
         self._client = None
 
 
-def new_upstream_client(settings: GatewaySettings) -> httpx.AsyncClient:
-    """An HTTP client sized for proxying: pooled keep-alive connections, no redirects.
+def new_upstream_client(
+    settings: GatewaySettings, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """An HTTP client sized for proxying: pooled keep-alive connections, no redirects, and
+    nothing of its own added to requests: no default headers (a proxy sends what the client
+    sent; an added ``Accept-Encoding`` could make the store compress), and no cookie jar (an
+    upstream ``Set-Cookie`` must not be replayed for every other user).
 
     ``http://`` goes through the gateway's own lean transport; ``https://`` through
-    httpx's default one (TLS is not worth a second implementation).
+    httpx's default one (TLS is not worth a second implementation). ``transport``
+    replaces both (tests pass an ``httpx.MockTransport``).
     """
     limits = httpx.Limits(
         max_connections=settings.max_upstream_connections,
@@ -58,13 +65,22 @@ def new_upstream_client(settings: GatewaySettings) -> httpx.AsyncClient:
         keepalive_expiry=30,
     )
     timeout = httpx.Timeout(settings.read_timeout_s, connect=settings.connect_timeout_s)
-    return httpx.AsyncClient(
-        transport=UpstreamTransport(limits=limits),
-        mounts={"https://": httpx.AsyncHTTPTransport(limits=limits, trust_env=False)},
+    mounts = (
+        None
+        if transport
+        else {"https://": httpx.AsyncHTTPTransport(limits=limits, trust_env=False)}
+    )
+    client = httpx.AsyncClient(
+        transport=transport or UpstreamTransport(limits=limits),
+        mounts=mounts,
         timeout=timeout,
         follow_redirects=False,
         trust_env=False,
+        cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
     )
+    for name in list(client.headers):  # the setter would put httpx's defaults back
+        del client.headers[name]
+    return client
 
 
 class Gateway:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 import pytest
@@ -11,6 +12,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 
 from hapi.gateway import GatewaySettings, create_app
+from hapi.gateway._app import new_upstream_client
 from hapi.gateway._sigv4 import Credentials, verify_request
 
 CLIENT = ("CLIENTKEY", "client-secret")
@@ -89,3 +91,35 @@ async def test_unreachable_backend_becomes_s3_xml():
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_upstream_client_adds_nothing_and_keeps_no_cookies():
+    seen: list[httpx.Request] = []
+
+    def backend(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(
+            200, stream=httpx.ByteStream(b"x"), headers={"set-cookie": "session=alice"}
+        )
+
+    settings = _settings()
+    upstream = new_upstream_client(settings, transport=httpx.MockTransport(backend))
+    app = create_app(settings, upstream=upstream)
+    url = "http://gw.test/bucket/key"
+    no_cookies = CookieJar(
+        policy=DefaultCookiePolicy(allowed_domains=[])
+    )  # a client that keeps none
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), cookies=no_cookies
+    ) as client:
+        for name in list(client.headers):  # this client sends none of httpx's defaults either
+            del client.headers[name]
+        for _ in range(2):
+            headers = {k: v for k, v in _signed("GET", url).items()}
+            reply = await client.get(url, headers=headers)
+            assert reply.status_code == 200
+    first, second = seen
+    for name in ("accept-encoding", "user-agent", "accept"):
+        assert name not in first.headers or first.headers[name] == "", name
+    assert "cookie" not in second.headers  # the first user's cookie is not replayed
