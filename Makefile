@@ -44,3 +44,7 @@ bench-pushdown: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .venv-awscli build *.egg-info
+
+# The two-tier testbed (root: network namespace, veth, tc tbf); `make bench QUICK=1` for --quick.
+bench: $(STAMP)
+	$(PY) -m hapi.gateway._bench $(if $(QUICK),--quick) --out bench-results/testbed

@@ -1,0 +1,8 @@
+"""``python -m hapi.gateway._bench``: the same as ``hapi bench``."""
+
+from __future__ import annotations
+
+from ._cli import bench
+
+if __name__ == "__main__":
+    bench(prog_name="hapi bench")

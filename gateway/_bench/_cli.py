@@ -1,0 +1,203 @@
+"""``hapi bench``: the two-tier testbed, from the command line.
+
+Exit codes: 0 done (targets are reported, not enforced), 1 the benchmark failed,
+2 this machine cannot host the testbed or bad options (one line on stderr),
+130 interrupted (after the testbed is torn down).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from ._config import REGIMES, BenchConfig
+from ._errors import BenchError, TestbedUnavailable
+from ._results import RunResult
+
+DEFAULT_OUT = Path("bench-results") / "testbed"
+
+
+class _UserError(click.ClickException):
+    """One line on stderr, exit code 2."""
+
+    exit_code = 2
+
+
+class RichProgress:
+    """Progress bars and one line per run, with rich."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        self._task: Any = None
+
+    def log(self, message: str) -> None:
+        self.bar.console.print(message)
+
+    def run(self, label: str, total: int) -> Callable[[int], None]:
+        self._task = self.bar.add_task(label, total=total)
+        task = self._task
+        return lambda count: self.bar.advance(task, count)
+
+    def done(self, result: RunResult) -> None:
+        if self._task is not None and result.measured:
+            self.bar.remove_task(self._task)
+            self._task = None
+        if result.measured:
+            self.log(
+                f"  {result.label:<16} {result.epoch_s:7.2f} s  {result.samples_per_s:6.1f}/s  "
+                f"{result.bytes_per_sample / 1000:8.1f} KB/sample  stall {result.stall_s:5.2f} s  "
+                f"bottleneck {result.bottleneck}, efficiency {result.efficiency or 0:.2f}"
+            )
+        else:
+            self.log(f"  {result.label:<16} >= {result.epoch_s:.1f} s (link bound, not run)")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP interrupt like Ctrl-C, so the same teardown runs."""
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _csv(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _integers(text: str | None, option: str) -> tuple[int, ...] | None:
+    try:
+        return None if (parts := _csv(text)) is None else tuple(int(p) for p in parts)
+    except ValueError:
+        raise _UserError(f"{option} takes integers, not {text!r}") from None
+
+
+def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
+    """The run's configuration: ``--quick`` or the default, with the options given."""
+    base = BenchConfig.quick(out) if quick else BenchConfig(out=out)
+    changes: dict[str, Any] = {
+        "models": _csv(options["models"]),
+        "regimes": _csv(options["regimes"]),
+        "seconds": options["seconds"],
+        "splits": _integers(options["splits"], "--splits"),
+        "storage_batch": options["storage_batch"],
+        "niceness": options["nice"],
+        "bound_factor": 0.0 if options["full_sweep"] else None,
+    }
+    try:
+        return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
+    except ValueError as exc:
+        raise _UserError(str(exc)) from exc
+
+
+@click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--quick", is_flag=True, help="One model, two bandwidths, short epochs (~1-2 min).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_OUT,
+    show_default=True,
+    help="Results directory (JSON, markdown, PNG plots, logs).",
+)
+@click.option(
+    "--models",
+    help="Comma-separated model families [default: resnet18,resnet50,vgg11,efficientnet_lite0].",
+)
+@click.option("--regimes", help=f"Comma-separated, of: {', '.join(REGIMES)} [default: all].")
+@click.option("--seconds", type=float, help="Target epoch seconds of a compute-bound baseline.")
+@click.option(
+    "--full-sweep", is_flag=True, help="Run every split, even those the link bound rules out."
+)
+@click.option(
+    "--splits", help="Measure only these splits, comma-separated (plus baseline and the pick)."
+)
+@click.option(
+    "--storage-batch",
+    type=click.IntRange(min=1),
+    help="Fixed storage-side batch size for the gateway [default: its adaptive batching].",
+)
+@click.option(
+    "--nice",
+    type=click.IntRange(-20, 19),
+    help="Niceness of both tiers; negative puts the benchmark ahead of other work [default: 0].",
+)
+def bench(quick: bool, out: Path, **options: Any) -> None:
+    """Two-tier testbed: hapi pushdown against raw objects over a shaped link.
+
+    Needs root (a network namespace, a veth pair, tc tbf), iproute2 and taskset, and two
+    CPU cores. Writes results.json, results.md and PNG plots to --out.
+    """
+    from ._preflight import check_environment
+
+    config = _config(quick, out, options)
+    try:
+        check_environment()
+    except TestbedUnavailable as exc:
+        raise _UserError(str(exc)) from exc
+    cells, meta = _execute(config)
+    _report(config, cells, meta)
+
+
+def _execute(config: BenchConfig) -> tuple[list[Any], dict[str, Any]]:
+    from rich.console import Console
+
+    from ._run import run_bench
+
+    console = Console(stderr=True)
+    progress = RichProgress(console)
+    try:
+        with _signals_interrupt(), progress.bar:
+            return run_bench(config, progress)
+    except TestbedUnavailable as exc:
+        raise _UserError(str(exc)) from exc
+    except BenchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        console.print("interrupted: the testbed is torn down (namespace and processes removed)")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # prefetch threads may still wait on dead sockets; nothing is left to clean
+
+
+def _report(config: BenchConfig, cells: list[Any], meta: dict[str, Any]) -> None:
+    from . import _plot, _report
+
+    written = _report.write(config.out, cells, meta)
+    written += _plot.plot_all(config.out, cells)
+    click.echo(_report.summary_text(cells))
+    median = _report.median_efficiency(cells)
+    if median is not None:
+        click.echo(f"- median pipeline efficiency over every measured run: {median:.2f}")
+    click.echo(
+        f"\n{meta['phases']['total_s']:.0f} s in all; wrote " + ", ".join(str(p) for p in written)
+    )

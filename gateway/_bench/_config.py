@@ -1,0 +1,102 @@
+"""What a benchmark run does: an immutable value built once from the command line."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from hapi.models import FAMILIES
+
+REGIMES: dict[str, float] = {
+    "network-bound": 4.0,
+    "balanced": 1.0,
+    "compute-bound": 0.25,
+}
+"""Client compute rate over network rate for raw objects, per regime of the baseline."""
+
+DEFAULT_MODELS = ("resnet18", "resnet50", "vgg11", "efficientnet_lite0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """A benchmark run.
+
+    Args:
+        out: The results directory.
+        models: Model families to run, at their default freeze points.
+        regimes: Regime names (keys of :data:`REGIMES`).
+        seconds: Target epoch seconds for a compute-bound baseline: sizes the dataset
+            per model from its measured client rate.
+        min_batches: Batches per epoch at least (the pipeline's fill and drain are one
+            batch each, so fewer batches would dominate the efficiency figure).
+        max_samples: Samples per epoch at most (also the dataset's size).
+        bound_factor: Skip a split when the link alone needs more than this many times
+            the best epoch measured so far (0: measure every split).
+        splits: Measure only these splits (besides the baseline and the planner's pick);
+            ``None`` for all.
+        storage_batch: The gateway's storage-side batch size; ``None`` for its adaptive
+            batching.
+        niceness: Scheduling niceness of both tiers: 0 shares the cores fairly with other
+            work on the machine; negative (root only) puts the benchmark ahead of it.
+        seed: Dataset seed.
+    """
+
+    out: Path
+    models: tuple[str, ...] = DEFAULT_MODELS
+    regimes: tuple[str, ...] = tuple(REGIMES)
+    seconds: float = 4.0
+    min_batches: int = 12
+    max_samples: int = 256
+    bound_factor: float = 1.5
+    splits: tuple[int, ...] | None = None
+    storage_batch: int | None = None
+    niceness: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.models if m not in FAMILIES]
+        if unknown or not self.models:
+            raise ValueError(
+                f"unknown model {', '.join(unknown) or '(none)'}; known: {', '.join(FAMILIES)}"
+            )
+        bad = [r for r in self.regimes if r not in REGIMES]
+        if bad or not self.regimes:
+            raise ValueError(
+                f"unknown regime {', '.join(bad) or '(none)'}; known: {', '.join(REGIMES)}"
+            )
+        if self.seconds <= 0 or self.min_batches < 1 or self.max_samples < 8:
+            raise ValueError("seconds must be > 0, min_batches >= 1 and max_samples >= 8")
+        if self.bound_factor < 0:
+            raise ValueError("bound_factor must be >= 0")
+        if not -20 <= self.niceness <= 19:
+            raise ValueError("niceness must be in -20..19")
+
+    @classmethod
+    def quick(cls, out: Path) -> BenchConfig:
+        """One model, two bandwidths, short epochs: about a minute and a half."""
+        return cls(
+            out=out,
+            models=("resnet18",),
+            regimes=("network-bound", "compute-bound"),
+            seconds=2.5,
+            min_batches=8,
+            max_samples=96,
+        )
+
+    def sizing(self, client_rate: float) -> tuple[int, int]:
+        """``(samples, batch_size)`` for a model the client runs at ``client_rate``/s.
+
+        The epoch takes about ``seconds`` when compute-bound, has at least
+        ``min_batches`` batches, and at most ``max_samples`` samples.
+        """
+        wanted = client_rate * self.seconds
+        batch = 8 if wanted >= 8 * self.min_batches else 4
+        samples = max(batch * self.min_batches, batch * math.ceil(wanted / batch))
+        return min(samples, self.max_samples - self.max_samples % batch), batch
+
+
+def bandwidth_for(ratio: float, client_rate: float, raw_bytes: float) -> float:
+    """Bits per second at which raw objects arrive ``ratio`` times slower than the client
+    computes (``ratio`` = client compute rate / network rate)."""
+    return client_rate / ratio * raw_bytes * 8

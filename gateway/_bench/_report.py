@@ -1,0 +1,333 @@
+"""The report: speedup, planner regret, pipeline efficiency and bytes reduction.
+
+Definitions (per cell, i.e. one model at one bandwidth):
+
+- speedup: the baseline's epoch time over the planner pick's;
+- regret: the pick's epoch time over the best measured configuration's (baseline
+  included), minus one; a pick is *within tolerance* when its regret is at most 5%;
+- pipeline efficiency: a run's epoch time over its slowest stage's time, where the
+  stages are the client's CPU time, the storage tier's CPU time and the link bytes at
+  the shaped rate (1.0 means the pipeline hid everything behind its bottleneck);
+- bytes reduction: the baseline's link bytes per sample over the pick's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ._results import CellResult, RunResult, split_label
+
+TOLERANCE = 0.05
+SPEEDUP_TARGET = 2.5
+SLOWDOWN_LIMIT = 0.95
+REGRET_TARGET = 0.95
+EFFICIENCY_TARGET = 1.15
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellSummary:
+    """The headline figures of one cell."""
+
+    model: str
+    regime: str
+    bandwidth_bps: float
+    ratio: float
+    baseline_s: float
+    sdk_local_s: float | None
+    pick: int | None
+    pick_s: float
+    best: int | None
+    best_s: float
+    speedup: float
+    regret: float
+    within: bool
+    efficiency: float | None
+    bytes_reduction: float
+    measured_runs: int
+    bounded_runs: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """One target of the issue, and whether the run met it."""
+
+    name: str
+    value: float | None
+    goal: str
+    met: bool | None  # None: no case to judge (e.g. no network-bound cell)
+
+
+def measured(cell: CellResult) -> list[RunResult]:
+    """The runs of ``cell`` that were made (not bounded)."""
+    return [run for run in cell.runs if run.measured]
+
+
+def best_run(cell: CellResult) -> RunResult:
+    """The fastest measured run, baseline included (ties: the earlier one).
+
+    Raises:
+        ValueError: No run was measured.
+    """
+    runs = measured(cell)
+    if not runs:
+        raise ValueError(f"{cell.model} at {cell.bandwidth_bps:g} bit/s: no measured run")
+    return min(runs, key=lambda run: run.epoch_s)
+
+
+def _required(cell: CellResult, split: int | None) -> RunResult:
+    run = cell.run(split)
+    if run is None or not run.measured:
+        raise ValueError(
+            f"{cell.model} at {cell.bandwidth_bps:g} bit/s: {split_label(split)} was not measured"
+        )
+    return run
+
+
+def summarize_cell(cell: CellResult, tolerance: float = TOLERANCE) -> CellSummary:
+    """The headline figures of ``cell``.
+
+    Raises:
+        ValueError: The baseline or the planner's pick was not measured.
+    """
+    baseline, pick, best = _required(cell, None), _required(cell, cell.pick), best_run(cell)
+    regret = pick.epoch_s / best.epoch_s - 1.0
+    return CellSummary(
+        model=cell.model,
+        regime=cell.regime,
+        bandwidth_bps=cell.bandwidth_bps,
+        ratio=cell.ratio,
+        baseline_s=baseline.epoch_s,
+        sdk_local_s=None if (local := cell.sdk_local) is None else local.epoch_s,
+        pick=cell.pick,
+        pick_s=pick.epoch_s,
+        best=best.split,
+        best_s=best.epoch_s,
+        speedup=baseline.epoch_s / pick.epoch_s,
+        regret=regret,
+        within=regret <= tolerance + 1e-12,
+        efficiency=pick.efficiency,
+        bytes_reduction=baseline.bytes_per_sample / max(pick.bytes_per_sample, 1e-9),
+        measured_runs=len(measured(cell)),
+        bounded_runs=len(cell.runs) - len(measured(cell)),
+    )
+
+
+def targets(summaries: Sequence[CellSummary]) -> list[Target]:
+    """The issue's targets judged on ``summaries``."""
+    network = [s.speedup for s in summaries if s.regime == "network-bound"]
+    speedups = [s.speedup for s in summaries]
+    within = [s.within for s in summaries]
+    efficiencies = [s.efficiency for s in summaries if s.efficiency is not None]
+
+    def judged(name: str, value: float | None, goal: str, ok: bool) -> Target:
+        return Target(name=name, value=value, goal=goal, met=None if value is None else ok)
+
+    low_network = min(network) if network else None
+    slowest = min(speedups) if speedups else None
+    share = sum(within) / len(within) if within else None
+    worst = max(efficiencies) if efficiencies else None
+    return [
+        judged(
+            "speedup where network-bound (min)",
+            low_network,
+            f">= {SPEEDUP_TARGET}x",
+            low_network is not None and low_network >= SPEEDUP_TARGET,
+        ),
+        judged(
+            "speedup anywhere (min)",
+            slowest,
+            f">= {SLOWDOWN_LIMIT}x (never >5% slower)",
+            slowest is not None and slowest >= SLOWDOWN_LIMIT,
+        ),
+        judged(
+            "picks within 5% of the best",
+            share,
+            f">= {REGRET_TARGET:.0%} of cases",
+            share is not None and share >= REGRET_TARGET,
+        ),
+        judged(
+            "pipeline efficiency at the pick (max)",
+            worst,
+            f"<= {EFFICIENCY_TARGET}",
+            worst is not None and worst <= EFFICIENCY_TARGET,
+        ),
+    ]
+
+
+def _mbit(bps: float) -> str:
+    return f"{bps / 1e6:.3g} Mbit/s"
+
+
+def _split(split: int | None) -> str:
+    return "none" if split is None else str(split)
+
+
+def _kb(value: float) -> str:
+    return f"{value / 1000:.1f}"
+
+
+def summary_table(summaries: Sequence[CellSummary]) -> list[str]:
+    """Markdown rows of the headline figures, one per cell."""
+    lines = [
+        "| model | regime | bandwidth | compute/network | baseline s | sdk no-pushdown s | pick "
+        "| pick s | best | best s | speedup | regret | efficiency | bytes reduction |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        efficiency = "n/a" if s.efficiency is None else f"{s.efficiency:.2f}"
+        local = "n/a" if s.sdk_local_s is None else f"{s.sdk_local_s:.2f}"
+        lines.append(
+            f"| {s.model} | {s.regime} | {_mbit(s.bandwidth_bps)} | {s.ratio:g} "
+            f"| {s.baseline_s:.2f} | {local} | {_split(s.pick)} | {s.pick_s:.2f} | {_split(s.best)} "
+            f"| {s.best_s:.2f} | {s.speedup:.2f}x | {s.regret:+.1%}{'' if s.within else ' ✗'} "
+            f"| {efficiency} | {s.bytes_reduction:.1f}x |"
+        )
+    return lines
+
+
+def runs_table(cell: CellResult) -> list[str]:
+    """Markdown rows of every run of ``cell``."""
+    lines = [
+        "| run | epoch s | predicted s | samples/s | KB/sample | stall s | client CPU s "
+        "| storage CPU s | link s | bottleneck | efficiency |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    pick = cell.run(cell.pick)
+    for run in cell.runs:
+        mark = " (pick)" if pick is not None and run.key == pick.key else ""
+        mark += f" x{run.repeats}" if run.repeats > 1 else ""
+        predicted = "" if run.predicted_s is None else f"{run.predicted_s:.2f}"
+        if not run.measured:
+            lines.append(
+                f"| {run.label}{mark} | >= {run.epoch_s:.1f} (link bound, not run) | {predicted} "
+                f"| | {_kb(run.bytes_per_sample)} | | | | {run.epoch_s:.1f} | link | |"
+            )
+            continue
+        lines.append(
+            f"| {run.label}{mark} | {run.epoch_s:.2f} | {predicted} | {run.samples_per_s:.1f} "
+            f"| {_kb(run.bytes_per_sample)} | {run.stall_s:.2f} | {run.client_cpu_s:.2f} "
+            f"| {run.storage_cpu_s:.2f} | {run.link_s:.2f} | {run.bottleneck} "
+            f"| {run.efficiency or 0:.2f} |"
+        )
+    return lines
+
+
+def targets_lines(found: Sequence[Target]) -> list[str]:
+    """One line per target: value, goal, met or missed."""
+    lines = []
+    for target in found:
+        verdict = {True: "met", False: "MISSED", None: "no case"}[target.met]
+        value = "n/a" if target.value is None else f"{target.value:.3g}"
+        lines.append(f"- {target.name}: {value} (target {target.goal}): {verdict}")
+    return lines
+
+
+DEFINITIONS = """\
+- *baseline*: raw objects by plain GETs through the gateway (4 concurrent, up to 4
+  batches ahead), decoded and run through every frozen block on the client; *sdk, no pushdown*:
+  the same through `hapi.sdk` with `split=None`; *split k*: `hapi.sdk` asking the gateway
+  for blocks `[0, k)`, running `[k, freeze)` on the client.
+- *speedup*: baseline epoch time / the planner pick's. *regret*: the pick's epoch time /
+  the best measured configuration's, minus 1 (within 5% counts as a good pick).
+- *efficiency*: epoch time / the slowest stage (client CPU seconds, storage-tier CPU
+  seconds, link bytes at the shaped rate); 1.00 is a perfect pipeline.
+- *bytes reduction*: link bytes per sample of the baseline / of the pick.
+- *stall*: time the training loop waited for its next batch (in `hapi.sdk` the client's
+  blocks run in the prefetch threads, so for SDK runs it includes them).
+- Contenders (the pick and every run within 15% of the best) are measured twice; the
+  faster counts (`x2`)."""
+
+
+def markdown(cells: Sequence[CellResult], meta: dict[str, Any]) -> str:
+    """The whole report as markdown: summary, targets, then every run per cell."""
+    summaries = [summarize_cell(cell) for cell in cells]
+    parts = [
+        "# hapi two-tier testbed results",
+        "",
+        f"{meta.get('description', '')}".strip(),
+        "",
+        *_run_line(meta),
+        DEFINITIONS,
+        "",
+        "## Summary",
+        "",
+        *summary_table(summaries),
+        "",
+        *targets_lines(targets(summaries)),
+        "",
+        "## Every run",
+    ]
+    for cell in cells:
+        parts += [
+            "",
+            f"### {cell.model}, {cell.regime}: {_mbit(cell.bandwidth_bps)} "
+            f"(probed {_mbit(cell.probed_bps)}; client {cell.client_rate:.1f} samples/s, "
+            f"compute/network {cell.ratio:g}, measured {cell.measured_ratio:.2f}; "
+            f"{cell.samples} samples, batch {cell.batch_size}; "
+            f"mean object {_kb(cell.raw_bytes)} KB)",
+            "",
+            f"Planner: {cell.pick_reason}",
+            "",
+            *runs_table(cell),
+        ]
+    return "\n".join(parts) + "\n"
+
+
+def _run_line(meta: dict[str, Any]) -> list[str]:
+    """When, where and how loaded the machine was; nothing if the meta lacks it."""
+    machine, phases = meta.get("machine"), meta.get("phases")
+    if not machine or not phases:
+        return []
+    return [
+        f"Finished {meta.get('date', '')} on {machine.get('cpu')} ({machine.get('cores')} cores; client "
+        f"on CPU {machine.get('client_cpu')}, storage on CPU {machine.get('storage_cpu')}, "
+        f"niceness {machine.get('niceness', 0)}); {phases.get('total_s', 0):.0f} s in all; "
+        f"load average {phases.get('load_average_before', 0):.2f} before, "
+        f"{phases.get('load_average_after', 0):.2f} after.",
+        "",
+    ]
+
+
+def summary_text(cells: Sequence[CellResult]) -> str:
+    """The printed summary: one line per cell, then the targets."""
+    summaries = [summarize_cell(cell) for cell in cells]
+    lines = []
+    for s in summaries:
+        efficiency = "n/a" if s.efficiency is None else f"{s.efficiency:.2f}"
+        lines.append(
+            f"{s.model:<19} {s.regime:<14} {_mbit(s.bandwidth_bps):>13}  "
+            f"pick {_split(s.pick):>4} best {_split(s.best):>4}  speedup {s.speedup:5.2f}x  "
+            f"regret {s.regret:+6.1%}  efficiency {efficiency}  bytes {s.bytes_reduction:6.1f}x less"
+        )
+    return "\n".join([*lines, "", *targets_lines(targets(summaries))])
+
+
+def to_json(cells: Sequence[CellResult], meta: dict[str, Any]) -> dict[str, Any]:
+    """Everything: meta, cells with runs, per-cell summaries and targets."""
+    summaries = [summarize_cell(cell) for cell in cells]
+    return {
+        "meta": meta,
+        "cells": [cell.to_dict() for cell in cells],
+        "summary": [asdict(s) for s in summaries],
+        "targets": [asdict(t) for t in targets(summaries)],
+    }
+
+
+def write(out: Path, cells: Sequence[CellResult], meta: dict[str, Any]) -> list[Path]:
+    """Write ``results.json`` and ``results.md`` into ``out``; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.json", out / "results.md"]
+    paths[0].write_text(json.dumps(to_json(cells, meta), indent=2) + "\n")
+    paths[1].write_text(markdown(cells, meta))
+    return paths
+
+
+def median_efficiency(cells: Sequence[CellResult]) -> float | None:
+    """Median efficiency over every measured run."""
+    values = [e for cell in cells for run in measured(cell) if (e := run.efficiency) is not None]
+    return statistics.median(values) if values else None

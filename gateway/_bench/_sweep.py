@@ -1,0 +1,250 @@
+"""The runs of one model: profile the client, then per bandwidth plan, and measure.
+
+Per bandwidth (a *cell*): shape the link; let the planner choose from a measured profile
+(client blocks and decode timed here, storage-side times from the gateway, bandwidth from
+its probe); measure the baseline, the SDK without pushdown and the planner's pick; then
+sweep every other split in order of predicted time. A split whose bytes alone need the
+link longer than ``bound_factor`` times the best epoch measured so far is not run: the
+link cannot carry it faster (``bytes * 8 / rate`` is a hard lower bound), so it can be
+neither the best nor within 5% of it; it is recorded as that bound. Last, the pick and
+every run within 15% of the best are measured once more, and the faster time counts:
+the machine's noise is of the order of the 5% that decides a good pick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from hapi import planner
+from hapi.models import Manifest, Registry, RuntimeSettings
+
+from ._client import ModelClient
+from ._config import REGIMES, BenchConfig, bandwidth_for
+from ._results import CellResult, RunResult, split_label
+
+PROBE_SECONDS = 2.0
+CONTENDER_MARGIN = 0.15
+
+
+class Progress(Protocol):
+    """Where the sweep reports what it does."""
+
+    def log(self, message: str) -> None:
+        """A line for the user."""
+
+    def run(self, label: str, total: int) -> Callable[[int], None]:
+        """A run starts; the returned callable advances it by a number of samples."""
+
+    def done(self, result: RunResult) -> None:
+        """A run ended (measured or bounded)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelProfile:
+    """What the client measured about one model, and the epoch it gets."""
+
+    manifest: Manifest
+    profile: planner.Profile
+    client_rate: float
+    raw_bytes: float
+    samples: int
+    batch_size: int
+
+    @property
+    def wire_bytes(self) -> tuple[int, ...]:
+        """Payload bytes per sample at each split ``0..freeze``."""
+        return wire_bytes(self.manifest)
+
+
+def wire_bytes(manifest: Manifest) -> tuple[int, ...]:
+    """Float32 payload bytes per sample at split ``0..freeze``: the input, then each
+    frozen block's output."""
+    first = 4 * math.prod(manifest.input.shape)
+    return (first, *(block.output_bytes for block in manifest.blocks[: manifest.freeze]))
+
+
+def lower_bound_s(samples: int, payload_bytes: float, rate_bps: float) -> float:
+    """The least time the link needs to carry ``samples`` of ``payload_bytes`` each."""
+    return samples * payload_bytes * 8 / rate_bps
+
+
+def sweep_order(
+    predicted: Mapping[int | None, float], pick: int | None, freeze: int, only: Sequence[int] | None
+) -> list[int]:
+    """Splits to try after the baseline and the pick, most promising first."""
+    splits = [k for k in range(freeze + 1) if k != pick and (only is None or k in only)]
+    return sorted(splits, key=lambda k: (predicted.get(k, math.inf), k))
+
+
+def measure_profile(
+    registry: Registry,
+    manifest: Manifest,
+    photos: Sequence[Any],
+    sizes: Sequence[int],
+    config: BenchConfig,
+) -> ModelProfile:
+    """Time the client's blocks and decoding here (one thread) and size the epoch;
+    ``sizes`` are the object sizes in dataset order."""
+    runtime = RuntimeSettings(device="cpu", intra_op_threads=1, inter_op_threads=1)
+    client_ms = planner.measure_client_blocks(registry, manifest, settings=runtime)
+    decode_ms = planner.measure_decode_ms(manifest.preprocess, images=photos)
+    rate = 1000.0 / (decode_ms + sum(client_ms))
+    samples, batch = config.sizing(rate)
+    raw_bytes = sum(sizes[:samples]) / len(sizes[:samples])
+    profile = planner.profile_from_manifest(
+        manifest,
+        client_ms=client_ms,
+        raw_bytes=raw_bytes,
+        storage_decode_ms=decode_ms,
+        client_decode_ms=decode_ms,
+    )
+    return ModelProfile(
+        manifest=manifest,
+        profile=profile,
+        client_rate=rate,
+        raw_bytes=raw_bytes,
+        samples=samples,
+        batch_size=batch,
+    )
+
+
+def plan_cell(gateway: str, measured: ModelProfile, rate_bps: float) -> tuple[planner.Plan, float]:
+    """The planner's plan at the current shaping, and the probed bandwidth (the better of
+    two probes: interference only ever makes a probe slower)."""
+    size = max(64 * 1024, int(rate_bps / 8 * PROBE_SECONDS))
+    probed = max(planner.probe_bandwidth(gateway, bytes=size) for _ in range(2))
+    view = planner.fetch_gateway_profile(gateway, measured.manifest.name)
+    chosen = planner.plan(
+        measured.manifest,
+        view.apply(measured.profile),
+        probed,
+        batch_size=measured.batch_size,
+        dataset_size=measured.samples,
+    )
+    return chosen, probed
+
+
+def sweep_cell(
+    client: ModelClient,
+    gateway: str,
+    measured: ModelProfile,
+    regime: str,
+    config: BenchConfig,
+    progress: Progress,
+) -> CellResult:
+    """Every run of one model at one regime's bandwidth."""
+    ratio = REGIMES[regime]
+    rate = bandwidth_for(ratio, measured.client_rate, measured.raw_bytes)
+    client.link.shape(rate)
+    chosen, probed = plan_cell(gateway, measured, rate)
+    progress.log(
+        f"{measured.manifest.name} {regime}: {rate / 1e6:.3g} Mbit/s shaped, "
+        f"{probed / 1e6:.3g} probed; planner picks {split_label(chosen.split)}"
+    )
+    cell = _Cell(
+        client, measured, regime, progress, {c.split: c.epoch_s for c in chosen.candidates}
+    )
+    cell.measure(None, "raw")
+    cell.measure(None, "sdk")
+    if chosen.split is not None:
+        cell.measure(chosen.split)
+    for split in sweep_order(cell.predicted, chosen.split, measured.manifest.freeze, config.splits):
+        bound = lower_bound_s(measured.samples, measured.wire_bytes[split], rate)
+        if config.bound_factor and bound > config.bound_factor * cell.best():
+            cell.bounded(split, bound)
+        else:
+            cell.measure(split)
+    cell.confirm(pick=(chosen.split, "raw" if chosen.split is None else "sdk"))
+    return CellResult(
+        model=measured.manifest.name,
+        freeze=measured.manifest.freeze,
+        regime=regime,
+        ratio=ratio,
+        measured_ratio=measured.client_rate / (probed / (measured.raw_bytes * 8)),
+        bandwidth_bps=rate,
+        probed_bps=probed,
+        client_rate=measured.client_rate,
+        raw_bytes=measured.raw_bytes,
+        batch_size=measured.batch_size,
+        pick=chosen.split,
+        pick_reason=chosen.reason(),
+        wire_bytes=measured.wire_bytes,
+        runs=cell.ordered(),
+        plan=chosen.to_dict(),
+    )
+
+
+class _Cell:
+    """The runs of one cell as they are made."""
+
+    def __init__(
+        self,
+        client: ModelClient,
+        measured: ModelProfile,
+        regime: str,
+        progress: Progress,
+        predicted: dict[int | None, float],
+    ) -> None:
+        self.client = client
+        self.profile = measured
+        self.regime = regime
+        self.progress = progress
+        self.predicted = predicted
+        self.runs: dict[tuple[int | None, str], RunResult] = {}
+
+    def best(self) -> float:
+        return min(run.epoch_s for run in self.runs.values() if run.measured)
+
+    def measure(self, split: int | None, loader: str = "sdk") -> RunResult:
+        name = f"{self.profile.manifest.name} {self.regime} {split_label(split, loader)}"
+        advance = self.progress.run(name, self.profile.samples)
+        result = self.client.epoch(split, advance, loader)
+        result = _with_prediction(result, self.predicted.get(split))
+        self.progress.done(result)
+        previous = self.runs.get(result.key)
+        if previous is not None:
+            faster = min(previous, result, key=lambda run: run.epoch_s)
+            result = replace(faster, repeats=previous.repeats + 1)
+        self.runs[result.key] = result
+        return result
+
+    def bounded(self, split: int, bound: float) -> None:
+        self.runs[(split, "sdk")] = _bounded(split, bound, self.profile, self.predicted.get(split))
+        self.progress.done(self.runs[(split, "sdk")])
+
+    def confirm(self, pick: tuple[int | None, str]) -> None:
+        """Measure the pick and every run near the best once more; the faster counts."""
+        limit = (1 + CONTENDER_MARGIN) * self.best()
+        again = [key for key, run in self.runs.items() if run.measured and run.epoch_s <= limit]
+        for split, loader in [pick, *(key for key in again if key != pick)]:
+            self.measure(split, loader)
+
+    def ordered(self) -> tuple[RunResult, ...]:
+        def order(run: RunResult) -> tuple[int, int]:
+            return (-1, 0 if run.loader == "raw" else 1) if run.split is None else (run.split, 0)
+
+        return tuple(sorted(self.runs.values(), key=order))
+
+
+def _with_prediction(result: RunResult, predicted: float | None) -> RunResult:
+    value = predicted if predicted is not None and math.isfinite(predicted) else None
+    return replace(result, predicted_s=value)
+
+
+def _bounded(
+    split: int, bound: float, measured: ModelProfile, predicted: float | None
+) -> RunResult:
+    payload = measured.samples * measured.wire_bytes[split]
+    return RunResult(
+        split=split,
+        measured=False,
+        epoch_s=bound,
+        samples=measured.samples,
+        link_bytes=payload,
+        payload_bytes=payload,
+        link_s=bound,
+        predicted_s=predicted if predicted is not None and math.isfinite(predicted) else None,
+    )

@@ -1,0 +1,241 @@
+"""The storage tier: SeaweedFS and the hapi gateway inside the namespace, on their own core.
+
+:class:`StorageTier` (run by the benchmark, in the root namespace) starts this module as
+``ip netns exec NS taskset -c CPU python -m hapi.gateway._bench._tier``: the process and
+everything it starts (``weed``) live in the namespace and on that core. The process runs
+the embedded store bound to the namespace's address and then the gateway in front of it,
+with one onnxruntime thread and one decode thread to match the single core, until
+SIGTERM; it then stops the gateway and the store. Its settings arrive in one environment
+variable (secrets stay out of ``ps``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+
+from ._errors import BenchError
+from ._netns import Link
+
+ENV = "HAPI_BENCH_TIER"
+STORE_PORT = 8333
+GATEWAY_PORT = 8080
+MEMORY_BUDGET = 6 * 1024**3  # the sweep keeps a session per split; never the limit here
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierSpec:
+    """What the tier process needs."""
+
+    host: str
+    data_dir: str
+    store_key: str
+    store_secret: str
+    client_key: str
+    client_secret: str
+    store_port: int = STORE_PORT
+    gateway_port: int = GATEWAY_PORT
+    fixed_batch: int | None = None
+
+    @classmethod
+    def generate(cls, host: str, data_dir: Path, fixed_batch: int | None = None) -> TierSpec:
+        """Fresh credentials for one run."""
+        return cls(
+            host=host,
+            data_dir=str(data_dir),
+            fixed_batch=fixed_batch,
+            store_key="BENCHSTORE" + secrets.token_hex(5).upper(),
+            store_secret=secrets.token_urlsafe(30),
+            client_key="BENCHCLIENT" + secrets.token_hex(5).upper(),
+            client_secret=secrets.token_urlsafe(30),
+        )
+
+    @property
+    def gateway_url(self) -> str:
+        """The gateway, as the client reaches it across the link."""
+        return f"http://{self.host}:{self.gateway_port}"
+
+    @property
+    def store_url(self) -> str:
+        """The store itself (setup traffic only: uploads and model registration)."""
+        return f"http://{self.host}:{self.store_port}"
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU seconds of ``pids`` (every thread), from ``/proc``."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / _TICKS
+
+
+class StorageTier:
+    """The tier process, owned by a context manager.
+
+    Args:
+        link: The namespace to run in.
+        cpu: The core to pin it to.
+        workdir: Where the store keeps its data.
+        log: Where the tier's output goes.
+        fixed_batch: The gateway's storage-side batch size; ``None`` for adaptive.
+        niceness: Scheduling niceness of the tier (negative: ahead of other work).
+    """
+
+    def __init__(
+        self,
+        link: Link,
+        cpu: int,
+        workdir: Path,
+        log: Path,
+        fixed_batch: int | None = None,
+        niceness: int = 0,
+    ) -> None:
+        self.link = link
+        self.cpu = cpu
+        self.niceness = niceness
+        self.spec = TierSpec.generate(link.storage_ip, workdir / "store", fixed_batch)
+        self.log = log
+        self.pids: list[int] = []
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> StorageTier:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Start the tier and wait until the gateway answers across the link.
+
+        Raises:
+            BenchError: The tier exited or did not come up in time (with its log's tail).
+        """
+        env = {**os.environ, ENV: json.dumps(asdict(self.spec))}
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as out:
+            self._process = subprocess.Popen(
+                self.command(),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait(timeout_s)
+        self.pids = self.link.pids()
+
+    def command(self) -> list[str]:
+        """The tier's command line: in the namespace, on its core, at its niceness."""
+        return [
+            "ip", "netns", "exec", self.link.namespace, "taskset", "-c", str(self.cpu),
+            "nice", "-n", str(self.niceness), sys.executable, "-m", "hapi.gateway._bench._tier",
+        ]  # fmt: skip
+
+    def gateway_stats(self) -> dict[str, Any]:
+        """The gateway's ``/_hapi/stats`` (batching and memory), or ``{}`` if unreadable."""
+        try:
+            stats: dict[str, Any] = httpx.get(
+                self.spec.gateway_url + "/_hapi/stats", timeout=10
+            ).json()
+        except (httpx.HTTPError, ValueError):
+            return {}
+        return stats
+
+    def _wait(self, timeout_s: float) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise BenchError(f"the storage tier exited while starting:\n{self._tail()}")
+            try:
+                if httpx.get(self.spec.gateway_url + "/_hapi/health", timeout=1).is_success:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise BenchError(f"the storage tier did not start within {timeout_s:g} s:\n{self._tail()}")
+
+    def _tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the tier's processes have used so far."""
+        return cpu_seconds(self.pids)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the tier (it stops the gateway and the store), SIGKILL after ``grace_s``."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+# -- inside the namespace ------------------------------------------------------------------
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main() -> None:
+    """Run the store and the gateway in this namespace until SIGTERM."""
+    from hapi.gateway._cli import run_gateway
+    from hapi.gateway._settings import GatewaySettings
+    from hapi.gateway._sigv4 import Credentials
+    from hapi.gateway._store import EmbeddedStore, StoreSettings
+
+    spec = TierSpec(**json.loads(os.environ.pop(ENV)))
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    store = EmbeddedStore(
+        StoreSettings(
+            data_dir=Path(spec.data_dir),
+            port=spec.store_port,
+            host=spec.host,
+            access_key_id=spec.store_key,
+            secret_access_key=spec.store_secret,
+        )
+    )
+    try:
+        store.start()
+        settings = GatewaySettings(
+            backend_url=store.endpoint_url,
+            backend_credentials=Credentials(spec.store_key, spec.store_secret),
+            client_secrets={spec.client_key: spec.client_secret},
+            device="cpu",
+            intra_op_threads=1,
+            decode_workers=1,
+            memory_budget_bytes=MEMORY_BUDGET,
+            fixed_batch_size=spec.fixed_batch,
+        )
+        run_gateway(settings, spec.host, spec.gateway_port)
+    finally:
+        store.stop()
+
+
+if __name__ == "__main__":
+    main()
