@@ -16,7 +16,6 @@
     ├── InvalidArgument                  400
     ├── NoSuchModel                      404
     ├── UnprocessableObject              422
-    ├── NotImplementedYet                501
     ├── InsufficientMemory               503  (one sample does not fit the memory budget)
     ├── SlowDown                         503  (with Retry-After)
     ├── ServiceUnavailable               503  (with Retry-After; backend unreachable)
@@ -150,13 +149,6 @@ class ServiceUnavailable(S3Error):
 
     code = "ServiceUnavailable"
     status = 503
-
-
-class NotImplementedYet(S3Error):
-    """A part of the contract this gateway does not implement yet."""
-
-    code = "NotImplemented"
-    status = 501
 
 
 class InsufficientMemory(S3Error):

@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 from xml.sax.saxutils import escape
 
-from ._errors import S3Error
+from ._errors import S3Error, ServiceUnavailable
 from ._metrics import Metrics
 from ._types import ASGIApp, ASGIReceive, ASGISend, Message, Scope, request_state
 
@@ -74,7 +74,10 @@ class Observe:
         except ConnectionAbortedError:
             state["status"] = 499  # the client went away; nobody is left to answer
         except Exception as exc:
+            if isinstance(exc, ServiceUnavailable):
+                self._metrics.upstream_errors.labels("unreachable").inc()
             if response_started:
+                self._metrics.upstream_errors.labels("aborted").inc()
                 state["status"] = 599  # aborted mid-body: the client sees a broken connection
                 errors_log.warning("request %s aborted mid-response: %r", request_id, exc)
                 raise

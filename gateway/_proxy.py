@@ -70,7 +70,6 @@ class Proxy:
         self._settings = settings
         self._client = client
         self._now = now
-        self._backend_host = httpx.URL(settings.backend_url).netloc.decode("ascii")
         self.pushdown: Pushdown | None = None
 
     def authenticate(self, scope: Scope, target: Target) -> Verified | None:
@@ -205,7 +204,7 @@ class Proxy:
                 retry_after=1,
             ) from exc
         try:
-            await _relay(response, send, request_state(scope))
+            await _relay(response, send)
         finally:
             await response.aclose()
 
@@ -263,7 +262,7 @@ class Proxy:
         )
 
 
-async def _relay(response: httpx.Response, send: ASGISend, state: dict[str, Any]) -> None:
+async def _relay(response: httpx.Response, send: ASGISend) -> None:
     headers, length = [], -1
     for name, value in response.headers.raw:
         lower = name.lower()
@@ -271,14 +270,12 @@ async def _relay(response: httpx.Response, send: ASGISend, state: dict[str, Any]
             length = int(value)
         if lower not in _DROP_RESPONSE:
             headers.append((name, value))
-    state["status"] = response.status_code
     await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
     # The chunk that completes a known length ends the response: no extra empty message.
     sent = 0
     async for chunk in response.aiter_raw():
         sent += len(chunk)
         await send({"type": "http.response.body", "body": chunk, "more_body": sent != length})
-    state["sent"] = sent
     if sent != length or not sent:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -66,7 +66,6 @@ def parse_params(headers: Mapping[str, str], raw_query: str) -> Params | None:
 
     Raises:
         InvalidArgument: A parameter is missing or invalid.
-        NotImplementedYet: ``split=auto`` (the planner decides; not served yet).
     """
     query = dict(parse_qsl(raw_query, keep_blank_values=True))
 

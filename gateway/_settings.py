@@ -10,7 +10,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hapi.planner import parse_bandwidth
+from hapi.planner import parse_bandwidth, parse_size
 
 from ._sigv4 import Credentials
 
@@ -131,34 +131,6 @@ class GatewaySettings:
     def with_changes(self, **changes: Any) -> GatewaySettings:
         """A copy with some fields replaced (settings are immutable)."""
         return replace(self, **changes)
-
-
-def parse_size(text: str) -> int:
-    """Parse a byte size: ``2147483648``, ``512MiB``, ``2GiB``, ``1.5GB``.
-
-    Raises:
-        ValueError: Not a size.
-    """
-    units = {
-        "": 1,
-        "b": 1,
-        "kb": 10**3,
-        "mb": 10**6,
-        "gb": 10**9,
-        "kib": 2**10,
-        "mib": 2**20,
-        "gib": 2**30,
-    }
-    number = text.strip().rstrip("bBiIkKmMgG")
-    unit = text.strip()[len(number) :].lower()
-    if unit not in units:
-        raise ValueError(f"not a size: {text!r} (use bytes, or a KiB/MiB/GiB/KB/MB/GB suffix)")
-    try:
-        return int(float(number) * units[unit])
-    except ValueError:
-        raise ValueError(
-            f"not a size: {text!r} (use bytes, or a KiB/MiB/GiB/KB/MB/GB suffix)"
-        ) from None
 
 
 _TUNABLES: dict[str, tuple[str, Any]] = {

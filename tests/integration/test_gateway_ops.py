@@ -76,6 +76,8 @@ def test_unreachable_backend_is_503_with_retry_after(tmp_path):
         assert reply.status_code == 503
         assert reply.headers["retry-after"] == "1"
         assert ET.fromstring(reply.content).findtext("Code") == "ServiceUnavailable"
+        metrics = httpx.get(gw.endpoint_url + "/metrics").text
+        assert 'hapi_upstream_errors_total{kind="unreachable"} 1.0' in metrics
         health = httpx.get(gw.endpoint_url + "/_hapi/health")
         assert health.status_code == 503 and health.json()["status"] == "degraded"
 
