@@ -29,7 +29,8 @@ test: $(STAMP) $(AWSCLI)
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy gateway planner models sdk
+	$(VENV)/bin/mypy gateway planner models sdk store cli bench
+	$(VENV)/bin/lint-imports
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
@@ -37,14 +38,14 @@ format: $(STAMP)
 
 bench-proxy: $(STAMP)
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
-	$(PY) -m hapi.gateway._bench_proxy --out bench-results
+	$(PY) -m hapi.bench._proxy --out bench-results
 
 bench-pushdown: $(STAMP)
-	$(PY) -m hapi.gateway._bench_pushdown --out bench-results
+	$(PY) -m hapi.bench._pushdown --out bench-results
 
 clean:
 	rm -rf $(VENV) .venv-awscli build *.egg-info
 
 # The two-tier testbed (root: network namespace, veth, tc tbf); `make bench QUICK=1` for --quick.
 bench: $(STAMP)
-	$(PY) -m hapi.gateway._bench $(if $(QUICK),--quick) --out bench-results/testbed
+	$(PY) -m hapi.bench $(if $(QUICK),--quick) --out bench-results/testbed

@@ -6,18 +6,18 @@
 from __future__ import annotations
 
 from ._app import Gateway, create_app
+from ._cli import run_gateway, serve
 from ._errors import S3Error
 from ._settings import GatewaySettings
-from ._sigv4 import Credentials
-from ._store import EmbeddedStore, StoreError, StoreSettings
+from ._sigv4 import Credentials, sign_request
 
 __all__ = [
     "Credentials",
-    "EmbeddedStore",
     "Gateway",
     "GatewaySettings",
     "S3Error",
-    "StoreError",
-    "StoreSettings",
     "create_app",
+    "run_gateway",
+    "serve",
+    "sign_request",
 ]

@@ -1,82 +1,21 @@
-"""The ``hapi`` command line: ``store``, ``serve``, ``up``, and the registry's ``models``.
+"""``hapi serve``: the gateway in front of an existing S3 store, under uvicorn.
 
 Bad input ends with one line on stderr and exit code 2 (click's usage-error convention).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import click
 
+from hapi.models import UserError
+
 from ._settings import GatewaySettings
 
-DEFAULT_STATE_DIR = ".state"
 
-
-class UserError(click.ClickException):
-    """A one-line error caused by the user's input; exit code 2."""
-
-    exit_code = 2
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("-v", "--verbose", is_flag=True, help="Log every request (access log) to stderr.")
-def cli(verbose: bool) -> None:
-    """hapi: an S3 gateway that runs frozen layers next to the data.
-
-    Start with `hapi up` (embedded store + gateway on loopback), or put `hapi serve`
-    in front of an existing S3 store.
-    """
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call is noise
-
-
-@cli.command()
-@click.option(
-    "--dir",
-    "data_dir",
-    type=click.Path(path_type=Path),
-    default=Path(DEFAULT_STATE_DIR) / "store",
-    show_default=True,
-    help="Where the store keeps its data.",
-)
-@click.option("--port", type=int, default=8333, show_default=True, help="S3 port (loopback only).")
-@click.option(
-    "--access-key-id",
-    envvar="HAPI_BACKEND_ACCESS_KEY_ID",
-    help="Store credentials "
-    "[env HAPI_BACKEND_ACCESS_KEY_ID]; generated and kept in DIR when unset.",
-)
-@click.option(
-    "--secret-access-key",
-    envvar="HAPI_BACKEND_SECRET_ACCESS_KEY",
-    help="[env HAPI_BACKEND_SECRET_ACCESS_KEY]",
-)
-def store(
-    data_dir: Path, port: int, access_key_id: str | None, secret_access_key: str | None
-) -> None:
-    """Run the embedded S3 store (SeaweedFS) in the foreground until Ctrl-C."""
-    from ._store import StoreSettings, load_or_create_credentials, run_store
-
-    creds = load_or_create_credentials(data_dir, access_key_id, secret_access_key)
-    run_store(
-        StoreSettings(
-            data_dir=data_dir,
-            port=port,
-            access_key_id=creds.access_key_id,
-            secret_access_key=creds.secret_access_key,
-        )
-    )
-
-
-@cli.command()
+@click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
 @click.option(
@@ -168,13 +107,3 @@ def run_gateway(settings: GatewaySettings, host: str, port: int) -> None:
         lifespan="on",
         server_header=False,
     )
-
-
-def main() -> None:
-    """Console-script entry point."""
-    from ._up import up
-
-    cli.add_command(up)
-    for entry in entry_points(group="hapi.commands"):
-        cli.add_command(entry.load(), entry.name)
-    cli(prog_name="hapi")

@@ -16,6 +16,7 @@ Run (no torch needed; what the gateway and the SDK do)::
 
 from __future__ import annotations
 
+from ._cli import UserError
 from ._errors import (
     CorruptBlock,
     ExportError,
@@ -57,6 +58,7 @@ __all__ = [
     "Removal",
     "RuntimeSettings",
     "SessionError",
+    "UserError",
     "VersionConflict",
     "build",
     "check_name",

@@ -26,7 +26,7 @@ from ._registry import DEFAULT_BUCKET, Registry, check_name
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class BadInput(click.ClickException):
+class UserError(click.ClickException):
     """A one-line error caused by the user's input; exit code 2, like click's usage errors."""
 
     exit_code = 2
@@ -38,7 +38,7 @@ def _translated() -> Iterator[None]:
     try:
         yield
     except (InvalidModelSpec, NoSuchModel, ExportError) as exc:
-        raise BadInput(_one_line(exc)) from exc
+        raise UserError(_one_line(exc)) from exc
     except ModelError as exc:
         raise click.ClickException(_one_line(exc)) from exc
 

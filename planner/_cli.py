@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hapi.models import Manifest, Registry
-from hapi.models._cli import BadInput, _registry, _store_options, _translated
+from hapi.models._cli import UserError, _registry, _store_options, _translated
 
 from ._cost import DEFAULT_BATCH_SIZE, DEFAULT_DATASET_SIZE, Plan, Profile
 from ._cost import plan as compute_plan
@@ -48,7 +48,7 @@ def _planner_errors() -> Iterator[None]:
     try:
         yield
     except InvalidInput as exc:
-        raise BadInput(str(exc)) from exc
+        raise UserError(str(exc)) from exc
     except PlannerError as exc:  # the gateway failed, or nothing fits in memory
         raise click.ClickException(str(exc)) from exc
 

@@ -13,7 +13,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from hapi.gateway._store import EmbeddedStore, StoreSettings, free_port, load_or_create_credentials
+from hapi.store import EmbeddedStore, StoreSettings, free_port, load_or_create_credentials
 
 
 @pytest.fixture(scope="session")

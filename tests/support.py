@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from hapi.gateway._store import free_port
+from hapi.store import free_port
 
 HAPI = str(Path(sys.executable).parent / "hapi")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hapi.gateway._bench._results import CellResult, RunResult
+from hapi.bench._results import CellResult, RunResult
 
 
 def run(split: int | None, epoch_s: float, **fields: object) -> RunResult:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hapi.gateway._bench import bench
-from hapi.gateway._bench._errors import TestbedUnavailable
-from hapi.gateway._bench._preflight import check_environment
+from hapi.bench import bench
+from hapi.bench._errors import TestbedUnavailable
+from hapi.bench._preflight import check_environment
 
-MODULE = [sys.executable, "-m", "hapi.gateway._bench"]
+MODULE = [sys.executable, "-m", "hapi.bench"]
 NOT_ROOT = (
     "hapi bench needs root: it creates a network namespace and a veth pair and shapes them "
     "with tc (run it with sudo, or as root in a VM or container with CAP_NET_ADMIN)"

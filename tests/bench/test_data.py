@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from hapi import models
-from hapi.gateway._bench import _data
+from hapi.bench import _data
 from hapi.models._decode import decode_object
 
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from hapi.gateway._bench import _report
-from hapi.gateway._bench._results import CellResult
+from hapi.bench import _report
+from hapi.bench._results import CellResult
 
 from .conftest import cell, run
 

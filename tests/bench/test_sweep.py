@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hapi.gateway._bench._config import REGIMES, BenchConfig, bandwidth_for
-from hapi.gateway._bench._netns import pick_subnet, tbf_burst
-from hapi.gateway._bench._sweep import lower_bound_s, sweep_order
+from hapi.bench._config import REGIMES, BenchConfig, bandwidth_for
+from hapi.bench._netns import pick_subnet, tbf_burst
+from hapi.bench._sweep import lower_bound_s, sweep_order
 
 
 def test_bandwidth_puts_the_raw_objects_at_the_asked_ratio() -> None:
@@ -59,13 +59,13 @@ def test_tbf_bucket_holds_a_frame_and_20_ms() -> None:
 
 
 def test_the_storage_tier_runs_in_the_namespace_on_its_core_at_its_niceness(tmp_path) -> None:
-    from hapi.gateway._bench._netns import Link
-    from hapi.gateway._bench._tier import StorageTier
+    from hapi.bench._netns import Link
+    from hapi.bench._tier import StorageTier
 
     tier = StorageTier(Link("77"), 1, tmp_path, tmp_path / "log", fixed_batch=4, niceness=-5)
 
     command = tier.command()
     assert command[:8] == ["ip", "netns", "exec", "hapi-bench-77", "taskset", "-c", "1", "nice"]
     assert command[8:10] == ["-n", "-5"]
-    assert command[-2:] == ["-m", "hapi.gateway._bench._tier"]
+    assert command[-2:] == ["-m", "hapi.bench._tier"]
     assert tier.spec.fixed_batch == 4 and tier.spec.host == tier.link.storage_ip

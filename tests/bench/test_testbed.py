@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi.gateway._bench._netns import PREFIX, namespaces
+from hapi.bench._netns import PREFIX, namespaces
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,7 +28,7 @@ pytestmark = [
         reason="needs root, ip, tc, taskset and two cores",
     ),
 ]
-MODULE = [sys.executable, "-m", "hapi.gateway._bench"]
+MODULE = [sys.executable, "-m", "hapi.bench"]
 SMALL = ["--models", "resnet18", "--regimes", "compute-bound", "--splits", "10", "--seconds", "1"]
 
 

@@ -57,8 +57,9 @@ def gateway_env() -> frozenset[str]:
 @functools.cache
 def command_defaults(name: str) -> dict[str, Any]:
     """The option defaults of one ``hapi`` subcommand (``serve``, ``store``, ``up``)."""
-    from hapi.gateway._cli import serve, store
-    from hapi.gateway._up import up
+    from hapi.cli._main import store
+    from hapi.cli._up import up
+    from hapi.gateway._cli import serve
 
     command = {"serve": serve, "store": store, "up": up}[name]
     return {param.name: param.default for param in command.params}

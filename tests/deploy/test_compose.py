@@ -109,7 +109,7 @@ def test_gateway_environment_makes_valid_settings_with_the_defaults() -> None:
 
 def test_store_accepts_exactly_the_gateways_backend_credentials() -> None:
     from hapi.gateway._sigv4 import Credentials
-    from hapi.gateway._store import _identity_config
+    from hapi.store._store import _identity_config
 
     rendered = _rendered()
     config = json.loads(rendered["configs"]["s3-identities"]["content"])
@@ -139,7 +139,7 @@ def test_healthchecks_and_image_agree_with_the_dockerfile() -> None:
 
 
 def test_store_runs_weed_mini_like_hapi_store() -> None:
-    from hapi.gateway._store import _DISABLED_FEATURES
+    from hapi.store._store import _DISABLED_FEATURES
 
     store = _raw()["services"]["store"]
     command = store["command"]
@@ -174,7 +174,7 @@ def test_gateway_runs_locked_down() -> None:
 
 
 def _free_ports(count: int) -> list[int]:
-    from hapi.gateway._store import _free_ports as pick
+    from hapi.store._store import _free_ports as pick
 
     return pick(count, "127.0.0.1", exclude=0)
 
@@ -239,7 +239,7 @@ def _isolated_env(extra: dict[str, str]) -> dict[str, str]:
 @pytest.mark.slow
 def test_services_start_from_the_compose_commands(tmp_path: Path) -> None:
     """The store's flags work with this SeaweedFS, the gateway's environment with this hapi."""
-    from hapi.gateway._store import StoreError, locate_weed
+    from hapi.store._store import StoreError, locate_weed
 
     try:
         weed = str(locate_weed())
@@ -267,7 +267,7 @@ def test_services_start_from_the_compose_commands(tmp_path: Path) -> None:
                 _wait_for(f"{gateway_url}/_hapi/health", gateway, gateway_log)
                 _exercise_gateway(gateway_url, services["gateway"])
     finally:
-        from hapi.gateway._store import _remove_sockets
+        from hapi.store._store import _remove_sockets
 
         _remove_sockets(tuple(ports))
 

@@ -25,7 +25,7 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from hapi.gateway._store import (
+from hapi.store._store import (
     EmbeddedStore,
     StoreError,
     StoreSettings,
@@ -180,7 +180,7 @@ def test_run_store_serves_until_sigterm(tmp_path):
     settings = _settings(tmp_path / "data")
     script = textwrap.dedent(f"""
         from pathlib import Path
-        from hapi.gateway._store import StoreSettings, run_store
+        from hapi.store._store import StoreSettings, run_store
         run_store(StoreSettings(data_dir=Path({str(settings.data_dir)!r}), port={settings.port},
                                 access_key_id="K", secret_access_key="S"))
         print("stopped")

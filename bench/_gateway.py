@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import httpx
 
-from ._store import free_port
+from hapi.store import free_port
 
 
 class BenchGateway(NamedTuple):

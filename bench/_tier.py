@@ -1,7 +1,7 @@
 """The storage tier: SeaweedFS and the hapi gateway inside the namespace, on their own core.
 
 :class:`StorageTier` (run by the benchmark, in the root namespace) starts this module as
-``ip netns exec NS taskset -c CPU python -m hapi.gateway._bench._tier``: the process and
+``ip netns exec NS taskset -c CPU python -m hapi.bench._tier``: the process and
 everything it starts (``weed``) live in the namespace and on that core. The process runs
 the embedded store bound to the namespace's address and then the gateway in front of it,
 with one onnxruntime thread and one decode thread to match the single core, until
@@ -144,7 +144,7 @@ class StorageTier:
         """The tier's command line: in the namespace, on its core, at its niceness."""
         return [
             "ip", "netns", "exec", self.link.namespace, "taskset", "-c", str(self.cpu),
-            "nice", "-n", str(self.niceness), sys.executable, "-m", "hapi.gateway._bench._tier",
+            "nice", "-n", str(self.niceness), sys.executable, "-m", "hapi.bench._tier",
         ]  # fmt: skip
 
     def gateway_stats(self) -> dict[str, Any]:
@@ -204,10 +204,8 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def main() -> None:
     """Run the store and the gateway in this namespace until SIGTERM."""
-    from hapi.gateway._cli import run_gateway
-    from hapi.gateway._settings import GatewaySettings
-    from hapi.gateway._sigv4 import Credentials
-    from hapi.gateway._store import EmbeddedStore, StoreSettings
+    from hapi.gateway import Credentials, GatewaySettings, run_gateway
+    from hapi.store import EmbeddedStore, StoreSettings
 
     spec = TierSpec(**json.loads(os.environ.pop(ENV)))
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -25,10 +25,10 @@ import httpx
 from PIL import Image
 
 from hapi import models
+from hapi.gateway import Credentials, sign_request
+from hapi.store import EmbeddedStore, StoreSettings, free_port
 
-from ._benchutil import gateway_subprocess
-from ._sigv4 import Credentials, sign_request
-from ._store import EmbeddedStore, StoreSettings, free_port
+from ._gateway import gateway_subprocess
 
 POLICIES: dict[str, dict[str, str]] = {
     "adaptive": {},

@@ -19,17 +19,13 @@ from typing import Any
 
 import click
 
+from hapi.models import UserError
+
 from ._config import REGIMES, BenchConfig
 from ._errors import BenchError, TestbedUnavailable
 from ._results import RunResult
 
 DEFAULT_OUT = Path("bench-results") / "testbed"
-
-
-class _UserError(click.ClickException):
-    """One line on stderr, exit code 2."""
-
-    exit_code = 2
 
 
 class RichProgress:
@@ -99,7 +95,7 @@ def _integers(text: str | None, option: str) -> tuple[int, ...] | None:
     try:
         return None if (parts := _csv(text)) is None else tuple(int(p) for p in parts)
     except ValueError:
-        raise _UserError(f"{option} takes integers, not {text!r}") from None
+        raise UserError(f"{option} takes integers, not {text!r}") from None
 
 
 def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
@@ -117,7 +113,7 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
     try:
         return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
     except ValueError as exc:
-        raise _UserError(str(exc)) from exc
+        raise UserError(str(exc)) from exc
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
@@ -163,7 +159,7 @@ def bench(quick: bool, out: Path, **options: Any) -> None:
     try:
         check_environment()
     except TestbedUnavailable as exc:
-        raise _UserError(str(exc)) from exc
+        raise UserError(str(exc)) from exc
     cells, meta = _execute(config)
     _report(config, cells, meta)
 
@@ -179,7 +175,7 @@ def _execute(config: BenchConfig) -> tuple[list[Any], dict[str, Any]]:
         with _signals_interrupt(), progress.bar:
             return run_bench(config, progress)
     except TestbedUnavailable as exc:
-        raise _UserError(str(exc)) from exc
+        raise UserError(str(exc)) from exc
     except BenchError as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:

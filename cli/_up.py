@@ -9,9 +9,10 @@ from typing import Any
 import click
 from rich.console import Console
 
-from ._cli import DEFAULT_STATE_DIR, UserError
-from ._settings import GatewaySettings
-from ._sigv4 import Credentials
+from hapi.gateway import Credentials, GatewaySettings, create_app
+from hapi.models import UserError
+
+DEFAULT_STATE_DIR = ".state"
 
 
 @click.command()
@@ -35,7 +36,7 @@ def up(state_dir: Path, port: int, store_port: int, no_demo_model: bool) -> None
     Serves until Ctrl-C, then stops both. Credentials are generated on first start and
     kept in STATE_DIR, so later starts reuse them.
     """
-    from ._store import EmbeddedStore, StoreError, StoreSettings, load_or_create_credentials
+    from hapi.store import EmbeddedStore, StoreError, StoreSettings, load_or_create_credentials
 
     console = Console(stderr=False, highlight=False)
     backend = load_or_create_credentials(state_dir / "store", None, None)
@@ -86,8 +87,6 @@ def _ensure_demo_model(console: Console, endpoint: str, creds: Any, bucket: str)
 
 def _serve(settings: GatewaySettings, port: int, banner: Any) -> None:
     import uvicorn
-
-    from ._app import create_app
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:

