@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hapi.models import Manifest
-from hapi.models._decode import decode_object
+from hapi.models import Manifest, decode_object
 
 from ._data import CLASSES
 

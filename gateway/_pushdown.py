@@ -23,9 +23,9 @@ import httpx
 import numpy as np
 
 from hapi import planner
-from hapi.models import Manifest
-from hapi.models._decode import Sample, UndecodableObject, decode_object
-from hapi.models._wire import DTYPES, encode
+from hapi.models import WIRE_DTYPES as DTYPES
+from hapi.models import Manifest, Sample, UndecodableObject, decode_object
+from hapi.models import encode_features as encode
 
 from ._addressing import object_path
 from ._errors import (

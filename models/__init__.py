@@ -16,7 +16,8 @@ Run (no torch needed; what the gateway and the SDK do)::
 
 from __future__ import annotations
 
-from ._cli import UserError
+from ._cli import UserError, cli_errors, open_registry, store_options
+from ._decode import Sample, UndecodableObject, decode_object
 from ._errors import (
     CorruptBlock,
     ExportError,
@@ -34,12 +35,16 @@ from ._onnx import compose
 from ._preprocess import PRESETS, Preset, get_preset, preprocess, preprocess_batch
 from ._registry import DEFAULT_BUCKET, Lineage, Registry, Removal, check_name, parse_ref
 from ._runtime import RuntimeSettings, create_session, cuda_usable
+from ._wire import DTYPES as WIRE_DTYPES
+from ._wire import decode as decode_features
+from ._wire import encode as encode_features
 
 __all__ = [
     "DEFAULT_BUCKET",
     "DEFAULT_MODEL",
     "FAMILIES",
     "PRESETS",
+    "WIRE_DTYPES",
     "BlockInfo",
     "CorruptBlock",
     "Decomposition",
@@ -57,19 +62,27 @@ __all__ = [
     "RegistryError",
     "Removal",
     "RuntimeSettings",
+    "Sample",
     "SessionError",
+    "UndecodableObject",
     "UserError",
     "VersionConflict",
     "build",
     "check_name",
+    "cli_errors",
     "compose",
     "create_session",
     "cuda_usable",
+    "decode_features",
+    "decode_object",
+    "encode_features",
     "export_model",
     "get_preset",
+    "open_registry",
     "parse_ref",
     "preprocess",
     "preprocess_batch",
     "register_default_model",
     "sample_images",
+    "store_options",
 ]

@@ -33,7 +33,7 @@ class UserError(click.ClickException):
 
 
 @contextmanager
-def _translated() -> Iterator[None]:
+def cli_errors() -> Iterator[None]:
     """Turn the package's errors into one-line CLI errors (exit 2 for bad input)."""
     try:
         yield
@@ -47,7 +47,8 @@ def _one_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _store_options(command: F) -> F:
+def store_options(command: F) -> F:
+    """Add ``--endpoint`` and ``--bucket``, so every command finds the registry the same way."""
     command = click.option(
         "--bucket",
         default=DEFAULT_BUCKET,
@@ -62,7 +63,8 @@ def _store_options(command: F) -> F:
     )(command)
 
 
-def _registry(endpoint: str | None, bucket: str) -> Registry:
+def open_registry(endpoint: str | None, bucket: str) -> Registry:
+    """The registry in ``bucket`` at ``endpoint`` (boto3's own endpoint chain when ``None``)."""
     import boto3
     from botocore.config import Config
 
@@ -95,7 +97,7 @@ def models() -> None:
 @click.option("--fp16", is_flag=True, help="Export float16 blocks.")
 @click.option("--name", help="Registered name; the family name if unset.")
 @click.option("--parent", help="NAME[@VERSION] this model was fine-tuned from.")
-@_store_options
+@store_options
 def export(
     family: str,
     freeze: int | None,
@@ -116,9 +118,9 @@ def export(
     from ._families import build
 
     name = name or family
-    with _translated():
+    with cli_errors():
         check_name(name)
-        registry = _registry(endpoint, bucket)
+        registry = open_registry(endpoint, bucket)
         parent_ref = registry.get_manifest(parent).ref if parent else None
         decomposition = build(family, weights=weights)
         decomposition.check_freeze(decomposition.freeze if freeze is None else freeze)
@@ -133,11 +135,11 @@ def export(
 
 
 @models.command(name="ls")
-@_store_options
+@store_options
 def list_models(endpoint: str | None, bucket: str) -> None:
     """List the registered models (latest versions)."""
-    with _translated():
-        manifests = _registry(endpoint, bucket).list_models()
+    with cli_errors():
+        manifests = open_registry(endpoint, bucket).list_models()
     table = Table("model", "family", "blocks", "freeze", "size", "parent", box=None)
     for manifest in manifests:
         table.add_row(
@@ -175,11 +177,11 @@ def _blocks_table(manifest: Manifest) -> Table:
 @models.command()
 @click.argument("ref", metavar="NAME[@VERSION]")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-@_store_options
+@store_options
 def show(ref: str, as_json: bool, endpoint: str | None, bucket: str) -> None:
     """Show a model's blocks with output sizes and CPU times."""
-    with _translated():
-        manifest = _registry(endpoint, bucket).get_manifest(ref)
+    with cli_errors():
+        manifest = open_registry(endpoint, bucket).get_manifest(ref)
     if as_json:
         click.echo(manifest.to_json(), nl=False)
         return
@@ -188,11 +190,11 @@ def show(ref: str, as_json: bool, endpoint: str | None, bucket: str) -> None:
 
 @models.command()
 @click.argument("ref", metavar="NAME[@VERSION]")
-@_store_options
+@store_options
 def lineage(ref: str, endpoint: str | None, bucket: str) -> None:
     """Show a model's parent, ancestors and descendants."""
-    with _translated():
-        found = _registry(endpoint, bucket).lineage(ref)
+    with cli_errors():
+        found = open_registry(endpoint, bucket).lineage(ref)
     click.echo(f"model:       {found.model}")
     click.echo(f"parent:      {found.parent or '-'}")
     click.echo(f"ancestors:   {', '.join(found.ancestors) or '-'}")
@@ -201,11 +203,11 @@ def lineage(ref: str, endpoint: str | None, bucket: str) -> None:
 
 @models.command()
 @click.argument("ref", metavar="NAME[@VERSION]")
-@_store_options
+@store_options
 def rm(ref: str, endpoint: str | None, bucket: str) -> None:
     """Remove a version (or all); delete blocks no other model uses."""
-    with _translated():
-        removal = _registry(endpoint, bucket).remove(ref)
+    with cli_errors():
+        removal = open_registry(endpoint, bucket).remove(ref)
     click.echo(
         f"removed {', '.join(removal.removed)}; deleted {len(removal.deleted_blocks)} "
         f"unshared blocks ({_size(removal.freed_bytes)})"

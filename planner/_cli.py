@@ -21,8 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hapi.models import Manifest, Registry
-from hapi.models._cli import UserError, _registry, _store_options, _translated
+from hapi.models import Manifest, Registry, UserError, cli_errors, open_registry, store_options
 
 from ._cost import DEFAULT_BATCH_SIZE, DEFAULT_DATASET_SIZE, Plan, Profile
 from ._cost import plan as compute_plan
@@ -39,7 +38,7 @@ from ._units import format_bandwidth, parse_bandwidth, parse_size
 
 # `hapi models`' --endpoint/--bucket options and registry client, so both commands find
 # the store the same way (typed here: mypy cannot follow the editable install's mapping).
-_with_store: Callable[[Callable[..., None]], Callable[..., None]] = _store_options
+_with_store: Callable[[Callable[..., None]], Callable[..., None]] = store_options
 _MEMORY_HELP = "memory budget, e.g. 16GB or 8GiB; unlimited if unset."
 
 
@@ -120,8 +119,8 @@ def plan(
         bits = math.nan if auto else parse_bandwidth(bandwidth)
         client_budget = parse_size(client_memory) if client_memory else None
         storage_budget = parse_size(storage_memory) if storage_memory else None
-        with _translated():
-            registry = _registry(endpoint, bucket)
+        with cli_errors():
+            registry = open_registry(endpoint, bucket)
             manifest = registry.get_manifest(ref)
             profile = profile_from_manifest(
                 manifest,

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hapi.models import DEFAULT_BUCKET, Manifest, ModelError, Registry, RuntimeSettings
+from hapi.models import WIRE_DTYPES as DTYPES
 from hapi.models import NoSuchModel as MissingModel
-from hapi.models._wire import DTYPES
 
 from ._client import client
 from ._compute import Spec

@@ -21,8 +21,16 @@ from typing import Any
 import numpy as np
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, create_session
-from hapi.models._decode import Sample, UndecodableObject, decode_object
+from hapi.models import (
+    Manifest,
+    ModelError,
+    Registry,
+    RuntimeSettings,
+    Sample,
+    UndecodableObject,
+    create_session,
+    decode_object,
+)
 
 from ._client import client
 from ._errors import (
