@@ -6,18 +6,27 @@
 from __future__ import annotations
 
 from ._app import Gateway, create_app
-from ._cli import run_gateway, serve
+from ._cli import run_gateway, serve, settings_options
+from ._control import ProbeMeter
 from ._errors import S3Error
-from ._settings import GatewaySettings
+from ._knobs import Knob
+from ._settings import GatewaySettings, environment_variables, settings_knobs
 from ._sigv4 import Credentials, sign_request
+from ._tenants import SessionFactory
 
 __all__ = [
     "Credentials",
     "Gateway",
     "GatewaySettings",
+    "Knob",
+    "ProbeMeter",
     "S3Error",
+    "SessionFactory",
     "create_app",
+    "environment_variables",
     "run_gateway",
     "serve",
+    "settings_knobs",
+    "settings_options",
     "sign_request",
 ]

@@ -1,25 +1,27 @@
-"""The gateway's ASGI application: ``create_app(settings, upstream=...)``."""
+"""The gateway's ASGI application: ``create_app(settings, upstream=..., registry=..., runner=...)``."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
 from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import Any
 
 import httpx
-from starlette.applications import Starlette
 
-from ._errors import S3Error
+from hapi.models import RegistryReader
+
+from ._control import ControlPlane
 from ._metrics import Metrics
-from ._observe import Observe, s3_error_handler
-from ._ops import ops_routes
+from ._observe import Observe
 from ._proxy import Proxy
 from ._resources import open_pushdown
 from ._settings import GatewaySettings
+from ._tenants import SessionFactory
 from ._transport import UpstreamTransport
 from ._types import ASGIReceive, ASGISend, Scope
 
-OPS_PREFIX = "/_hapi/"
+CONTROL_PREFIX = "/_hapi/"
 
 
 class _Upstream:
@@ -84,29 +86,39 @@ def new_upstream_client(
 
 
 class Gateway:
-    """ASGI entry point: ``/_hapi/*`` and ``/metrics`` to the operations app, all else to S3."""
+    """ASGI entry point: ``/_hapi/*`` and ``/metrics`` to the control plane, all else to S3.
+
+    Its lifespan (run by the server, or ``async with gateway.lifespan(gateway)`` in tests)
+    opens the upstream client and pushdown's pools and closes them.
+    """
 
     def __init__(
-        self, settings: GatewaySettings, upstream: httpx.AsyncClient | None = None
+        self,
+        settings: GatewaySettings,
+        upstream: httpx.AsyncClient | None = None,
+        *,
+        registry: RegistryReader | None = None,
+        runner: SessionFactory | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = Metrics()
         self.upstream = _Upstream(settings, upstream)
         self.proxy = Proxy(settings, self.upstream.get)
+        self._registry = registry
+        self._runner = runner
         self.metrics.queued_samples.set_function(self._queued_samples)
-        self.ops = Starlette(
-            routes=ops_routes(self),
-            lifespan=self._lifespan,
-            exception_handlers={S3Error: s3_error_handler},
-        )
-        self._observed_ops = Observe(self.ops, self.metrics)
+        self.control = ControlPlane(self)
+        self._observed_control = Observe(self.control, self.metrics)
         self._observed_proxy = Observe(self.proxy, self.metrics)
 
     @contextlib.asynccontextmanager
-    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(self, _app: Any = None) -> AsyncIterator[None]:
+        """Open the upstream client and pushdown (pools, registry, batchers); close them."""
         async with (
             self.upstream.lifespan(),
-            open_pushdown(self.settings, self.upstream.get) as pushdown,
+            open_pushdown(
+                self.settings, self.upstream.get, registry=self._registry, runner=self._runner
+            ) as pushdown,
         ):
             self.proxy.pushdown = pushdown
             yield
@@ -118,19 +130,29 @@ class Gateway:
 
     async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "lifespan":
-            await self.ops(scope, receive, send)
-        elif scope["path"].startswith(OPS_PREFIX) or scope["path"] == "/metrics":
-            await self._observed_ops(scope, receive, send)
+            await self.control.app(scope, receive, send)
+        elif scope["path"].startswith(CONTROL_PREFIX) or scope["path"] == "/metrics":
+            await self._observed_control(scope, receive, send)
         else:
             await self._observed_proxy(scope, receive, send)
 
 
-def create_app(settings: GatewaySettings, *, upstream: httpx.AsyncClient | None = None) -> Gateway:
+def create_app(
+    settings: GatewaySettings,
+    *,
+    upstream: httpx.AsyncClient | None = None,
+    registry: RegistryReader | None = None,
+    runner: SessionFactory | None = None,
+) -> Gateway:
     """Build the gateway ASGI app.
 
     Args:
         settings: Validated settings.
         upstream: An HTTP client for the backend (tests pass one with a mock transport);
             when omitted, the app creates its own in its lifespan and closes it there.
+        registry: Where manifests come from (tests pass an in-memory one); by default the
+            registry bucket of the backend, read with the backend credentials.
+        runner: Builds the function that runs one batch through blocks ``[0, split)`` of a
+            manifest (tests pass a fake); by default an onnxruntime session of the blocks.
     """
-    return Gateway(settings, upstream)
+    return Gateway(settings, upstream, registry=registry, runner=runner)

@@ -6,89 +6,87 @@ Bad input ends with one line on stderr and exit code 2 (click's usage-error conv
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from hapi.models import UserError
 
-from ._settings import GatewaySettings
+from ._knobs import Knob
+from ._settings import GatewaySettings, settings_knobs
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _KnobType(click.ParamType[Any]):
+    """A flag's text through its knob's parser, so the command gets typed values."""
+
+    def __init__(self, item: Knob) -> None:
+        self.item = item
+        self.name = item.field
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return self.item.parse(value)
+        except ValueError as exc:
+            self.fail(f"{value!r}: {exc}", param, ctx)
+
+
+def _help(item: Knob) -> str:
+    default = f"; default {item.default}" if item.default is not None else ""
+    return f"{item.help} [env {item.env}{default}]"
+
+
+def _option(item: Knob) -> Callable[[F], F]:
+    if item.is_bool:
+        name = item.flag.removeprefix("--")
+        return click.option(f"{item.flag}/--no-{name}", item.field, default=None, help=_help(item))
+    return click.option(
+        item.flag,
+        item.field,
+        type=_KnobType(item),
+        multiple=item.repeatable,
+        default=None,
+        metavar=item.metavar,
+        help=_help(item),
+    )
+
+
+def settings_options(command: F) -> F:
+    """Add one flag per :class:`GatewaySettings` field (generated, so none is left out)."""
+    for item in reversed(settings_knobs()):
+        command = _option(item)(command)
+    return command
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
-@click.option(
-    "--backend", envvar="HAPI_BACKEND_URL", help="URL of the S3 store [env HAPI_BACKEND_URL]."
-)
-@click.option(
-    "--credentials-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help='Client credentials, JSON {"KEY_ID": "SECRET", ...} [env HAPI_CREDENTIALS_FILE].',
-)
-@click.option(
-    "--allow-anonymous", is_flag=True, help="Forward unsigned requests (signed upstream)."
-)
-@click.option(
-    "--domain",
-    "domains",
-    multiple=True,
-    help="Domain for virtual-hosted-style addressing (BUCKET.DOMAIN); repeatable "
-    "[env HAPI_DOMAINS, comma-separated].",
-)
-@click.option(
-    "--memory-budget", help="Inference memory on CPU, e.g. 2GiB [env HAPI_MEMORY_BUDGET]."
-)
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    help="Where blocks run [env HAPI_DEVICE].",
-)
-@click.option(
-    "--max-queue-delay-ms",
-    type=float,
-    help="Longest wait for a fuller batch [env HAPI_MAX_QUEUE_DELAY_MS].",
-)
-@click.option(
-    "--registry-bucket", help="Bucket holding the model registry [env HAPI_REGISTRY_BUCKET]."
-)
-def serve(
-    host: str,
-    port: int,
-    backend: str | None,
-    credentials_file: Path | None,
-    allow_anonymous: bool,
-    domains: tuple[str, ...],
-    memory_budget: str | None,
-    device: str | None,
-    max_queue_delay_ms: float | None,
-    registry_bucket: str | None,
-) -> None:
+@settings_options
+def serve(host: str, port: int, **flags: Any) -> None:
     """Run the gateway in front of an existing S3 store.
 
-    Upstream credentials: HAPI_BACKEND_ACCESS_KEY_ID / HAPI_BACKEND_SECRET_ACCESS_KEY.
-    Client credentials: HAPI_ACCESS_KEY_ID / HAPI_SECRET_ACCESS_KEY or --credentials-file.
+    Every setting has a flag and an environment variable (flags win). Credentials come
+    from the environment or files, never from flags: upstream, HAPI_BACKEND_ACCESS_KEY_ID
+    and HAPI_BACKEND_SECRET_ACCESS_KEY (or --backend-credentials-file); clients,
+    HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY and/or --credentials-file.
     """
-    env = dict(os.environ)
-    if credentials_file is not None:
-        env["HAPI_CREDENTIALS_FILE"] = str(credentials_file)
-    flags = {
-        "HAPI_MEMORY_BUDGET": memory_budget,
-        "HAPI_DEVICE": device,
-        "HAPI_MAX_QUEUE_DELAY_MS": None if max_queue_delay_ms is None else str(max_queue_delay_ms),
-        "HAPI_REGISTRY_BUCKET": registry_bucket,
-    }
-    env.update({name: value for name, value in flags.items() if value is not None})
+    values = {name: _joined(value) for name, value in flags.items()}
     try:
-        settings = GatewaySettings.from_env(
-            env,
-            backend_url=backend,
-            allow_anonymous=allow_anonymous or None,
-            virtual_host_domains=domains or None,
-        )
+        settings = GatewaySettings.from_env(os.environ, **values)
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     run_gateway(settings, host, port)
+
+
+def _joined(value: Any) -> Any:
+    """A repeatable flag's values, each possibly comma-separated, as one tuple (None if unset)."""
+    if isinstance(value, tuple):
+        return tuple(item for part in value for item in part) or None
+    return value
 
 
 def run_gateway(settings: GatewaySettings, host: str, port: int) -> None:

@@ -8,7 +8,7 @@ chunk, with ASGI back-pressure bounding what is held in memory.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -107,6 +107,7 @@ class Proxy:
             headers=headers,
             secrets=self._settings.client_secrets,
             now=self._now(),
+            max_skew=timedelta(seconds=self._settings.max_skew_s),
         )
 
     def target(self, scope: Scope) -> Target:

@@ -14,12 +14,12 @@ import boto3
 import httpx
 from botocore.config import Config
 
-from hapi.models import Registry, RuntimeSettings, cuda_usable
+from hapi.models import Registry, RegistryReader, RuntimeSettings, cuda_usable
 
 from ._batcher import MemoryBudget
 from ._pushdown import Pushdown
 from ._settings import GatewaySettings
-from ._tenants import Tenants
+from ._tenants import SessionFactory, Tenants
 
 log = logging.getLogger("hapi.gateway")
 
@@ -68,9 +68,17 @@ def registry_client(settings: GatewaySettings) -> Registry:
 
 @contextlib.asynccontextmanager
 async def open_pushdown(
-    settings: GatewaySettings, client: Callable[[], httpx.AsyncClient]
+    settings: GatewaySettings,
+    client: Callable[[], httpx.AsyncClient],
+    *,
+    registry: RegistryReader | None = None,
+    runner: SessionFactory | None = None,
 ) -> AsyncIterator[Pushdown]:
-    """Create pushdown's pools, registry and tenants; close them on exit."""
+    """Create pushdown's pools, registry and tenants; close them on exit.
+
+    ``registry`` and ``runner`` replace the backend's registry and the onnxruntime
+    sessions (the seams in-process tests use).
+    """
     workers = settings.decode_workers or os.cpu_count() or 2
     runtime = RuntimeSettings(device=settings.device, intra_op_threads=settings.intra_op_threads)
     with (
@@ -78,13 +86,14 @@ async def open_pushdown(
         ThreadPoolExecutor(1, thread_name_prefix="hapi-infer") as infer_pool,
     ):
         tenants = Tenants(
-            registry_client(settings),
+            registry or registry_client(settings),
             memory_budget(settings),
             infer_pool,
             runtime=runtime,
             max_delay_s=settings.max_queue_delay_ms / 1000,
             max_queue_samples=settings.max_queue_samples,
             fixed_batch=settings.fixed_batch_size,
+            make_run=runner,
         )
         try:
             yield Pushdown(settings, client, tenants, decode_pool)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -10,71 +11,116 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hapi.planner import parse_bandwidth, parse_size
-
+from ._knobs import Knob, from_environment, knob, knobs
 from ._sigv4 import Credentials
 
-ENV_BACKEND_URL = "HAPI_BACKEND_URL"
 ENV_BACKEND_KEY = "HAPI_BACKEND_ACCESS_KEY_ID"
 ENV_BACKEND_SECRET = "HAPI_BACKEND_SECRET_ACCESS_KEY"
 ENV_CLIENT_KEY = "HAPI_ACCESS_KEY_ID"
 ENV_CLIENT_SECRET = "HAPI_SECRET_ACCESS_KEY"
-ENV_CREDENTIALS_FILE = "HAPI_CREDENTIALS_FILE"
+# The conventional key pairs: variables that fill a credentials field without a file.
+CREDENTIAL_PAIRS = {
+    "backend_credentials": (ENV_BACKEND_KEY, ENV_BACKEND_SECRET),
+    "client_secrets": (ENV_CLIENT_KEY, ENV_CLIENT_SECRET),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class GatewaySettings:
     """Everything the gateway needs to know, validated once.
 
+    Each field has one environment variable and one ``hapi serve`` flag, generated from
+    the field (see ``_knobs``); the first line of each entry below is its help.
+
     Attributes:
-        backend_url: Base URL of the S3 store behind the gateway.
-        backend_credentials: What the gateway signs upstream requests with.
-        client_secrets: Access key id -> secret key, the credentials clients may sign with.
-        allow_anonymous: Forward unsigned requests (signed upstream with the backend
-            credentials). Off unless asked for explicitly.
-        region: Region used when signing upstream.
-        virtual_host_domains: Domains under which ``BUCKET.DOMAIN`` hosts address a
-            bucket (virtual-hosted style); path style always works.
-        max_skew_s: Largest accepted difference between a request's date and our clock.
-        connect_timeout_s: Upstream connect timeout.
-        read_timeout_s: Upstream read timeout (between bytes, not for a whole body).
+        backend_url: URL of the S3 store behind the gateway.
+        backend_credentials: What the gateway signs upstream requests with: a JSON file
+            {"KEY_ID": "SECRET"} with one entry, or HAPI_BACKEND_ACCESS_KEY_ID and
+            HAPI_BACKEND_SECRET_ACCESS_KEY.
+        client_secrets: The credentials clients may sign with: a JSON file
+            {"KEY_ID": "SECRET", ...}, and/or HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY.
+        allow_anonymous: Forward unsigned requests unsigned (the store's own policies judge
+            them). Off unless asked for explicitly.
+        region: Region the gateway signs upstream requests for (the store's region, e.g.
+            eu-west-1 for AWS S3 there).
+        virtual_host_domains: Domains under which BUCKET.DOMAIN hosts address a bucket
+            (virtual-hosted style; path style always works); repeatable or comma-separated.
+        max_skew_s: Largest accepted difference, in seconds, between a signed request's date
+            and the gateway's clock.
+        connect_timeout_s: Upstream connect timeout, in seconds.
+        read_timeout_s: Upstream read timeout, in seconds (between bytes, not for a whole
+            body).
         max_upstream_connections: Size of the upstream connection pool.
         registry_bucket: Bucket of the store that holds the model registry.
-        memory_budget_bytes: Inference memory budget on CPU (on a GPU, its free memory).
-        max_queue_delay_ms: Longest a sample waits for a fuller storage-side batch.
-        max_queue_samples: Queued samples per tenant beyond which requests get SlowDown.
-        max_object_bytes: Largest object pushdown will fetch and decode.
+        memory_budget_bytes: Inference memory on CPU, e.g. 2GiB (on a GPU, its free memory).
+        max_queue_delay_ms: Longest a sample waits for a fuller storage-side batch, in ms.
+        max_queue_samples: Queued samples per model beyond which requests get SlowDown.
+        max_object_bytes: Largest object pushdown fetches and decodes, e.g. 256MiB.
         max_image_pixels: Largest image (width x height) decoded; bombs are refused.
         decode_workers: Threads decoding and preprocessing (0: one per core).
-        device: ``auto`` (CUDA when usable), ``cpu`` or ``cuda``.
+        device: Where blocks run: auto (CUDA when usable), cpu or cuda.
         intra_op_threads: onnxruntime threads per operator (0: onnxruntime decides).
-        assumed_bandwidth_bps: The client link ``split=auto`` plans for when a request does
-            not say (``x-hapi-bandwidth``).
-        fixed_batch_size: Use this storage-side batch size instead of the adaptive one
-            (for benchmarks and comparisons; the adaptive size is the default).
+        fixed_batch_size: A fixed storage-side batch size instead of the adaptive one (for
+            benchmarks and comparisons).
+        assumed_bandwidth_bps: The client link split=auto plans for when a request does not
+            say (x-hapi-bandwidth), e.g. 10gbit.
+        public_control: Serve /_hapi/* without signatures (for operators who protect it
+            otherwise); /_hapi/live and /_hapi/health are always open.
+        public_metrics: Serve /metrics without signatures (for a Prometheus scraper).
+        max_probe_bytes: Largest bandwidth probe (/_hapi/probe?bytes=N) per call, e.g. 256MiB.
+        probe_bytes_per_minute: Probe bytes one credential may draw per minute; beyond it,
+            SlowDown with Retry-After.
     """
 
-    backend_url: str
-    backend_credentials: Credentials
-    client_secrets: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    backend_url: str = field(metadata=knob(env="HAPI_BACKEND_URL", flag="--backend"))
+    backend_credentials: Credentials = field(
+        metadata=knob(
+            env="HAPI_BACKEND_CREDENTIALS_FILE",
+            flag="--backend-credentials-file",
+            parse=lambda path: read_backend_credentials(Path(path)),
+        )
+    )
+    client_secrets: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({}),
+        metadata=knob(
+            env="HAPI_CREDENTIALS_FILE",
+            flag="--credentials-file",
+            parse=lambda path: read_credentials_file(Path(path)),
+            shown_default="none",
+        ),
+    )
     allow_anonymous: bool = False
     region: str = "us-east-1"
-    virtual_host_domains: tuple[str, ...] = ("localhost",)
+    virtual_host_domains: tuple[str, ...] = field(
+        default=("localhost",), metadata=knob(env="HAPI_DOMAINS", flag="--domain")
+    )
     max_skew_s: float = 900.0
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 120.0
     max_upstream_connections: int = 256
     registry_bucket: str = "hapi-models"
-    memory_budget_bytes: int = 2 * 1024**3
+    memory_budget_bytes: int = field(
+        default=2 * 1024**3,
+        metadata=knob(env="HAPI_MEMORY_BUDGET", flag="--memory-budget", shown_default="2GiB"),
+    )
     max_queue_delay_ms: float = 4.0
     max_queue_samples: int = 4096
-    max_object_bytes: int = 256 * 1024**2
+    max_object_bytes: int = field(default=256 * 1024**2, metadata=knob(shown_default="256MiB"))
     max_image_pixels: int = 64_000_000
     decode_workers: int = 0
     device: str = "auto"
     intra_op_threads: int = 0
     fixed_batch_size: int | None = None
-    assumed_bandwidth_bps: float = 1e9
+    assumed_bandwidth_bps: float = field(
+        default=1e9,
+        metadata=knob(
+            env="HAPI_ASSUMED_BANDWIDTH", flag="--assumed-bandwidth", shown_default="1gbit"
+        ),
+    )
+    public_control: bool = False
+    public_metrics: bool = False
+    max_probe_bytes: int = field(default=256 * 1024**2, metadata=knob(shown_default="256MiB"))
+    probe_bytes_per_minute: int = field(default=1024**3, metadata=knob(shown_default="1GiB"))
 
     def __post_init__(self) -> None:
         if not self.backend_url.startswith(("http://", "https://")):
@@ -87,6 +133,8 @@ class GatewaySettings:
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if min(self.memory_budget_bytes, self.max_queue_samples, self.max_object_bytes) <= 0:
             raise ValueError("memory budget, queue bound and object limit must be positive")
+        if min(self.max_probe_bytes, self.probe_bytes_per_minute, self.max_skew_s) <= 0:
+            raise ValueError("probe limits and the clock skew must be positive")
         if not self.client_secrets and not self.allow_anonymous:
             raise ValueError(
                 "no client credentials: set HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY, "
@@ -97,32 +145,20 @@ class GatewaySettings:
     def from_env(
         cls, environ: Mapping[str, str] | None = None, **overrides: Any
     ) -> GatewaySettings:
-        """Build settings from ``HAPI_*`` variables; keyword overrides (e.g. CLI flags) win.
+        """Build settings from ``HAPI_*`` variables; typed keyword overrides (flags) win.
 
         Raises:
             ValueError: A required value is missing or invalid.
         """
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        if ENV_BACKEND_URL in env:
-            values["backend_url"] = env[ENV_BACKEND_URL]
-        if ENV_BACKEND_KEY in env and ENV_BACKEND_SECRET in env:
-            values["backend_credentials"] = Credentials(
-                env[ENV_BACKEND_KEY], env[ENV_BACKEND_SECRET]
-            )
-        secrets = {}
-        if env.get(ENV_CREDENTIALS_FILE):
-            secrets.update(read_credentials_file(Path(env[ENV_CREDENTIALS_FILE])))
-        if env.get(ENV_CLIENT_KEY) and env.get(ENV_CLIENT_SECRET):
-            secrets[env[ENV_CLIENT_KEY]] = env[ENV_CLIENT_SECRET]
-        values["client_secrets"] = secrets
-        for name, (field_name, parse) in _TUNABLES.items():
-            if env.get(name):
-                try:
-                    values[field_name] = parse(env[name])
-                except ValueError as exc:
-                    raise ValueError(f"{name}={env[name]!r}: {exc}") from exc
+        values = from_environment(settings_knobs(), env)
+        key, secret = CREDENTIAL_PAIRS["backend_credentials"]
+        if "backend_credentials" not in values and key in env and secret in env:
+            values["backend_credentials"] = Credentials(env[key], env[secret])
         values.update({k: v for k, v in overrides.items() if v is not None})
+        key, secret = CREDENTIAL_PAIRS["client_secrets"]
+        pair = {env[key]: env[secret]} if env.get(key) and env.get(secret) else {}
+        values["client_secrets"] = {**values.get("client_secrets", {}), **pair}
         for required in ("backend_url", "backend_credentials"):
             if required not in values:
                 raise ValueError(f"missing {required.replace('_', ' ')}: see `hapi serve --help`")
@@ -133,19 +169,29 @@ class GatewaySettings:
         return replace(self, **changes)
 
 
-_TUNABLES: dict[str, tuple[str, Any]] = {
-    "HAPI_MEMORY_BUDGET": ("memory_budget_bytes", parse_size),
-    "HAPI_MAX_QUEUE_DELAY_MS": ("max_queue_delay_ms", float),
-    "HAPI_MAX_QUEUE_SAMPLES": ("max_queue_samples", int),
-    "HAPI_DEVICE": ("device", str),
-    "HAPI_REGISTRY_BUCKET": ("registry_bucket", str),
-    "HAPI_FIXED_BATCH_SIZE": ("fixed_batch_size", int),
-    "HAPI_DOMAINS": (
-        "virtual_host_domains",
-        lambda text: tuple(d.strip() for d in text.split(",") if d.strip()),
-    ),
-    "HAPI_ASSUMED_BANDWIDTH": ("assumed_bandwidth_bps", lambda text: float(parse_bandwidth(text))),
-}
+@functools.cache
+def settings_knobs() -> tuple[Knob, ...]:
+    """One environment variable and one ``hapi serve`` flag per settings field."""
+    return knobs(GatewaySettings)
+
+
+def environment_variables() -> frozenset[str]:
+    """Every environment variable the gateway's settings read."""
+    pairs = {name for pair in CREDENTIAL_PAIRS.values() for name in pair}
+    return frozenset({item.env for item in settings_knobs()} | pairs)
+
+
+def read_backend_credentials(path: Path) -> Credentials:
+    """Read the backend credential: a credentials file with exactly one entry.
+
+    Raises:
+        ValueError: The file is unreadable or does not hold exactly one key pair.
+    """
+    pairs = read_credentials_file(path)
+    if len(pairs) != 1:
+        raise ValueError(f"backend credentials file {path} must hold exactly one key pair")
+    ((key_id, secret),) = pairs.items()
+    return Credentials(key_id, secret)
 
 
 def read_credentials_file(path: Path) -> dict[str, str]:

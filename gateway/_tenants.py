@@ -19,7 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, create_session
+from hapi.models import (
+    GatewayStats,
+    Manifest,
+    MemoryBudgetStats,
+    ModelError,
+    RegistryReader,
+    RuntimeSettings,
+    ServedSplit,
+    TenantStats,
+    create_session,
+)
 from hapi.models import NoSuchModel as RegistryNoSuchModel
 
 from ._batcher import Batcher, MemoryBudget, OutOfMemory
@@ -38,7 +48,7 @@ SessionFactory = Callable[[Manifest, int], Callable[[np.ndarray], np.ndarray]]
 class _Tenant:
     batcher: Batcher
     weights: int
-    models: set[str]
+    models: set[tuple[str, int]]
     last_used: float
 
 
@@ -90,7 +100,7 @@ class Tenants:
 
     def __init__(
         self,
-        registry: Registry,
+        registry: RegistryReader,
         budget: MemoryBudget,
         infer_pool: Executor,
         *,
@@ -168,7 +178,7 @@ class Tenants:
                 task.add_done_callback(lambda _t: self._creating.pop(key, None))
             tenant = await asyncio.shield(task)
         tenant.last_used = time.monotonic()
-        tenant.models.add(f"{manifest.ref}:{split}")
+        tenant.models.add((manifest.ref, split))
         self._tenants.move_to_end(key)
         return tenant.batcher
 
@@ -218,26 +228,27 @@ class Tenants:
         """Samples waiting in every batcher."""
         return sum(tenant.batcher.queued for tenant in self._tenants.values())
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> GatewayStats:
         """Per-tenant batching figures and the memory budget, for ``/_hapi/stats``."""
-        return {
-            "memory_budget": {
-                "total_bytes": self.budget.total,
-                "weights_bytes": self.budget.weights,
-                "source": self.budget.source,
-                "active_tenants": self.budget.active_tenants,
-                "share_bytes": self.budget.share(),
-            },
-            "tenants": [
-                {
-                    "blocks": tenant.batcher.name,
-                    "served_as": sorted(tenant.models),
-                    "weights_bytes": tenant.weights,
-                    "per_sample_bytes": tenant.batcher.per_sample_bytes,
-                    "max_batch_size": tenant.batcher.max_batch_size(),
-                    "queue_depth": tenant.batcher.queued,
-                    **tenant.batcher.stats.as_dict(),
-                }
-                for tenant in self._tenants.values()
-            ],
-        }
+        budget = MemoryBudgetStats(
+            total_bytes=self.budget.total,
+            weights_bytes=self.budget.weights,
+            source=self.budget.source,
+            active_tenants=self.budget.active_tenants,
+            share_bytes=self.budget.share(),
+        )
+        return GatewayStats(
+            memory_budget=budget, tenants=[_stats(t) for t in self._tenants.values()]
+        )
+
+
+def _stats(tenant: _Tenant) -> TenantStats:
+    return TenantStats(
+        blocks=tenant.batcher.name,
+        served_as=[ServedSplit(model=ref, split=split) for ref, split in sorted(tenant.models)],
+        weights_bytes=tenant.weights,
+        per_sample_bytes=tenant.batcher.per_sample_bytes,
+        max_batch_size=tenant.batcher.max_batch_size(),
+        queue_depth=tenant.batcher.queued,
+        **tenant.batcher.stats.as_dict(),
+    )

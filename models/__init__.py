@@ -33,8 +33,25 @@ from ._families import FAMILIES, Decomposition, build
 from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec, Manifest
 from ._onnx import compose
 from ._preprocess import PRESETS, Preset, get_preset, preprocess, preprocess_batch
-from ._registry import DEFAULT_BUCKET, Lineage, Registry, Removal, check_name, parse_ref
+from ._registry import (
+    DEFAULT_BUCKET,
+    Lineage,
+    Registry,
+    RegistryReader,
+    Removal,
+    check_name,
+    parse_ref,
+)
 from ._runtime import RuntimeSettings, create_session, cuda_usable
+from ._schema import (
+    BlockProfile,
+    GatewayStats,
+    MemoryBudgetStats,
+    ModelProfile,
+    ModelSummary,
+    ServedSplit,
+    TenantStats,
+)
 from ._wire import DTYPES as WIRE_DTYPES
 from ._wire import decode as decode_features
 from ._wire import encode as encode_features
@@ -46,24 +63,32 @@ __all__ = [
     "PRESETS",
     "WIRE_DTYPES",
     "BlockInfo",
+    "BlockProfile",
     "CorruptBlock",
     "Decomposition",
     "ExportError",
     "ExportedBlock",
     "ExportedModel",
+    "GatewayStats",
     "InputSpec",
     "InvalidModelSpec",
     "Lineage",
     "Manifest",
+    "MemoryBudgetStats",
     "ModelError",
+    "ModelProfile",
+    "ModelSummary",
     "NoSuchModel",
     "Preset",
     "Registry",
     "RegistryError",
+    "RegistryReader",
     "Removal",
     "RuntimeSettings",
     "Sample",
+    "ServedSplit",
     "SessionError",
+    "TenantStats",
     "UndecodableObject",
     "UserError",
     "VersionConflict",

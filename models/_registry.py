@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import onnx
 from botocore.exceptions import BotoCoreError, ClientError
@@ -113,6 +113,22 @@ def _latest_key(name: str) -> str:
 
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+class RegistryReader(Protocol):
+    """What serving needs of a registry (:class:`Registry` is one; tests pass others)."""
+
+    def get_manifest(self, ref: str) -> Manifest:
+        """The manifest of ``NAME`` (latest) or ``NAME@VERSION``; raises NoSuchModel."""
+        ...
+
+    def list_models(self) -> list[Manifest]:
+        """The latest manifest of every model."""
+        ...
+
+    def load_blocks(self, manifest: Manifest, start: int, stop: int) -> onnx.ModelProto:
+        """Blocks ``[start, stop)`` of ``manifest`` composed into one graph."""
+        ...
 
 
 class Registry:

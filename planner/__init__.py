@@ -31,7 +31,7 @@ from ._cost import (
     replan,
 )
 from ._errors import InvalidInput, NoFeasibleSplit, PlannerError, ProbeError
-from ._gateway import GatewayProfile, fetch_gateway_profile, probe_bandwidth
+from ._gateway import GatewayAuth, GatewayProfile, fetch_gateway_profile, probe_bandwidth
 from ._plot import plot_plan
 from ._profile import (
     DEFAULT_DECODE_MS,
@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_RAW_BYTES",
     "DEFAULT_REPLAN_THRESHOLD",
     "Candidate",
+    "GatewayAuth",
     "GatewayProfile",
     "InvalidInput",
     "Measurement",

@@ -1,8 +1,11 @@
 """What the gateway knows: bandwidth to it, and its storage-side view of a model.
 
-Both read the gateway's unauthenticated operations endpoints with httpx: ``/_hapi/probe``
-streams zeros to time, ``/_hapi/models/{name}`` and ``/_hapi/stats`` give the manifest's
-figures, per-split times measured on real traffic, and the memory budget. The httpx
+Both read the gateway's control plane with httpx: ``/_hapi/probe`` streams zeros to time,
+``/_hapi/models/{name}`` and ``/_hapi/stats`` give the manifest's figures, per-split
+times measured on real traffic, and the memory budget, in the schema both sides share
+(:class:`hapi.models.GatewayStats`, :class:`hapi.models.ModelProfile`). The control plane
+wants SigV4-signed requests: :class:`GatewayAuth` signs them with the caller's S3
+credentials (botocore's signer), found the way boto3 finds them unless given. The httpx
 client is a seam: pass one (with an ``httpx.MockTransport`` in tests), or one is created
 and closed here.
 """
@@ -10,14 +13,18 @@ and closed here.
 from __future__ import annotations
 
 import contextlib
-import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+import botocore.session
 import httpx
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+
+from hapi.models import GatewayStats, ModelProfile
 
 from ._cost import Profile
 from ._errors import ProbeError
@@ -25,9 +32,43 @@ from ._errors import ProbeError
 DEFAULT_PROBE_STREAMS = 4
 DEFAULT_PROBE_SECONDS = 2.0
 _FIRST_PROBE_BYTES = 512 * 1024
-_MAX_PROBE_BYTES = 256 * 1024**2  # the gateway serves at most 1 GiB per probe
+_MAX_PROBE_BYTES = 256 * 1024**2  # the gateway's default cap per probe
 _CHUNK = 256 * 1024
-_SERVED_AS = re.compile(r"(?P<ref>.+):(?P<split>\d+)")
+
+
+class GatewayAuth(httpx.Auth):
+    """Signs requests to a hapi gateway's control plane with SigV4, as boto3 signs S3 calls.
+
+    Args:
+        credentials: botocore credentials (anything with ``access_key``, ``secret_key``
+            and ``token``; refreshable ones are frozen per request).
+        region: The region to sign for.
+    """
+
+    def __init__(self, credentials: Any, region: str = "us-east-1") -> None:
+        self._credentials = credentials
+        self._region = region
+
+    @classmethod
+    def from_environment(cls) -> GatewayAuth | None:
+        """The credentials and region boto3 would use here; ``None`` when there are none."""
+        session = botocore.session.get_session()
+        credentials = session.get_credentials()
+        if credentials is None:
+            return None
+        return cls(credentials, session.get_config_variable("region") or "us-east-1")
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        """Add the SigV4 headers to ``request``."""
+        frozen = getattr(self._credentials, "get_frozen_credentials", None)
+        signed = AWSRequest(method=request.method, url=str(request.url))
+        S3SigV4Auth(frozen() if frozen else self._credentials, "s3", self._region).add_auth(signed)
+        request.headers.update(dict(signed.headers.items()))
+        yield request
+
+
+def _auth(auth: httpx.Auth | None) -> httpx.Auth | None:
+    return auth if auth is not None else GatewayAuth.from_environment()
 
 
 @contextlib.contextmanager
@@ -61,6 +102,7 @@ def probe_bandwidth(
     seconds: float = DEFAULT_PROBE_SECONDS,
     client: httpx.Client | None = None,
     timeout: float = 60.0,
+    auth: httpx.Auth | None = None,
 ) -> float:
     """Measure the bandwidth from the gateway to here, in bits per second.
 
@@ -77,6 +119,7 @@ def probe_bandwidth(
         seconds: How long the sized probe should take.
         client: The httpx client to use; one is created and closed if omitted.
         timeout: Per-request timeout of a created client, in seconds.
+        auth: Signs the requests; :meth:`GatewayAuth.from_environment` if omitted.
 
     Raises:
         ProbeError: A request failed, or the stream was cut short.
@@ -85,31 +128,42 @@ def probe_bandwidth(
     if (bytes is not None and bytes < 1) or streams < 1:
         raise ValueError("probe bytes and streams must be at least 1")
     url = endpoint.rstrip("/") + "/_hapi/probe"
+    signer = _auth(auth)
     with (
         _translated(endpoint, "bandwidth probe"),
         _http(client, timeout) as http,
         ThreadPoolExecutor(streams) as pool,
     ):
-        _timed(pool, http, url, streams, streams)  # opens the connections
+        get = _Downloader(http, url, signer)
+        _timed(pool, get, streams, streams)  # opens the connections
         if bytes is None:
-            rough = _timed(pool, http, url, _FIRST_PROBE_BYTES, streams)
+            rough = _timed(pool, get, _FIRST_PROBE_BYTES, streams)
             wanted = int(rough / 8 * seconds)
             bytes = min(max(wanted, _FIRST_PROBE_BYTES), _MAX_PROBE_BYTES)
-        return _timed(pool, http, url, bytes, streams)
+        return _timed(pool, get, bytes, streams)
 
 
-def _timed(
-    pool: ThreadPoolExecutor, http: httpx.Client, url: str, total: int, streams: int
-) -> float:
+@dataclass(frozen=True)
+class _Downloader:
+    http: httpx.Client
+    url: str
+    auth: httpx.Auth | None
+
+    def __call__(self, size: int) -> int:
+        return _download(self.http, self.url, size, self.auth)
+
+
+def _timed(pool: ThreadPoolExecutor, get: _Downloader, total: int, streams: int) -> float:
     """Bits per second of ``total`` bytes downloaded over ``streams`` parallel requests."""
     share = max(1, total // streams)
     start = time.perf_counter()
-    received = sum(pool.map(lambda _: _download(http, url, share), range(streams)))
+    received = sum(pool.map(lambda _: get(share), range(streams)))
     return received * 8 / max(time.perf_counter() - start, 1e-9)
 
 
-def _download(http: httpx.Client, url: str, size: int) -> int:
-    with http.stream("GET", url, params={"bytes": size}) as reply:
+def _download(http: httpx.Client, url: str, size: int, auth: httpx.Auth | None) -> int:
+    extra: dict[str, Any] = {"auth": auth} if auth is not None else {}
+    with http.stream("GET", url, params={"bytes": size}, **extra) as reply:
         reply.raise_for_status()
         received = sum(len(chunk) for chunk in reply.iter_bytes(_CHUNK))
     if received != size:
@@ -165,7 +219,12 @@ class GatewayProfile:
 
 
 def fetch_gateway_profile(
-    endpoint: str, name: str, *, client: httpx.Client | None = None, timeout: float = 10.0
+    endpoint: str,
+    name: str,
+    *,
+    client: httpx.Client | None = None,
+    timeout: float = 10.0,
+    auth: httpx.Auth | None = None,
 ) -> GatewayProfile:
     """Read ``/_hapi/models/{name}`` and ``/_hapi/stats`` from the gateway at ``endpoint``.
 
@@ -174,39 +233,40 @@ def fetch_gateway_profile(
         name: ``NAME`` or ``NAME@VERSION``.
         client: The httpx client to use; one is created and closed if omitted.
         timeout: Request timeout of a created client, in seconds.
+        auth: Signs the requests; :meth:`GatewayAuth.from_environment` if omitted.
 
     Raises:
         ProbeError: A request failed (an unknown model is a 404), or the answer is not
             what a hapi gateway sends.
     """
     base = endpoint.rstrip("/")
+    signer = _auth(auth)
+    extra: dict[str, Any] = {"auth": signer} if signer is not None else {}
     with _translated(endpoint, f"model {name}"), _http(client, timeout) as http:
-        model = http.get(f"{base}/_hapi/models/{name}").raise_for_status().json()
-        stats = http.get(f"{base}/_hapi/stats").raise_for_status().json()
+        model = http.get(f"{base}/_hapi/models/{name}", **extra).raise_for_status().json()
+        stats = http.get(f"{base}/_hapi/stats", **extra).raise_for_status().json()
         return _parse(model, stats)
 
 
 def _parse(model: Mapping[str, Any], stats: Mapping[str, Any]) -> GatewayProfile:
-    ref = str(model["ref"])
+    return gateway_view(ModelProfile.model_validate(model), GatewayStats.model_validate(stats))
+
+
+def gateway_view(model: ModelProfile, stats: GatewayStats) -> GatewayProfile:
+    """The planner's view of ``model`` from the gateway's typed answers."""
     served: dict[int, tuple[float, int]] = {}
     ours_busy = False
-    for tenant in model.get("served", []):
-        matches = (_SERVED_AS.fullmatch(str(served_as)) for served_as in tenant["served_as"])
-        splits = [int(m["split"]) for m in matches if m and m["ref"] == ref]
-        ours_busy = ours_busy or bool(tenant.get("queue_depth"))
-        ms, samples = tenant.get("ms_per_sample"), int(tenant.get("samples") or 0)
-        if ms and samples and splits:
-            served[splits[0]] = (float(ms), samples)
-    budget = stats.get("memory_budget", {})
-    busy = sum(1 for t in stats.get("tenants", []) if t.get("queue_depth"))
-    memory = None
-    if budget.get("total_bytes"):
-        free = int(budget["total_bytes"]) - int(budget.get("weights_bytes", 0))
-        memory = max(1, free // (int(budget.get("active_tenants", 0)) + 1))
+    for tenant in model.served:
+        splits = tenant.serves(model.ref)
+        ours_busy = ours_busy or bool(tenant.queue_depth)
+        if tenant.ms_per_sample and tenant.samples and splits:
+            served[splits[0]] = (tenant.ms_per_sample, tenant.samples)
+    busy = sum(1 for t in stats.tenants if t.queue_depth)
+    budget = stats.memory_budget
     return GatewayProfile(
-        model=ref,
-        cpu_ms=tuple(float(block["cpu_ms"]) for block in model["blocks"]),
+        model=model.ref,
+        cpu_ms=tuple(block.cpu_ms for block in model.blocks),
         served=served,
-        memory_bytes=memory,
+        memory_bytes=budget.new_tenant_share() if budget.total_bytes else None,
         busy_tenants=max(0, busy - (1 if ours_busy else 0)),
     )

@@ -119,7 +119,9 @@ def _model_json(served: list[dict]) -> dict:
 def _tenant(served_as: list[str], ms: float | None, samples: int, queued: int = 0) -> dict:
     return {
         "blocks": served_as[0].replace(":", "[0:") + "]",
-        "served_as": served_as,
+        "served_as": [
+            {"model": ref, "split": int(split)} for ref, split in (s.split(":") for s in served_as)
+        ],
         "weights_bytes": 1000,
         "per_sample_bytes": 2000,
         "max_batch_size": 64,

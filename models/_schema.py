@@ -1,0 +1,144 @@
+"""What the gateway's control plane tells the planner: one typed schema for both sides.
+
+The gateway builds these values for ``/_hapi/stats`` and ``/_hapi/models[/{name}]`` (and
+FastAPI publishes them in its OpenAPI document); the planner parses the same classes back,
+so a renamed or retyped field fails on both sides at once instead of in a regex. They live
+here, in the lowest package both may import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ._manifest import Manifest
+
+
+class _Schema(BaseModel):
+    # Unknown fields are ignored: a newer gateway may say more than an older planner reads.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class ServedSplit(_Schema):
+    """One model version and split a tenant's blocks are served as."""
+
+    model: str
+    split: int
+
+
+class MemoryBudgetStats(_Schema):
+    """The storage-side memory budget shared by all tenants."""
+
+    total_bytes: int
+    weights_bytes: int
+    source: str
+    active_tenants: int
+    share_bytes: int
+
+    def new_tenant_share(self) -> int:
+        """Bytes one more tenant would get: unused bytes divided among the active ones and it."""
+        return max(1, (self.total_bytes - self.weights_bytes) // (self.active_tenants + 1))
+
+
+class TenantStats(_Schema):
+    """Batching figures of one batcher (a block prefix, shared by the models that have it)."""
+
+    blocks: str
+    served_as: list[ServedSplit]
+    weights_bytes: int
+    per_sample_bytes: int
+    max_batch_size: int
+    queue_depth: int
+    batches: int
+    samples: int
+    oom_events: int
+    samples_per_s: float
+    ms_per_sample: float | None
+    recent_batch_sizes: list[int]
+    mean_batch_size: float | None
+
+    def serves(self, ref: str) -> list[int]:
+        """The splits of model version ``ref`` this tenant runs."""
+        return [served.split for served in self.served_as if served.model == ref]
+
+
+class GatewayStats(_Schema):
+    """``GET /_hapi/stats``: the memory budget and every tenant's batching figures."""
+
+    memory_budget: MemoryBudgetStats
+    tenants: list[TenantStats]
+
+
+class BlockProfile(_Schema):
+    """One block of a manifest, as the control plane shows it."""
+
+    name: str
+    hash: str
+    size: int
+    input_shape: list[int]
+    output_shape: list[int]
+    dtype: str
+    params: int
+    output_bytes: int
+    peak_activation_bytes: int
+    cpu_ms: float
+
+
+class ModelSummary(_Schema):
+    """One entry of ``GET /_hapi/models``."""
+
+    name: str
+    version: int
+    ref: str
+    family: str
+    freeze: int
+    blocks: int
+    bytes: int
+    parent: str | None
+    created: str
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> ModelSummary:
+        """The summary of ``manifest``."""
+        return cls(**_summary_fields(manifest), blocks=len(manifest.blocks))
+
+
+class ModelProfile(_Schema):
+    """``GET /_hapi/models/{name}``: the manifest's figures and the tenants serving it."""
+
+    name: str
+    version: int
+    ref: str
+    family: str
+    freeze: int
+    bytes: int
+    parent: str | None
+    created: str
+    blocks: list[BlockProfile]
+    preprocess: dict[str, Any]
+    served: list[TenantStats]
+
+    @classmethod
+    def of(cls, manifest: Manifest, stats: GatewayStats) -> ModelProfile:
+        """The profile of ``manifest``, with the tenants of ``stats`` that serve it."""
+        return cls(
+            **_summary_fields(manifest),
+            blocks=[BlockProfile(**dataclasses.asdict(block)) for block in manifest.blocks],
+            preprocess=manifest.preprocess.to_dict(),
+            served=[t for t in stats.tenants if t.serves(manifest.ref)],
+        )
+
+
+def _summary_fields(manifest: Manifest) -> dict[str, Any]:
+    return {
+        "name": manifest.name,
+        "version": manifest.version,
+        "ref": manifest.ref,
+        "family": manifest.family,
+        "freeze": manifest.freeze,
+        "bytes": manifest.size,
+        "parent": manifest.parent,
+        "created": manifest.created,
+    }

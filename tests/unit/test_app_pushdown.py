@@ -1,0 +1,193 @@
+"""The whole gateway in-process, lifespan included: an in-memory registry, a fake runner.
+
+No store, no ONNX, no subprocess: pushdown, ``split=auto``, the error mapping and the
+control plane's typed answers, through ``create_app``'s seams.
+"""
+
+from __future__ import annotations
+
+import io
+import xml.etree.ElementTree as ET
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import numpy as np
+import pytest
+from asgi_lifespan import LifespanManager
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials as BotoCredentials
+from PIL import Image
+
+from hapi import models
+from hapi.gateway import Credentials, GatewaySettings, create_app
+from hapi.models import GatewayStats, Manifest, ModelProfile, decode_features
+from tests.planner.synthetic import manifest as synthetic_manifest
+
+CLIENT = ("CLIENTKEY", "client-secret")
+GATEWAY = "http://gw.test"
+
+
+class MemoryRegistry:
+    """A registry of manifests held in a dict (no blocks: the runner is a fake)."""
+
+    def __init__(self, *manifests: Manifest) -> None:
+        self._manifests = {m.name: m for m in manifests}
+
+    def get_manifest(self, ref: str) -> Manifest:
+        found = self._manifests.get(ref.split("@")[0])
+        if found is None or ("@" in ref and ref != found.ref):
+            raise models.NoSuchModel(ref)
+        return found
+
+    def list_models(self) -> list[Manifest]:
+        return sorted(self._manifests.values(), key=lambda m: m.name)
+
+    def load_blocks(self, manifest: Manifest, start: int, stop: int) -> object:
+        raise AssertionError("the fake runner needs no blocks")
+
+
+def fake_runner(
+    seen: list[tuple[int, tuple[int, ...]]],
+) -> Callable[..., Callable[..., np.ndarray]]:
+    """Runs blocks ``[0, split)`` as: four features per sample, all equal to ``split``."""
+
+    def make(manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray]:
+        def run(batch: np.ndarray) -> np.ndarray:
+            seen.append((split, batch.shape))
+            return np.full((len(batch), 4), float(split), dtype=np.float32)
+
+        return run
+
+    return make
+
+
+def _png() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(out, "PNG")
+    return out.getvalue()
+
+
+OBJECTS = {"/data/cat.png": _png(), "/data/notes.bin": b"not an image at all"}
+
+
+def _store(request: httpx.Request) -> httpx.Response:
+    body = OBJECTS.get(request.url.path)
+    if body is None:
+        return httpx.Response(404, content=b"<Error><Code>NoSuchKey</Code></Error>")
+    return httpx.Response(200, stream=httpx.ByteStream(body), headers={"etag": '"e"'})
+
+
+def _signed(url: str) -> dict[str, str]:
+    request = AWSRequest(
+        method="GET", url=url, headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"}
+    )
+    S3SigV4Auth(BotoCredentials(*CLIENT), "s3", "us-east-1").add_auth(request)
+    return dict(request.headers.items())
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def seen() -> list[tuple[int, tuple[int, ...]]]:
+    return []
+
+
+@pytest.fixture
+async def client(seen: list[tuple[int, tuple[int, ...]]]) -> AsyncIterator[httpx.AsyncClient]:
+    settings = GatewaySettings(
+        backend_url="http://store.internal:8333",
+        backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
+        client_secrets={CLIENT[0]: CLIENT[1]},
+        device="cpu",
+    )
+    app = create_app(
+        settings,
+        upstream=httpx.AsyncClient(transport=httpx.MockTransport(_store)),
+        registry=MemoryRegistry(synthetic_manifest(freeze=4)),
+        runner=fake_runner(seen),
+    )
+    async with (
+        LifespanManager(app) as manager,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=manager.app)) as http,
+    ):
+        yield http
+
+
+async def _get(http: httpx.AsyncClient, path: str, **query: str) -> httpx.Response:
+    url = httpx.URL(GATEWAY + path, params={f"hapi-{k}": v for k, v in query.items()})
+    return await http.get(url, headers=_signed(str(url)))
+
+
+def _code(reply: httpx.Response) -> str | None:
+    return ET.fromstring(reply.content).findtext("Code")
+
+
+@pytest.mark.anyio
+async def test_pushdown_get_returns_the_runners_features(client, seen) -> None:
+    reply = await _get(client, "/data/cat.png", model="synthetic", split="2")
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-hapi-model"] == "synthetic@1" and reply.headers["x-hapi-split"] == "2"
+    tensors, _meta = decode_features(reply.content)
+    assert tensors["features"].shape == (1, 4) and np.all(tensors["features"] == 2.0)
+    assert seen == [(2, (1, 3, 224, 224))]  # the preprocessed image went to the runner
+
+
+@pytest.mark.anyio
+async def test_split_auto_plans_for_the_clients_link(client, seen) -> None:
+    reply = await _get(client, "/data/cat.png", model="synthetic", split="auto", bandwidth="20mbit")
+    assert reply.status_code == 200, reply.text
+    # On a slow link the planner sends the smallest output among the frozen blocks [0, 4).
+    assert reply.headers["x-hapi-split"] == "4"
+    assert decode_features(reply.content)[0]["features"].tolist() == [[4.0] * 4]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("path", "query", "status", "code"),
+    [
+        ("/data/cat.png", {"model": "missing", "split": "1"}, 404, "NoSuchModel"),
+        ("/data/cat.png", {"model": "synthetic@7", "split": "1"}, 404, "NoSuchModel"),
+        ("/data/cat.png", {"model": "synthetic", "split": "9"}, 400, "InvalidArgument"),
+        ("/data/cat.png", {"model": "synthetic", "split": "one"}, 400, "InvalidArgument"),
+        (
+            "/data/cat.png",
+            {"model": "synthetic", "split": "1", "dtype": "int8"},
+            400,
+            "InvalidArgument",
+        ),
+        ("/data/notes.bin", {"model": "synthetic", "split": "1"}, 422, "UnprocessableObject"),
+    ],
+)
+async def test_errors_map_to_s3_codes(client, seen, path, query, status, code) -> None:
+    reply = await _get(client, path, **query)
+    assert (reply.status_code, _code(reply)) == (status, code), reply.text
+    assert seen == []  # nothing ran
+
+
+@pytest.mark.anyio
+async def test_control_plane_answers_with_the_shared_schema(client) -> None:
+    assert (await _get(client, "/data/cat.png", model="synthetic", split="3")).status_code == 200
+    stats = GatewayStats.model_validate_json(
+        (
+            await client.get(GATEWAY + "/_hapi/stats", headers=_signed(GATEWAY + "/_hapi/stats"))
+        ).content
+    )
+    (tenant,) = stats.tenants
+    assert tenant.serves("synthetic@1") == [3] and tenant.samples == 1
+    url = GATEWAY + "/_hapi/models/synthetic"
+    profile = ModelProfile.model_validate_json(
+        (await client.get(url, headers=_signed(url))).content
+    )
+    assert profile.ref == "synthetic@1" and [t.blocks for t in profile.served] == [tenant.blocks]
+
+
+@pytest.mark.anyio
+async def test_control_plane_refuses_unsigned_calls_in_process(client) -> None:
+    for path in ("/_hapi/stats", "/_hapi/models", "/_hapi/openapi.json", "/metrics"):
+        reply = await client.get(GATEWAY + path)
+        assert (reply.status_code, _code(reply)) == (403, "AccessDenied"), path
+    assert (await client.get(GATEWAY + "/_hapi/live")).json() == {"status": "alive"}
