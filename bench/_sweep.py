@@ -111,12 +111,14 @@ def measure_profile(
     )
 
 
-def plan_cell(gateway: str, measured: ModelProfile, rate_bps: float) -> tuple[planner.Plan, float]:
+def plan_cell(
+    gateway: str, measured: ModelProfile, rate_bps: float, auth: planner.GatewayAuth | None = None
+) -> tuple[planner.Plan, float]:
     """The planner's plan at the current shaping, and the probed bandwidth (the better of
     two probes: interference only ever makes a probe slower)."""
     size = max(64 * 1024, int(rate_bps / 8 * PROBE_SECONDS))
-    probed = max(planner.probe_bandwidth(gateway, bytes=size) for _ in range(2))
-    view = planner.fetch_gateway_profile(gateway, measured.manifest.name)
+    probed = max(planner.probe_bandwidth(gateway, bytes=size, auth=auth) for _ in range(2))
+    view = planner.fetch_gateway_profile(gateway, measured.manifest.name, auth=auth)
     chosen = planner.plan(
         measured.manifest,
         view.apply(measured.profile),
@@ -139,7 +141,7 @@ def sweep_cell(
     ratio = REGIMES[regime]
     rate = bandwidth_for(ratio, measured.client_rate, measured.raw_bytes)
     client.link.shape(rate)
-    chosen, probed = plan_cell(gateway, measured, rate)
+    chosen, probed = plan_cell(gateway, measured, rate, client.tier.spec.control_auth())
     progress.log(
         f"{measured.manifest.name} {regime}: {rate / 1e6:.3g} Mbit/s shaped, "
         f"{probed / 1e6:.3g} probed; planner picks {split_label(chosen.split)}"

@@ -24,6 +24,9 @@ from types import FrameType
 from typing import Any
 
 import httpx
+from botocore.credentials import Credentials as BotoCredentials
+
+from hapi import planner
 
 from ._errors import BenchError
 from ._netns import Link
@@ -61,6 +64,10 @@ class TierSpec:
             client_key="BENCHCLIENT" + secrets.token_hex(5).upper(),
             client_secret=secrets.token_urlsafe(30),
         )
+
+    def control_auth(self) -> planner.GatewayAuth:
+        """Signs requests to the gateway's control plane with the client credential."""
+        return planner.GatewayAuth(BotoCredentials(self.client_key, self.client_secret))
 
     @property
     def gateway_url(self) -> str:
@@ -151,7 +158,7 @@ class StorageTier:
         """The gateway's ``/_hapi/stats`` (batching and memory), or ``{}`` if unreadable."""
         try:
             stats: dict[str, Any] = httpx.get(
-                self.spec.gateway_url + "/_hapi/stats", timeout=10
+                self.spec.gateway_url + "/_hapi/stats", timeout=10, auth=self.spec.control_auth()
             ).json()
         except (httpx.HTTPError, ValueError):
             return {}

@@ -136,8 +136,8 @@ def _banner(console: Console, port: int, client: Any, model: str | None) -> None
        {url}/data/photo.jpg -o copy.jpg
 {pushdown}
   curl {url}/_hapi/health
-  curl {url}/_hapi/models
-  curl {url}/metrics
+  curl {sig} {url}/_hapi/models
+  curl {sig} {url}/metrics
 
 Ctrl-C stops the gateway and the store."""
     console.print(text, soft_wrap=True, markup=False)

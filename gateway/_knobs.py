@@ -13,6 +13,7 @@ into a string on the way.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -167,12 +168,20 @@ def _shown_default(field: dataclasses.Field[Any]) -> str | None:
 
 def _attribute_help(doc: str) -> dict[str, str]:
     """``name: text`` entries of a Google-style ``Attributes:`` section, joined per entry."""
-    section = doc.split("Attributes:", 1)[-1] if "Attributes:" in doc else ""
+    lines = inspect.cleandoc(doc).splitlines()
+    heading = next((i for i, line in enumerate(lines) if line.strip() == "Attributes:"), None)
     entries: dict[str, str] = {}
+    if heading is None:
+        return entries
+    body = lines[heading + 1 :]
+    indent = next((len(x) - len(x.lstrip()) for x in body if x.strip()), 0)
     current = None
-    for line in section.splitlines():
-        match = re.match(r"^\s{8}(\w+): (.*)$", line)
-        if match:
+    for line in body:
+        depth = len(line) - len(line.lstrip())
+        match = re.match(r"(\w+): (.*)$", line.strip())
+        if line.strip() and depth < indent:
+            break
+        if match and depth == indent:
             current = match.group(1)
             entries[current] = match.group(2).strip()
         elif current and line.strip():
@@ -196,3 +205,12 @@ def from_environment(all_knobs: tuple[Knob, ...], env: Mapping[str, str]) -> dic
         except ValueError as exc:
             raise ValueError(f"{item.env}={text!r}: {exc}") from exc
     return values
+
+
+def markdown_table(all_knobs: tuple[Knob, ...]) -> str:
+    """The README's configuration table: variable, flag, meaning, default, one row each."""
+    rows = ["| variable | `hapi serve` flag | meaning | default |", "|---|---|---|---|"]
+    for item in all_knobs:
+        default = "required" if item.default is None else f"`{item.default}`"
+        rows.append(f"| `{item.env}` | `{item.flag}` | {item.help} | {default} |")
+    return "\n".join(rows) + "\n"

@@ -27,7 +27,7 @@ from ._sources import (
     resolve_labels,
     same_bucket,
 )
-from ._split import SplitChoice, choose_split, parse_bandwidth
+from ._split import SplitChoice, choose_split, gateway_auth, parse_bandwidth
 
 SplitArg = int | Literal["auto"] | None
 LabelsArg = str | Callable[[str], int] | None
@@ -115,7 +115,7 @@ def prepare(what: str | Sequence[str], options: Options, *, shards: bool) -> Pre
     source = list_source(s3, what, shards=shards)
     manifest = _manifest(s3, options)
     freeze = _freeze(manifest, options.freeze)
-    choice = _choose(manifest, freeze, options, endpoints, source)
+    choice = _choose(manifest, freeze, options, endpoints, source, s3)
     spec = Spec(
         endpoints=endpoints,
         client_options=extra,
@@ -158,6 +158,7 @@ def _choose(
     options: Options,
     endpoints: Sequence[str],
     source: Source,
+    s3: Any,
 ) -> SplitChoice:
     split = options.split
     if split is None:
@@ -173,6 +174,7 @@ def _choose(
             raw_bytes=raw / len(source.keys) if raw else None,
             dataset_size=len(source.keys),
             batch_size=options.request_size,
+            auth=gateway_auth(s3),
         )
     last = min(freeze, manifest.freeze)
     if isinstance(split, bool) or not isinstance(split, int) or not 0 <= split <= last:

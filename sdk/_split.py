@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hapi import planner
 from hapi.models import Manifest
@@ -92,6 +93,7 @@ def choose_split(
     raw_bytes: float | None,
     dataset_size: int,
     batch_size: int,
+    auth: planner.GatewayAuth | None = None,
 ) -> SplitChoice:
     """Ask the planner for the split; fall back to :func:`fewest_bytes`.
 
@@ -105,6 +107,7 @@ def choose_split(
         raw_bytes: Mean bytes of one raw object, when known.
         dataset_size: Samples per epoch.
         batch_size: Objects per request.
+        auth: Signs the requests to the gateways' control plane (see :func:`gateway_auth`).
     """
     if freeze != manifest.freeze:
         return fewest_bytes(manifest, freeze, dtype, f"it plans for freeze {manifest.freeze}")
@@ -114,7 +117,7 @@ def choose_split(
     extra = {"raw_bytes": raw_bytes} if raw_bytes else {}
     profile = planner.profile_from_manifest(manifest, wire_dtype=dtype, **extra)
     try:
-        profile, bandwidth_bps = _probe(endpoints, manifest, profile, bandwidth_bps)
+        profile, bandwidth_bps = _probe(endpoints, manifest, profile, bandwidth_bps, auth)
     except planner.ProbeError as exc:  # not a hapi gateway, or one without the model
         if bandwidth_bps is None:
             return fewest_bytes(manifest, freeze, dtype, str(exc))
@@ -132,6 +135,7 @@ def _probe(
     manifest: Manifest,
     profile: planner.Profile,
     bandwidth_bps: float | None,
+    auth: planner.GatewayAuth | None,
 ) -> tuple[planner.Profile, float]:
     """The gateway's measurements and the bandwidth, from the first endpoint that answers.
 
@@ -141,14 +145,26 @@ def _probe(
     failure: planner.ProbeError | None = None
     for endpoint in endpoints:
         try:
-            measured = planner.fetch_gateway_profile(endpoint, manifest.ref).apply(profile)
+            view = planner.fetch_gateway_profile(endpoint, manifest.ref, auth=auth)
+            measured = view.apply(profile)
             if bandwidth_bps is None:
-                return measured, planner.probe_bandwidth(endpoint, bytes=PROBE_BYTES)
+                bits = planner.probe_bandwidth(endpoint, bytes=PROBE_BYTES, auth=auth)
+                return measured, bits
             return measured, bandwidth_bps
         except planner.ProbeError as exc:
             failure = exc
     assert failure is not None  # endpoints is not empty
     raise failure
+
+
+def gateway_auth(s3: Any) -> planner.GatewayAuth | None:
+    """A signer for the gateways' control plane with the credentials and region of ``s3``
+    (a boto3 client), so the planner's probes are signed like the client's S3 calls."""
+    signer = getattr(s3, "_request_signer", None)  # botocore keeps no public handle on it
+    credentials = getattr(signer, "_credentials", None)
+    if credentials is None:
+        return None
+    return planner.GatewayAuth(credentials, s3.meta.region_name or "us-east-1")
 
 
 def replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> SplitChoice | None:

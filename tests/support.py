@@ -108,3 +108,14 @@ def _wait_listening(gw: RunningGateway, timeout: float = 30.0) -> None:
         except httpx.TransportError:
             time.sleep(0.1)
     raise RuntimeError(f"gateway did not start within {timeout}s:\n{gw.log()}")
+
+
+def control_get(gw: RunningGateway, path: str, **options: object) -> httpx.Response:
+    """GET a control-plane path (``/_hapi/...``, ``/metrics``) signed with the gateway's
+    test credential, the way boto3 signs (botocore's S3 SigV4 signer)."""
+    from botocore.credentials import Credentials as BotoCredentials
+
+    from hapi.planner import GatewayAuth
+
+    auth = GatewayAuth(BotoCredentials(gw.access_key_id, gw.secret_access_key))
+    return httpx.get(gw.endpoint_url + path, auth=auth, **options)  # type: ignore[arg-type]

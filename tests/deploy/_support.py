@@ -48,10 +48,9 @@ HAPI_NAME = re.compile(r"\bHAPI_[A-Z0-9_]*[A-Z0-9]\b")
 @functools.cache
 def gateway_env() -> frozenset[str]:
     """Every environment variable ``hapi serve`` reads."""
-    from hapi.gateway import _settings
+    from hapi.gateway import environment_variables
 
-    constants = {v for k, v in vars(_settings).items() if k.startswith("ENV_")}
-    return frozenset(constants | set(_settings._TUNABLES))
+    return environment_variables()
 
 
 @functools.cache
@@ -77,7 +76,7 @@ def gateway_routes() -> frozenset[str]:
         backend_credentials=Credentials("key", "secret"),
         allow_anonymous=True,
     )
-    return frozenset(route.path for route in create_app(settings).ops.routes)
+    return frozenset(route.path for route in create_app(settings).control.app.routes)
 
 
 @functools.cache

@@ -299,5 +299,14 @@ def _exercise_gateway(url: str, gateway: dict[str, Any]) -> None:
         env=_isolated_env({}),
     )
     assert checked.returncode == 0, checked.stderr
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
-        assert b"hapi_requests_total" in reply.read()
+    # /metrics wants a signed request from a client credential (the compose file does not
+    # make it public).
+    import httpx
+    from botocore.credentials import Credentials as BotoCredentials
+
+    from hapi.planner import GatewayAuth
+
+    credentials = BotoCredentials(env["HAPI_ACCESS_KEY_ID"], env["HAPI_SECRET_ACCESS_KEY"])
+    assert httpx.get(url + "/metrics", timeout=5).status_code == 403
+    metrics = httpx.get(url + "/metrics", timeout=5, auth=GatewayAuth(credentials))
+    assert b"hapi_requests_total" in metrics.content

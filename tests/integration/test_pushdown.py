@@ -18,6 +18,7 @@ from skimage import data as samples
 from hapi import models
 from hapi.gateway._sigv4 import Credentials, sign_request
 from hapi.models._wire import decode
+from tests.support import control_get
 
 IMAGES = {
     "cat.jpg": samples.chelsea(),
@@ -255,7 +256,7 @@ def test_concurrent_clients_with_different_models(gateway, registered, images):
     assert len(results) == 24
     for key, features in results:
         assert np.abs(features - expected[key]).max() <= 1e-4, key
-    stats = httpx.get(gateway.endpoint_url + "/_hapi/stats").json()
+    stats = control_get(gateway, "/_hapi/stats").json()
     assert (
         max(max(t["recent_batch_sizes"] or [0]) for t in stats["tenants"]) > 1
     )  # requests were batched together

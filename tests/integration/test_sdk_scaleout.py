@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 from torch.utils.data import DataLoader
@@ -28,7 +27,7 @@ from torch.utils.data import DataLoader
 from hapi import sdk
 from tests.conftest import _empty_bucket
 from tests.integration.test_sdk import _picture
-from tests.support import RunningGateway, free_port, gateway_process
+from tests.support import RunningGateway, control_get, free_port, gateway_process
 
 SAMPLES = 36
 MODEL, SPLIT = "r18", 3
@@ -114,7 +113,7 @@ def _scrape(gateway: RunningGateway) -> tuple[float, float]:
     """Feature requests the gateway has answered, and requests it is serving now (less
     this /metrics request), from its Prometheus text."""
     served, in_flight = 0.0, 0.0
-    for line in httpx.get(gateway.endpoint_url + "/metrics", timeout=5).text.splitlines():
+    for line in control_get(gateway, "/metrics", timeout=5).text.splitlines():
         name, _, value = line.rpartition(" ")
         if name.startswith("hapi_requests_total{") and any(
             f'operation="{op}"' in name for op in FEATURE_OPERATIONS

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from hapi.gateway._sigv4 import Credentials, sign_request
-from hapi.models import Manifest, sample_images
+from hapi.models import Manifest, ModelProfile, sample_images
 from hapi.planner._cli import plan
-from tests.support import RunningGateway, gateway_process
+from tests.support import RunningGateway, control_get, gateway_process
 
 pytestmark = pytest.mark.slow
 
@@ -54,8 +54,8 @@ def test_auto_probes_and_takes_the_gateways_view(
     backend_s3.put_object(Bucket=bucket, Key="photo.jpg", Body=photo.getvalue())
     for _ in range(3):
         _pushdown(gateway, bucket, "photo.jpg", 3)
-    served = httpx.get(f"{gateway.endpoint_url}/_hapi/models/r18").json()["served"]
-    measured = next(t["ms_per_sample"] for t in served if "r18@1:3" in t["served_as"])
+    served = ModelProfile.model_validate_json(control_get(gateway, "/_hapi/models/r18").content)
+    measured = next(t.ms_per_sample for t in served.served if t.serves("r18@1") == [3])
 
     env = {
         "AWS_ENDPOINT_URL": gateway.endpoint_url,  # the manifest is read through the gateway
