@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from ._client import Features, client
 from ._compute import FallbackWarning
+from ._constructors import DatasetOptions
 from ._errors import (
     EndpointsUnavailable,
     InvalidArgument,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LABEL_SOURCES",
+    "DatasetOptions",
     "EndpointsUnavailable",
     "EpochStats",
     "FallbackWarning",

@@ -19,15 +19,16 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from hapi.models import DEFAULT_BUCKET, RuntimeSettings
 
-from ._build import LabelsArg, Options, Prepared, SplitArg, prepare
+from ._build import LabelsArg, Options, Prepared, SplitArg
 from ._compute import Batch, Engine
+from ._constructors import Constructors, DatasetOptions
 from ._prefetch import Prefetcher
 from ._split import SplitChoice, replanned
 from ._stats import EpochStats, Meter
@@ -37,7 +38,7 @@ logger = logging.getLogger("hapi.sdk")
 DEFAULT_PREFETCH = 4
 
 
-class _FeatureSource:
+class _FeatureSource(Constructors):
     """What both dataset forms share: construction, per-process engine, item conversion."""
 
     def __init__(self, prepared: Prepared, *, request_size: int = 32, prefetch: int = 4) -> None:
@@ -50,89 +51,6 @@ class _FeatureSource:
         self._request_size = request_size
         self._prefetch = prefetch
         self._runtime: tuple[int, Engine] | None = (os.getpid(), Engine(prepared.spec, prepared.s3))
-
-    @classmethod
-    def from_prefix(
-        cls,
-        uri: str,
-        *,
-        model: str,
-        split: SplitArg = "auto",
-        freeze: int | None = None,
-        labels: LabelsArg = "folder",
-        dtype: str = "float32",
-        endpoint_url: str | Sequence[str] | None = None,
-        client_options: Mapping[str, Any] | None = None,
-        registry_bucket: str = DEFAULT_BUCKET,
-        runtime: RuntimeSettings | None = None,
-        request_size: int = 32,
-        bandwidth: float | str | None = None,
-        **kwargs: Any,
-    ) -> Self:
-        """Every image (``.jpg``, ``.jpeg``, ``.png``, ``.webp``) under an ``s3://`` prefix.
-
-        Args:
-            uri: ``s3://bucket/prefix/``.
-            model: ``NAME`` or ``NAME@VERSION`` in the registry; the version is pinned.
-            split: ``"auto"`` (the planner decides), an integer ``0..freeze``, or
-                ``None`` for no pushdown (raw objects, every block here).
-            freeze: Features are the output of blocks ``[0, freeze)``; the manifest's
-                freeze point when omitted.
-            labels: ``"folder"`` (ImageFolder convention), ``"manifest:s3://...csv"`` or
-                ``.jsonl``, ``"cls"`` (shards), a function of the key, or ``None``.
-            dtype: Wire dtype of the features: ``float32``, ``float16``, ``bfloat16``.
-            endpoint_url: The gateway, or several gateways in front of the same store
-                (a list, or comma-separated): requests are spread over them and fail
-                over from one that is down; else ``AWS_ENDPOINT_URL_S3``,
-                ``AWS_ENDPOINT_URL``.
-            client_options: More ``boto3.client`` arguments (credentials, region,
-                config); they must pickle, since every worker builds its own client.
-            registry_bucket: The registry bucket (the gateway's).
-            runtime: :class:`hapi.models.RuntimeSettings` for the blocks run here.
-            request_size: Objects per request to the gateway.
-            bandwidth: For ``split="auto"``: the bandwidth to plan for, in bits per
-                second or as text (``"100mbit"``); measured with the gateway's probe
-                when omitted.
-            **kwargs: Options of the dataset class (``prefetch``; for the iterable form
-                also ``shuffle``, ``seed``, ``rank``, ``world_size``, ``progress``).
-
-        Raises:
-            NoSuchModel: The registry has no such model.
-            LabelError: An object has no label.
-            RequestError: Listing the prefix failed.
-            ValueError: An invalid argument, or no images under the prefix.
-        """
-        arguments = {
-            "model": model,
-            "split": split,
-            "freeze": freeze,
-            "labels": labels,
-            "dtype": dtype,
-            "endpoint_url": endpoint_url,
-            "client_options": client_options,
-            "registry_bucket": registry_bucket,
-            "runtime": runtime,
-            "request_size": request_size,
-            "bandwidth": bandwidth,
-        }
-        return cls._from(uri, {**arguments, **kwargs}, shards=False)
-
-    @classmethod
-    def from_objects(cls, uris: Sequence[str], **arguments: Any) -> Self:
-        """The images at ``uris`` (``s3://bucket/key``, one bucket), in that order.
-
-        Takes the keyword arguments of :meth:`from_prefix`; manifest labels match full keys.
-        """
-        if isinstance(uris, str):
-            raise TypeError("from_objects takes a list of s3:// URIs; use from_prefix for one")
-        return cls._from(list(uris), arguments, shards=False)
-
-    @classmethod
-    def _from(cls, what: str | Sequence[str], arguments: dict[str, Any], *, shards: bool) -> Self:
-        names = set(Options.__dataclass_fields__)
-        options = Options(**{k: v for k, v in arguments.items() if k in names})
-        rest = {k: v for k, v in arguments.items() if k not in names}
-        return cls(prepare(what, options, shards=shards), request_size=options.request_size, **rest)
 
     # -- per-process state --------------------------------------------------------------
 
@@ -242,10 +160,49 @@ class FeatureDataset(_FeatureSource, Dataset[Item]):
         super().__init__(prepared, request_size=request_size, prefetch=prefetch)
         self._meter: Meter | None = None
 
-    @classmethod
-    def from_shards(cls, uri: str | Sequence[str], **arguments: Any) -> IterableFeatureDataset:
+    @staticmethod
+    def from_shards(
+        uri: str | Sequence[str],
+        *,
+        model: str,
+        split: SplitArg = "auto",
+        freeze: int | None = None,
+        labels: LabelsArg = "cls",
+        dtype: str = "float32",
+        endpoint_url: str | Sequence[str] | None = None,
+        client_options: Mapping[str, Any] | None = None,
+        registry_bucket: str = DEFAULT_BUCKET,
+        runtime: RuntimeSettings | None = None,
+        request_size: int = 1,
+        bandwidth: float | str | None = None,
+        **dataset: Unpack[DatasetOptions],
+    ) -> IterableFeatureDataset:
         """WebDataset shards: returns an :class:`IterableFeatureDataset` (see there)."""
-        return IterableFeatureDataset.from_shards(uri, **arguments)
+        return IterableFeatureDataset.from_shards(
+            uri,
+            model=model,
+            split=split,
+            freeze=freeze,
+            labels=labels,
+            dtype=dtype,
+            endpoint_url=endpoint_url,
+            client_options=client_options,
+            registry_bucket=registry_bucket,
+            runtime=runtime,
+            request_size=request_size,
+            bandwidth=bandwidth,
+            **dataset,
+        )
+
+    @classmethod
+    def _create(cls, prepared: Prepared, request_size: int, dataset: DatasetOptions) -> Self:
+        unknown = sorted(set(dataset) - {"prefetch"})
+        if unknown:
+            raise TypeError(
+                f"FeatureDataset takes no {', '.join(unknown)} (the iterable form does)"
+            )
+        prefetch = dataset.get("prefetch", DEFAULT_PREFETCH)
+        return cls(prepared, request_size=request_size, prefetch=prefetch)
 
     def __len__(self) -> int:
         return len(self._source.keys)
@@ -279,6 +236,7 @@ class FeatureDataset(_FeatureSource, Dataset[Item]):
             self._meter = Meter(0, total=None, progress=False)
         return self._meter
 
+    @property
     def stats(self) -> EpochStats:
         """Figures since the last :meth:`reset_stats`, in this process (a DataLoader
         worker keeps its own)."""
@@ -340,15 +298,47 @@ class IterableFeatureDataset(_FeatureSource, IterableDataset[Item]):
         self.history: list[EpochStats] = []
 
     @classmethod
-    def from_shards(cls, uri: str | Sequence[str], **arguments: Any) -> Self:
+    def from_shards(
+        cls,
+        uri: str | Sequence[str],
+        *,
+        model: str,
+        split: SplitArg = "auto",
+        freeze: int | None = None,
+        labels: LabelsArg = "cls",
+        dtype: str = "float32",
+        endpoint_url: str | Sequence[str] | None = None,
+        client_options: Mapping[str, Any] | None = None,
+        registry_bucket: str = DEFAULT_BUCKET,
+        runtime: RuntimeSettings | None = None,
+        request_size: int = 1,
+        bandwidth: float | str | None = None,
+        **dataset: Unpack[DatasetOptions],
+    ) -> Self:
         """WebDataset tar shards under a prefix (``s3://bucket/shards/``) or listed.
 
         Each shard is one unit of sharding; every image member becomes a sample, with its
-        ``.cls`` member as label (``labels="cls"``, the default here). Takes the keyword
-        arguments of :meth:`from_prefix` (``request_size`` counts shards, default 1).
+        ``.cls`` member as label (``labels="cls"``, the default here). The options are
+        :meth:`from_prefix`'s (``request_size`` counts shards, default 1).
         """
-        arguments = {"labels": "cls", "request_size": 1, **arguments}
-        return cls._from(uri, arguments, shards=True)
+        options = Options(
+            model=model,
+            split=split,
+            freeze=freeze,
+            labels=labels,
+            dtype=dtype,
+            endpoint_url=endpoint_url,
+            client_options=client_options,
+            registry_bucket=registry_bucket,
+            runtime=runtime,
+            request_size=request_size,
+            bandwidth=bandwidth,
+        )
+        return cls._from(uri, options, dataset, shards=True)
+
+    @classmethod
+    def _create(cls, prepared: Prepared, request_size: int, dataset: DatasetOptions) -> Self:
+        return cls(prepared, request_size=request_size, **dataset)
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch (it seeds the shuffle), like ``DistributedSampler.set_epoch``."""

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     head = train_head(train, args.epochs, args.batch_size)
     test = sdk.FeatureDataset.from_prefix(f"{root}/test/", **{**common, "split": train.split})
     score = accuracy(head, test, args.batch_size)
-    tested = test.stats()
+    tested = test.stats
     received = sum(s.bytes_received for s in train.history) + tested.bytes_received
     raw = (train.raw_bytes or 0) * len(train.history) + (test.raw_bytes or 0)
     print(f"test accuracy: {score:.1%} on {len(test)} digits")

@@ -386,7 +386,7 @@ def test_pushdown_receives_fewer_bytes_than_the_objects(gateway, registered, dat
         **_through(gateway, split=19, dtype="float16"),
     )
     _all(dataset)
-    stats = dataset.stats()
+    stats = dataset.stats
     assert stats.mode == "pushdown" and stats.split == 19 and stats.samples == 12
     assert dataset.raw_bytes is not None and stats.bytes_received < dataset.raw_bytes
 

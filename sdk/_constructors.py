@@ -1,0 +1,155 @@
+"""The ``from_prefix`` and ``from_objects`` constructors both dataset classes share.
+
+Each spells out its typed keyword-only options (as s3torchconnector's constructors do);
+the options of the dataset class itself travel as a typed :class:`DatasetOptions`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Self, TypedDict, Unpack
+
+from hapi.models import DEFAULT_BUCKET, RuntimeSettings
+
+from ._build import LabelsArg, Options, Prepared, SplitArg, prepare
+
+
+class DatasetOptions(TypedDict, total=False):
+    """Options of the dataset classes themselves, taken by every ``from_*`` constructor.
+
+    ``prefetch`` (requests in flight ahead of the training loop) applies to both; the
+    others to :class:`IterableFeatureDataset` only (see there).
+    """
+
+    prefetch: int
+    shuffle: bool
+    seed: int
+    rank: int | None
+    world_size: int | None
+    progress: bool
+
+
+class Constructors:
+    """Classmethod constructors of a dataset class built from a :class:`Prepared`: the class
+    defines :meth:`_create`, which takes the options of the class itself."""
+
+    @classmethod
+    def from_prefix(
+        cls,
+        uri: str,
+        *,
+        model: str,
+        split: SplitArg = "auto",
+        freeze: int | None = None,
+        labels: LabelsArg = "folder",
+        dtype: str = "float32",
+        endpoint_url: str | Sequence[str] | None = None,
+        client_options: Mapping[str, Any] | None = None,
+        registry_bucket: str = DEFAULT_BUCKET,
+        runtime: RuntimeSettings | None = None,
+        request_size: int = 32,
+        bandwidth: float | str | None = None,
+        **dataset: Unpack[DatasetOptions],
+    ) -> Self:
+        """Every image (``.jpg``, ``.jpeg``, ``.png``, ``.webp``) under an ``s3://`` prefix.
+
+        Args:
+            uri: ``s3://bucket/prefix/``.
+            model: ``NAME`` or ``NAME@VERSION`` in the registry; the version is pinned.
+            split: ``"auto"`` (the planner decides), an integer ``0..freeze``, or
+                ``None`` for no pushdown (raw objects, every block here).
+            freeze: Features are the output of blocks ``[0, freeze)``; the manifest's
+                freeze point when omitted.
+            labels: ``"folder"`` (ImageFolder convention), ``"manifest:s3://...csv"`` or
+                ``.jsonl``, ``"cls"`` (shards), a function of the key, or ``None``.
+            dtype: Wire dtype of the features: ``float32``, ``float16``, ``bfloat16``.
+            endpoint_url: The gateway, or several gateways in front of the same store
+                (a list, or comma-separated): requests are spread over them and fail
+                over from one that is down; else ``AWS_ENDPOINT_URL_S3``,
+                ``AWS_ENDPOINT_URL``.
+            client_options: More ``boto3.client`` arguments (credentials, region,
+                config); they must pickle, since every worker builds its own client.
+            registry_bucket: The registry bucket (the gateway's).
+            runtime: :class:`hapi.models.RuntimeSettings` for the blocks run here.
+            request_size: Objects per request to the gateway.
+            bandwidth: For ``split="auto"``: the bandwidth to plan for, in bits per
+                second or as text (``"100mbit"``); measured with the gateway's probe
+                when omitted.
+            **dataset: Options of the dataset class (:class:`DatasetOptions`:
+                ``prefetch``; for the iterable form also ``shuffle``, ``seed``, ``rank``,
+                ``world_size``, ``progress``).
+
+        Raises:
+            NoSuchModel: The registry has no such model.
+            LabelError: An object has no label.
+            RequestError: Listing the prefix failed.
+            ValueError: An invalid argument, or no images under the prefix.
+        """
+        options = Options(
+            model=model,
+            split=split,
+            freeze=freeze,
+            labels=labels,
+            dtype=dtype,
+            endpoint_url=endpoint_url,
+            client_options=client_options,
+            registry_bucket=registry_bucket,
+            runtime=runtime,
+            request_size=request_size,
+            bandwidth=bandwidth,
+        )
+        return cls._from(uri, options, dataset, shards=False)
+
+    @classmethod
+    def from_objects(
+        cls,
+        uris: Sequence[str],
+        *,
+        model: str,
+        split: SplitArg = "auto",
+        freeze: int | None = None,
+        labels: LabelsArg = "folder",
+        dtype: str = "float32",
+        endpoint_url: str | Sequence[str] | None = None,
+        client_options: Mapping[str, Any] | None = None,
+        registry_bucket: str = DEFAULT_BUCKET,
+        runtime: RuntimeSettings | None = None,
+        request_size: int = 32,
+        bandwidth: float | str | None = None,
+        **dataset: Unpack[DatasetOptions],
+    ) -> Self:
+        """The images at ``uris`` (``s3://bucket/key``, one bucket), in that order.
+
+        The options are :meth:`from_prefix`'s; manifest labels match full keys.
+        """
+        if isinstance(uris, str):
+            raise TypeError("from_objects takes a list of s3:// URIs; use from_prefix for one")
+        options = Options(
+            model=model,
+            split=split,
+            freeze=freeze,
+            labels=labels,
+            dtype=dtype,
+            endpoint_url=endpoint_url,
+            client_options=client_options,
+            registry_bucket=registry_bucket,
+            runtime=runtime,
+            request_size=request_size,
+            bandwidth=bandwidth,
+        )
+        return cls._from(list(uris), options, dataset, shards=False)
+
+    @classmethod
+    def _from(
+        cls,
+        what: str | Sequence[str],
+        options: Options,
+        dataset: DatasetOptions,
+        *,
+        shards: bool,
+    ) -> Self:
+        return cls._create(prepare(what, options, shards=shards), options.request_size, dataset)
+
+    @classmethod
+    def _create(cls, prepared: Prepared, request_size: int, dataset: DatasetOptions) -> Self:
+        raise NotImplementedError(f"{cls.__name__} defines no _create")
