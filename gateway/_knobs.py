@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -110,13 +111,17 @@ def knobs(settings_class: type) -> tuple[Knob, ...]:
         TypeError: A field's type has no parser and its metadata gives none.
     """
     helps = _attribute_help(settings_class.__doc__ or "")
-    return tuple(_knob(f, helps.get(f.name, "")) for f in dataclasses.fields(settings_class))
+    hints = typing.get_type_hints(settings_class)
+    return tuple(
+        _knob(f, helps.get(f.name, ""), hints[f.name]) for f in dataclasses.fields(settings_class)
+    )
 
 
-def _knob(field: dataclasses.Field[Any], help_text: str) -> Knob:
+def _knob(field: dataclasses.Field[Any], help_text: str, hint: Any) -> Knob:
     given: Mapping[str, Any] = field.metadata.get("knob", {})
     kind = str(field.type)
-    parse = given.get("parse") or _parser(field.name, kind)
+    choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
+    parse = given.get("parse") or (_choice(choices) if choices else _parser(field.name, kind))
     if parse is None:
         raise TypeError(f"settings field {field.name} ({kind}) needs a parser: knob(parse=...)")
     return Knob(
@@ -128,8 +133,17 @@ def _knob(field: dataclasses.Field[Any], help_text: str) -> Knob:
         is_bool=kind == "bool",
         repeatable=kind.startswith("tuple["),
         default=given.get("default", _shown_default(field)),
-        metavar=_metavar(field.name, kind, given.get("env", "")),
+        metavar="|".join(choices) or _metavar(field.name, kind, given.get("env", "")),
     )
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, not {text!r}")
+        return text
+
+    return parse
 
 
 def _metavar(name: str, kind: str, env: str) -> str:

@@ -11,6 +11,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from hapi.models import Device
+
 from ._knobs import Knob, from_environment, knob, knobs
 from ._sigv4 import Credentials
 
@@ -108,7 +110,7 @@ class GatewaySettings:
     max_object_bytes: int = field(default=256 * 1024**2, metadata=knob(shown_default="256MiB"))
     max_image_pixels: int = 64_000_000
     decode_workers: int = 0
-    device: str = "auto"
+    device: Device = "auto"
     intra_op_threads: int = 0
     fixed_batch_size: int | None = None
     assumed_bandwidth_bps: float = field(

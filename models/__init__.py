@@ -42,7 +42,7 @@ from ._registry import (
     check_name,
     parse_ref,
 )
-from ._runtime import RuntimeSettings, create_session, cuda_usable
+from ._runtime import Device, RuntimeSettings, create_session, cuda_usable
 from ._schema import (
     BlockProfile,
     GatewayStats,
@@ -66,6 +66,7 @@ __all__ = [
     "BlockProfile",
     "CorruptBlock",
     "Decomposition",
+    "Device",
     "ExportError",
     "ExportedBlock",
     "ExportedModel",

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -36,9 +36,6 @@ from ._profile import (
 )
 from ._units import format_bandwidth, parse_bandwidth, parse_size
 
-# `hapi models`' --endpoint/--bucket options and registry client, so both commands find
-# the store the same way (typed here: mypy cannot follow the editable install's mapping).
-_with_store: Callable[[Callable[..., None]], Callable[..., None]] = store_options
 _MEMORY_HELP = "memory budget, e.g. 16GB or 8GiB; unlimited if unset."
 
 
@@ -95,7 +92,7 @@ def _planner_errors() -> Iterator[None]:
     help="Draw sizes, compute and epoch times per split into FILE (.png, .svg, .pdf).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-@_with_store
+@store_options
 def plan(
     ref: str,
     bandwidth: str,

@@ -114,8 +114,8 @@ def choose_split(
     if not endpoints:
         return fewest_bytes(manifest, freeze, dtype, "no endpoint to probe")
     given = bandwidth_bps is not None
-    extra = {"raw_bytes": raw_bytes} if raw_bytes else {}
-    profile = planner.profile_from_manifest(manifest, wire_dtype=dtype, **extra)
+    raw = raw_bytes or planner.DEFAULT_RAW_BYTES
+    profile = planner.profile_from_manifest(manifest, wire_dtype=dtype, raw_bytes=raw)
     try:
         profile, bandwidth_bps = _probe(endpoints, manifest, profile, bandwidth_bps, auth)
     except planner.ProbeError as exc:  # not a hapi gateway, or one without the model
