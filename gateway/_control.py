@@ -232,7 +232,8 @@ def _pushdown(gateway: Gateway) -> Pushdown:
 async def _invalid_argument(request: Request, exc: Exception) -> Response:
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
     where = ", ".join(str(e.get("loc", ("?",))[-1]) for e in errors) or "the request"
-    response: Response = await s3_error_handler(request, InvalidArgument(f"invalid: {where}"))
+    error = InvalidArgument(f"{where}: not a valid value")
+    response: Response = await s3_error_handler(request, error)
     return response
 
 
