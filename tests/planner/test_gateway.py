@@ -99,7 +99,7 @@ def test_probe_of_nothing_says_so() -> None:
 
 
 def _model_json(served: list[dict]) -> dict:
-    """What ``GET /_hapi/models/synthetic`` answers (see gateway/_ops.py)."""
+    """What ``GET /_hapi/models/synthetic`` answers (``hapi.models.ModelProfile``)."""
     model = manifest(freeze=4)
     return {
         "name": "synthetic",
