@@ -193,8 +193,15 @@ class Proxy:
         target: Target,
         verified: Verified | None,
     ) -> None:
-        """Send the request upstream and stream the response back."""
-        request = self._upstream_request(scope, receive, target, verified)
+        """Send the request upstream and stream the response back.
+
+        Nothing goes upstream before the body's first verified piece is in hand (the whole
+        body, when it fits one read): a request head followed by the connection's end is,
+        for some stores (SeaweedFS), an empty object, so a body rejected or abandoned
+        early must never have had its head sent.
+        """
+        length, content = await self._upstream_body(scope, receive, verified)
+        request = self._upstream_request(scope, target, length, content)
         try:
             response = await self._client().send(request, stream=True)
         except httpx.TransportError as exc:
@@ -208,8 +215,40 @@ class Proxy:
         finally:
             await response.aclose()
 
+    async def _upstream_body(
+        self, scope: Scope, receive: ASGIReceive, verified: Verified | None
+    ) -> tuple[int | None, AsyncIterator[bytes] | None]:
+        """The payload's length and its verified pieces, the first one already read.
+
+        Raises:
+            S3Error: The body failed verification before its first piece was complete.
+            ConnectionAbortedError: The client went away first.
+        """
+        headers = _decoded_headers(scope)
+        length = _payload_length(headers, verified)
+        if length is None:
+            if _has_body(headers):
+                raise InvalidRequest(
+                    "a request body needs a Content-Length (S3 has no chunked uploads)"
+                )
+            return None, None
+        pieces = decode_body(
+            _receive_body(receive, request_state(scope)),
+            verified,
+            content_length=length,
+            headers=dict(headers),
+            # CompleteMultipartUpload's checksum headers describe the whole object.
+            check_header_checksums=request_state(scope).get("operation")
+            != "CompleteMultipartUpload",
+        )
+        return length, await _primed(pieces)
+
     def _upstream_request(
-        self, scope: Scope, receive: ASGIReceive, target: Target, verified: Verified | None
+        self,
+        scope: Scope,
+        target: Target,
+        length: int | None,
+        content: AsyncIterator[bytes] | None,
     ) -> httpx.Request:
         method: str = scope["method"]
         headers = _decoded_headers(scope)
@@ -230,6 +269,8 @@ class Proxy:
         encoding = _content_encoding_without_chunked(headers)
         if encoding:
             plain["content-encoding"] = encoding
+        if length is not None:
+            plain["content-length"] = str(length)
         signed = sign_request(
             method=method,
             url=url,
@@ -238,28 +279,28 @@ class Proxy:
             region=self._settings.region,
             now=self._now(),
         )
-        length = _payload_length(headers, verified)
-        content: AsyncIterator[bytes] | None = None
-        if length is not None:
-            plain["content-length"] = str(length)
-            # An empty aws-chunked body still has a final chunk and trailers to verify.
-            if length or (verified is not None and verified.payload_mode.startswith("streaming")):
-                content = decode_body(
-                    _receive_body(receive, request_state(scope)),
-                    verified,
-                    content_length=length,
-                    headers=dict(headers),
-                    # CompleteMultipartUpload's checksum headers describe the whole object.
-                    check_header_checksums=request_state(scope).get("operation")
-                    != "CompleteMultipartUpload",
-                )
-        elif _has_body(headers):
-            raise InvalidRequest(
-                "a request body needs a Content-Length (S3 has no chunked uploads)"
-            )
         return self._client().build_request(
             method, url, headers={**plain, **signed}, content=content
         )
+
+
+async def _primed(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes] | None:
+    """``pieces`` with its first piece already read; None for an empty payload.
+
+    ``decode_body`` holds back its last piece until the whole body is verified, so the
+    first piece exists only once the body is verified or more of it has arrived.
+    """
+    try:
+        first = await anext(pieces)
+    except StopAsyncIteration:
+        return None
+
+    async def chained() -> AsyncIterator[bytes]:
+        yield first
+        async for piece in pieces:
+            yield piece
+
+    return chained()
 
 
 async def _relay(response: httpx.Response, send: ASGISend) -> None:
