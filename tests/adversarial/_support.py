@@ -1,9 +1,4 @@
-"""Helpers for the adversarial suite: raw HTTP over sockets, signing, the real gateway.
-
-The session's store and gateway come from ``tests/conftest.py`` and
-``tests/integration/conftest.py``; ``edge_gateway`` starts one more gateway with short
-edge limits, so tests that exhaust them do not disturb the others.
-"""
+"""Helpers for the adversarial suite: raw HTTP over sockets and SigV4 signing."""
 
 from __future__ import annotations
 
@@ -11,14 +6,10 @@ import contextlib
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
-import pytest
-
 from hapi.gateway._sigv4 import Credentials, sign_request
-from tests.integration.conftest import bucket, gateway, s3  # noqa: F401  (fixtures)
-from tests.support import RunningGateway, gateway_process
+from tests.support import RunningGateway
 
 
 @dataclass
@@ -96,26 +87,6 @@ def send_and_vanish(gw: RunningGateway, data: bytes) -> None:
     """Send ``data`` and close the connection without reading anything."""
     with socket.create_connection(address(gw.endpoint_url), timeout=10) as sock:
         sock.sendall(data)
-
-
-@pytest.fixture(scope="module")
-def edge_gateway(store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    """A gateway of its own with short edge limits (header size and read timeout)."""
-    env = {
-        "HAPI_MAX_HEADER_BYTES": "16KiB",
-        "HAPI_HEADER_TIMEOUT_S": "1",
-        "HAPI_KEEP_ALIVE_TIMEOUT_S": "2",
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        with gateway_process(
-            backend_url=store.endpoint_url,
-            backend_key=store.credentials.access_key_id,
-            backend_secret=store.credentials.secret_access_key,
-            log_dir=tmp_path_factory.mktemp("edge-gateway"),
-        ) as running:
-            yield running
 
 
 @contextlib.contextmanager

@@ -21,10 +21,8 @@ import pytest
 
 from hapi.gateway._sigv4 import verify_request
 from tests.adversarial._support import (
-    bucket,  # noqa: F401
     encode_request,
     exchange,
-    gateway,  # noqa: F401
     send_and_vanish,
     signed_headers,
 )
