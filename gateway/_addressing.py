@@ -18,11 +18,15 @@ class Target:
         key: The decoded object key; empty for bucket-level requests.
         upstream_path: The path-style path to send upstream, encoded canonically, so the
             path we sign is byte for byte the path we send.
+        client_path: The path-style path as the client encoded it: the raw path, with
+            ``/BUCKET`` in front for virtual-hosted requests. Signature V2 signs this,
+            not ``Host``, so the bucket it names is the one the signature covers.
     """
 
     bucket: str
     key: str
     upstream_path: str
+    client_path: str
 
 
 def resolve(raw_path: str, host: str, domains: tuple[str, ...]) -> Target:
@@ -37,10 +41,10 @@ def resolve(raw_path: str, host: str, domains: tuple[str, ...]) -> Target:
     for domain in domains:
         if hostname.endswith("." + domain):
             bucket = hostname[: -len(domain) - 1]
-            return _target(bucket, unquote(raw_path[1:]))
+            return _target(bucket, unquote(raw_path[1:]), f"/{bucket}{raw_path}")
     path = raw_path[1:] if raw_path.startswith("/") else raw_path
     bucket, _, raw_key = path.partition("/")
-    return _target(unquote(bucket), unquote(raw_key))
+    return _target(unquote(bucket), unquote(raw_key), raw_path)
 
 
 def object_path(bucket: str, key: str) -> str:
@@ -49,7 +53,7 @@ def object_path(bucket: str, key: str) -> str:
     return path if key else path.rstrip("/")
 
 
-def _target(bucket: str, key: str) -> Target:
+def _target(bucket: str, key: str, client_path: str) -> Target:
     if not bucket:
-        return Target("", "", "/")
-    return Target(bucket, key, object_path(bucket, key))
+        return Target("", "", "/", client_path or "/")
+    return Target(bucket, key, object_path(bucket, key), client_path)

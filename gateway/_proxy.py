@@ -87,14 +87,9 @@ class Proxy:
         raw_path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         raw_query = scope["query_string"].decode("latin-1")
         if is_presigned_v2(raw_query):
-            resource = (
-                raw_path
-                if raw_path.startswith(f"/{target.bucket}")
-                else f"/{target.bucket}{raw_path}"
-            )
             return verify_presigned_v2(
                 method=scope["method"],
-                resource_path=resource if target.bucket else raw_path,
+                resource_path=target.client_path,
                 raw_query=raw_query,
                 headers=headers,
                 secrets=self._settings.client_secrets,
