@@ -7,6 +7,7 @@ chunk, with ASGI back-pressure bounding what is held in memory.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -50,6 +51,10 @@ _DROP_REQUEST = frozenset(
 _DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"})
 # Headers we sign upstream besides host and x-amz-*: the ones S3 requires to be signed.
 _SIGN_EXTRA = frozenset({"content-md5", "content-type"})
+# A rejected request's unread body up to this size is read and dropped, so its connection
+# stays usable; beyond it (or when it does not come in time) the connection is closed.
+_DRAIN_BYTES = 64 * 1024
+_DRAIN_TIMEOUT_S = 5.0
 
 
 class Proxy:
@@ -115,6 +120,16 @@ class Proxy:
         return resolve(raw_path.decode("latin-1"), host, self._settings.virtual_host_domains)
 
     async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
+        try:
+            await self._serve(scope, receive, send)
+        except ConnectionAbortedError:
+            raise
+        except Exception:
+            if "status" not in request_state(scope):  # the error response is still to come
+                await _settle_body(scope, receive)
+            raise
+
+    async def _serve(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
         target = self.target(scope)
         state = request_state(scope)
         headers = _decoded_headers(scope)
@@ -328,7 +343,34 @@ async def _receive_body(receive: ASGIReceive, state: dict[str, Any]) -> AsyncIte
             state["received"] = received
             yield chunk
         if not message.get("more_body", False):
+            state["body_done"] = True
             return
+
+
+async def _settle_body(scope: Scope, receive: ASGIReceive) -> None:
+    """Leave the connection ready for its next request before an error answers this one.
+
+    A body left unread would be parsed as the next request: a small one is read and
+    dropped, a large one (or one that does not come) makes the answer close the connection.
+    """
+    state = request_state(scope)
+    headers = _decoded_headers(scope)
+    if state.get("body_done") or not _declares_body(headers):
+        return
+    left = _DRAIN_BYTES + 1
+    for name, value in headers:
+        if name == "content-length" and value.isdigit():
+            left = int(value) - state.get("received", 0)
+    try:
+        if left > _DRAIN_BYTES:
+            raise TimeoutError
+        async with asyncio.timeout(_DRAIN_TIMEOUT_S):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect" or not message.get("more_body"):
+                    return
+    except TimeoutError:
+        state["close_connection"] = True
 
 
 def _decoded_headers(scope: Scope) -> list[tuple[str, str]]:
@@ -374,3 +416,10 @@ def _payload_length(headers: Sequence[tuple[str, str]], verified: Verified | Non
 
 def _has_body(headers: Sequence[tuple[str, str]]) -> bool:
     return any(name == "transfer-encoding" for name, _ in headers)
+
+
+def _declares_body(headers: Sequence[tuple[str, str]]) -> bool:
+    return any(
+        name == "transfer-encoding" or (name == "content-length" and value.strip() != "0")
+        for name, value in headers
+    )
