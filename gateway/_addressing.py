@@ -7,6 +7,7 @@ from urllib.parse import quote, unquote
 
 # Characters S3 leaves unencoded in a key path (the RFC 3986 unreserved set, plus "/").
 _KEY_SAFE = "/-_.~"
+_DOT_SEGMENTS = {".": "%2E", "..": "%2E%2E"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +49,16 @@ def resolve(raw_path: str, host: str, domains: tuple[str, ...]) -> Target:
 
 
 def object_path(bucket: str, key: str) -> str:
-    """The canonical path-style path of an object (or of a bucket when ``key`` is empty)."""
-    path = "/" + quote(bucket, safe="") + "/" + quote(key, safe=_KEY_SAFE)
+    """The canonical path-style path of an object (or of a bucket when ``key`` is empty).
+
+    ``.`` and ``..`` segments of a key are percent-encoded: HTTP clients (httpx included)
+    remove dot segments from a URL's path, and a key must reach the store as written.
+    Signing decodes them again, as S3 does.
+    """
+    encoded = quote(key, safe=_KEY_SAFE)
+    if "." in encoded:
+        encoded = "/".join(_DOT_SEGMENTS.get(part, part) for part in encoded.split("/"))
+    path = "/" + quote(bucket, safe="") + "/" + encoded
     return path if key else path.rstrip("/")
 
 

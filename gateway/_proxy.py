@@ -107,6 +107,7 @@ class Proxy:
             headers=headers,
             secrets=self._settings.client_secrets,
             now=self._now(),
+            region=self._settings.region,
         )
 
     def target(self, scope: Scope) -> Target:
@@ -338,12 +339,13 @@ async def _receive_body(receive: ASGIReceive, state: dict[str, Any]) -> AsyncIte
         if message["type"] == "http.disconnect":
             raise ConnectionAbortedError("client disconnected during upload")
         chunk: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        state["body_done"] = not more  # before the yield: its consumer may stop there
         if chunk:
             received += len(chunk)
             state["received"] = received
             yield chunk
-        if not message.get("more_body", False):
-            state["body_done"] = True
+        if not more:
             return
 
 
@@ -361,6 +363,8 @@ async def _settle_body(scope: Scope, receive: ASGIReceive) -> None:
     for name, value in headers:
         if name == "content-length" and value.isdigit():
             left = int(value) - state.get("received", 0)
+    if left <= 0:
+        return
     try:
         if left > _DRAIN_BYTES:
             raise TimeoutError

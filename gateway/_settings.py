@@ -32,7 +32,8 @@ class GatewaySettings:
         client_secrets: Access key id -> secret key, the credentials clients may sign with.
         allow_anonymous: Forward unsigned requests (signed upstream with the backend
             credentials). Off unless asked for explicitly.
-        region: Region used when signing upstream.
+        region: The region clients sign for (a request signed for another is refused, as
+            AWS refuses it) and the gateway signs upstream with.
         virtual_host_domains: Domains under which ``BUCKET.DOMAIN`` hosts address a
             bucket (virtual-hosted style); path style always works.
         max_skew_s: Largest accepted difference between a request's date and our clock.
