@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -53,6 +53,15 @@ class GatewaySettings:
             not say (``x-hapi-bandwidth``).
         fixed_batch_size: Use this storage-side batch size instead of the adaptive one
             (for benchmarks and comparisons; the adaptive size is the default).
+        max_header_bytes: Largest request head (request line and headers) accepted, per
+            request; larger ones get 431 and the connection is closed.
+        header_timeout_s: Longest a client may take to send a request head, from the
+            connection's opening or the head's first byte; slower connections are closed.
+        keep_alive_timeout_s: How long an idle kept-alive client connection stays open.
+        max_connections: Client connections served at once, per worker; requests beyond
+            get 503 SlowDown.
+        workers: Gateway processes sharing the port; each gets ``1/workers`` of the
+            memory budget.
     """
 
     backend_url: str
@@ -76,6 +85,11 @@ class GatewaySettings:
     intra_op_threads: int = 0
     fixed_batch_size: int | None = None
     assumed_bandwidth_bps: float = 1e9
+    max_header_bytes: int = 64 * 1024
+    header_timeout_s: float = 30.0
+    keep_alive_timeout_s: int = 20
+    max_connections: int = 1024
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if not self.backend_url.startswith(("http://", "https://")):
@@ -88,6 +102,11 @@ class GatewaySettings:
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if min(self.memory_budget_bytes, self.max_queue_samples, self.max_object_bytes) <= 0:
             raise ValueError("memory budget, queue bound and object limit must be positive")
+        edge = (self.max_header_bytes, self.header_timeout_s, self.keep_alive_timeout_s)
+        if min(*edge, self.max_connections, self.workers) <= 0:
+            raise ValueError(
+                "header size and timeouts, connection limit and workers must be positive"
+            )
         if not self.client_secrets and not self.allow_anonymous:
             raise ValueError(
                 "no client credentials: set HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY, "
@@ -133,6 +152,17 @@ class GatewaySettings:
         """A copy with some fields replaced (settings are immutable)."""
         return replace(self, **changes)
 
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # Worker processes are spawned and receive the settings pickled; a mapping proxy
+        # cannot be pickled, so the secrets travel as a dict.
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["client_secrets"] = dict(self.client_secrets)
+        return _rebuild, (values,)
+
+
+def _rebuild(values: dict[str, Any]) -> GatewaySettings:
+    return GatewaySettings(**values)
+
 
 _TUNABLES: dict[str, tuple[str, Any]] = {
     "HAPI_MEMORY_BUDGET": ("memory_budget_bytes", parse_size),
@@ -146,6 +176,11 @@ _TUNABLES: dict[str, tuple[str, Any]] = {
         lambda text: tuple(d.strip() for d in text.split(",") if d.strip()),
     ),
     "HAPI_ASSUMED_BANDWIDTH": ("assumed_bandwidth_bps", lambda text: float(parse_bandwidth(text))),
+    "HAPI_MAX_HEADER_BYTES": ("max_header_bytes", parse_size),
+    "HAPI_HEADER_TIMEOUT_S": ("header_timeout_s", float),
+    "HAPI_KEEP_ALIVE_TIMEOUT_S": ("keep_alive_timeout_s", int),
+    "HAPI_MAX_CONNECTIONS": ("max_connections", int),
+    "HAPI_WORKERS": ("workers", int),
 }
 
 

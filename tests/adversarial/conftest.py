@@ -16,11 +16,12 @@ __all__ = ["bucket", "edge_gateway", "gateway", "s3"]
 
 @pytest.fixture(scope="module")
 def edge_gateway(store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    """A gateway of its own with short edge limits (header size and read timeout)."""
+    """A gateway of its own with short edge limits: head size and time, keep-alive, connections."""
     env = {
         "HAPI_MAX_HEADER_BYTES": "16KiB",
         "HAPI_HEADER_TIMEOUT_S": "1",
         "HAPI_KEEP_ALIVE_TIMEOUT_S": "2",
+        "HAPI_MAX_CONNECTIONS": "8",
     }
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
