@@ -25,6 +25,8 @@ from ._observe import error_body
 from ._settings import GatewaySettings
 from ._types import ASGIReceive, ASGISend, Scope
 
+_WORKER_STARTUP_S = 120
+
 
 class RequestHeaderSectionTooLarge(S3Error):
     """The request head is larger than the gateway accepts."""
@@ -183,6 +185,9 @@ def serve_gateway(settings: GatewaySettings, host: str, port: int) -> None:
         server_header=False,
         timeout_keep_alive=settings.keep_alive_timeout_s,
         h11_max_incomplete_event_size=settings.max_header_bytes,
+        # A spawned worker answers health checks only once it has imported the gateway,
+        # which takes seconds on a busy machine: a short deadline kills it in a loop.
+        timeout_worker_healthcheck=_WORKER_STARTUP_S,
     )
     config.edge = EdgeLimits.from_settings(settings)
     with contextlib.suppress(KeyboardInterrupt):
