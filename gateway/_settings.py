@@ -176,6 +176,7 @@ _TUNABLES: dict[str, tuple[str, Any]] = {
         lambda text: tuple(d.strip() for d in text.split(",") if d.strip()),
     ),
     "HAPI_ASSUMED_BANDWIDTH": ("assumed_bandwidth_bps", lambda text: float(parse_bandwidth(text))),
+    "HAPI_REGION": ("region", str),
     "HAPI_MAX_HEADER_BYTES": ("max_header_bytes", parse_size),
     "HAPI_HEADER_TIMEOUT_S": ("header_timeout_s", float),
     "HAPI_KEEP_ALIVE_TIMEOUT_S": ("keep_alive_timeout_s", int),
