@@ -78,12 +78,19 @@ class EdgeProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        room = self._limits.max_header_bytes - self._head_bytes
+        if not self._reading_head or len(data) <= room:
+            self._head_bytes += len(data) if self._reading_head else 0
+            super().data_received(data)
+            return
+        # The read may hold the head's end and body bytes after it: let the parser see
+        # what the limit allows, and refuse only if the head is still not complete.
+        if room > 0:
+            super().data_received(data[:room])
         if self._reading_head:
-            self._head_bytes += len(data)
-            if self._head_bytes > self._limits.max_header_bytes:
-                self._refuse_head()
-                return
-        super().data_received(data)
+            self._refuse_head()
+        elif not self.transport.is_closing():
+            super().data_received(data[room:])
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

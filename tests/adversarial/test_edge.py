@@ -69,6 +69,15 @@ def test_head_within_the_limit_is_served(edge_gateway, bucket):
         assert read_reply(sock).status == 200
 
 
+def test_body_in_the_same_read_as_the_head_is_not_counted_as_head(edge_gateway, bucket):
+    path = f"/{bucket}/one-read"
+    body = b"b" * MiB
+    headers = signed_headers(edge_gateway, "PUT", path, headers={"content-length": str(MiB)})
+    with connection(edge_gateway) as sock:
+        sock.sendall(encode_request("PUT", path, headers) + body)
+        assert read_reply(sock).status == 200
+
+
 def test_half_sent_heads_are_reaped(edge_gateway, bucket):
     sockets = [socket.create_connection(address(edge_gateway.endpoint_url)) for _ in range(50)]
     try:
