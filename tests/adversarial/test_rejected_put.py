@@ -180,3 +180,30 @@ def test_empty_put_still_stores_an_empty_object(gateway, backend_s3, bucket):
     reply = exchange(gateway, encode_request("PUT", path, headers))
     assert reply.status == 200, reply
     assert _stored(backend_s3, bucket, "empty") == b""
+
+
+@pytest.mark.parametrize("version", ["s3", "s3v4"])
+def test_presigned_put_whose_client_vanishes_changes_nothing(gateway, backend_s3, bucket, version):
+    import boto3
+    from botocore.config import Config
+
+    key = f"presigned-{version}"
+    backend_s3.put_object(Bucket=bucket, Key=key, Body=ORIGINAL)
+    presigner = boto3.client(
+        "s3",
+        endpoint_url=gateway.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=gateway.access_key_id,
+        aws_secret_access_key=gateway.secret_access_key,
+        config=Config(signature_version=version, s3={"addressing_style": "path"}),
+    )
+    url = httpx.URL(
+        presigner.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": key})
+    )
+    target = url.raw_path.decode()
+    host = f"{url.host}:{url.port}"
+    send_and_vanish(
+        gateway, encode_request("PUT", target, {"host": host, "content-length": "5000"})
+    )
+    _await_log(gateway, f"PUT /{bucket}/{key} status=499")
+    assert _settled(backend_s3, bucket, key, ORIGINAL) == ORIGINAL
