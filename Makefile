@@ -10,7 +10,7 @@ PACKAGES := gateway planner models sdk store cli bench
 # instead, where every `hapi.*` import resolves to the real sources (mypy_path).
 MYPY_TREE := build/mypy/hapi
 
-.PHONY: run test check lint format bench-proxy bench-pushdown bench clean venv
+.PHONY: run test check lint format bench-proxy bench-pushdown bench-load bench clean venv
 
 venv: $(STAMP)
 
@@ -48,6 +48,11 @@ bench-proxy: $(STAMP)
 
 bench-pushdown: $(STAMP)
 	$(PY) -m hapi.bench._pushdown --out bench-results
+
+# Bounded load (150 clients, 60 s): gateway, nginx and the store; e.g. LOAD_ARGS="--workers 2".
+bench-load: $(STAMP)
+	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
+	$(PY) -m hapi.bench._load --out bench-results $(LOAD_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-awscli build *.egg-info

@@ -90,18 +90,7 @@ def _joined(value: Any) -> Any:
 
 
 def run_gateway(settings: GatewaySettings, host: str, port: int) -> None:
-    """Serve the gateway with uvicorn until interrupted."""
-    import uvicorn
+    """Serve the gateway with uvicorn until interrupted (``settings.workers`` processes)."""
+    from ._server import serve_gateway
 
-    from ._app import create_app
-
-    uvicorn.run(
-        create_app(settings),
-        host=host,
-        port=port,
-        log_level="warning",
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        server_header=False,
-    )
+    serve_gateway(settings, host, port)

@@ -95,6 +95,8 @@ class Observe:
         ]
         if exc.retry_after is not None:
             headers.append((b"retry-after", str(exc.retry_after).encode()))
+        if state.get("close_connection"):  # an unread request body is still on it
+            headers.append((b"connection", b"close"))
         state["status"] = exc.status
         state["error"] = exc.code
         await send({"type": "http.response.start", "status": exc.status, "headers": headers})

@@ -7,6 +7,7 @@ chunk, with ASGI back-pressure bounding what is held in memory.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -50,6 +51,10 @@ _DROP_REQUEST = frozenset(
 _DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"})
 # Headers we sign upstream besides host and x-amz-*: the ones S3 requires to be signed.
 _SIGN_EXTRA = frozenset({"content-md5", "content-type"})
+# A rejected request's unread body up to this size is read and dropped, so its connection
+# stays usable; beyond it (or when it does not come in time) the connection is closed.
+_DRAIN_BYTES = 64 * 1024
+_DRAIN_TIMEOUT_S = 5.0
 
 
 class Proxy:
@@ -87,14 +92,9 @@ class Proxy:
         raw_path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         raw_query = scope["query_string"].decode("latin-1")
         if is_presigned_v2(raw_query):
-            resource = (
-                raw_path
-                if raw_path.startswith(f"/{target.bucket}")
-                else f"/{target.bucket}{raw_path}"
-            )
             return verify_presigned_v2(
                 method=scope["method"],
-                resource_path=resource if target.bucket else raw_path,
+                resource_path=target.client_path,
                 raw_query=raw_query,
                 headers=headers,
                 secrets=self._settings.client_secrets,
@@ -108,6 +108,7 @@ class Proxy:
             secrets=self._settings.client_secrets,
             now=self._now(),
             max_skew=timedelta(seconds=self._settings.max_skew_s),
+            region=self._settings.region,
         )
 
     def target(self, scope: Scope) -> Target:
@@ -121,6 +122,16 @@ class Proxy:
         return resolve(raw_path.decode("latin-1"), host, self._settings.virtual_host_domains)
 
     async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
+        try:
+            await self._serve(scope, receive, send)
+        except ConnectionAbortedError:
+            raise
+        except Exception:
+            if "status" not in request_state(scope):  # the error response is still to come
+                await _settle_body(scope, receive)
+            raise
+
+    async def _serve(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
         target = self.target(scope)
         state = request_state(scope)
         headers = _decoded_headers(scope)
@@ -194,8 +205,15 @@ class Proxy:
         target: Target,
         verified: Verified | None,
     ) -> None:
-        """Send the request upstream and stream the response back."""
-        request = self._upstream_request(scope, receive, target, verified)
+        """Send the request upstream and stream the response back.
+
+        Nothing goes upstream before the body's first verified piece is in hand (the whole
+        body, when it fits one read): a request head followed by the connection's end is,
+        for some stores (SeaweedFS), an empty object, so a body rejected or abandoned
+        early must never have had its head sent.
+        """
+        length, content = await self._upstream_body(scope, receive, verified)
+        request = self._upstream_request(scope, target, length, content)
         try:
             response = await self._client().send(request, stream=True)
         except httpx.TransportError as exc:
@@ -209,8 +227,40 @@ class Proxy:
         finally:
             await response.aclose()
 
+    async def _upstream_body(
+        self, scope: Scope, receive: ASGIReceive, verified: Verified | None
+    ) -> tuple[int | None, AsyncIterator[bytes] | None]:
+        """The payload's length and its verified pieces, the first one already read.
+
+        Raises:
+            S3Error: The body failed verification before its first piece was complete.
+            ConnectionAbortedError: The client went away first.
+        """
+        headers = _decoded_headers(scope)
+        length = _payload_length(headers, verified)
+        if length is None:
+            if _has_body(headers):
+                raise InvalidRequest(
+                    "a request body needs a Content-Length (S3 has no chunked uploads)"
+                )
+            return None, None
+        pieces = decode_body(
+            _receive_body(receive, request_state(scope)),
+            verified,
+            content_length=length,
+            headers=dict(headers),
+            # CompleteMultipartUpload's checksum headers describe the whole object.
+            check_header_checksums=request_state(scope).get("operation")
+            != "CompleteMultipartUpload",
+        )
+        return length, await _primed(pieces)
+
     def _upstream_request(
-        self, scope: Scope, receive: ASGIReceive, target: Target, verified: Verified | None
+        self,
+        scope: Scope,
+        target: Target,
+        length: int | None,
+        content: AsyncIterator[bytes] | None,
     ) -> httpx.Request:
         method: str = scope["method"]
         headers = _decoded_headers(scope)
@@ -231,6 +281,8 @@ class Proxy:
         encoding = _content_encoding_without_chunked(headers)
         if encoding:
             plain["content-encoding"] = encoding
+        if length is not None:
+            plain["content-length"] = str(length)
         signed = sign_request(
             method=method,
             url=url,
@@ -239,28 +291,28 @@ class Proxy:
             region=self._settings.region,
             now=self._now(),
         )
-        length = _payload_length(headers, verified)
-        content: AsyncIterator[bytes] | None = None
-        if length is not None:
-            plain["content-length"] = str(length)
-            # An empty aws-chunked body still has a final chunk and trailers to verify.
-            if length or (verified is not None and verified.payload_mode.startswith("streaming")):
-                content = decode_body(
-                    _receive_body(receive, request_state(scope)),
-                    verified,
-                    content_length=length,
-                    headers=dict(headers),
-                    # CompleteMultipartUpload's checksum headers describe the whole object.
-                    check_header_checksums=request_state(scope).get("operation")
-                    != "CompleteMultipartUpload",
-                )
-        elif _has_body(headers):
-            raise InvalidRequest(
-                "a request body needs a Content-Length (S3 has no chunked uploads)"
-            )
         return self._client().build_request(
             method, url, headers={**plain, **signed}, content=content
         )
+
+
+async def _primed(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes] | None:
+    """``pieces`` with its first piece already read; None for an empty payload.
+
+    ``decode_body`` holds back its last piece until the whole body is verified, so the
+    first piece exists only once the body is verified or more of it has arrived.
+    """
+    try:
+        first = await anext(pieces)
+    except StopAsyncIteration:
+        return None
+
+    async def chained() -> AsyncIterator[bytes]:
+        yield first
+        async for piece in pieces:
+            yield piece
+
+    return chained()
 
 
 async def _relay(response: httpx.Response, send: ASGISend) -> None:
@@ -288,12 +340,42 @@ async def _receive_body(receive: ASGIReceive, state: dict[str, Any]) -> AsyncIte
         if message["type"] == "http.disconnect":
             raise ConnectionAbortedError("client disconnected during upload")
         chunk: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        state["body_done"] = not more  # before the yield: its consumer may stop there
         if chunk:
             received += len(chunk)
             state["received"] = received
             yield chunk
-        if not message.get("more_body", False):
+        if not more:
             return
+
+
+async def _settle_body(scope: Scope, receive: ASGIReceive) -> None:
+    """Leave the connection ready for its next request before an error answers this one.
+
+    A body left unread would be parsed as the next request: a small one is read and
+    dropped, a large one (or one that does not come) makes the answer close the connection.
+    """
+    state = request_state(scope)
+    headers = _decoded_headers(scope)
+    if state.get("body_done") or not _declares_body(headers):
+        return
+    left = _DRAIN_BYTES + 1
+    for name, value in headers:
+        if name == "content-length" and value.isdigit():
+            left = int(value) - state.get("received", 0)
+    if left <= 0:
+        return
+    try:
+        if left > _DRAIN_BYTES:
+            raise TimeoutError
+        async with asyncio.timeout(_DRAIN_TIMEOUT_S):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect" or not message.get("more_body"):
+                    return
+    except TimeoutError:
+        state["close_connection"] = True
 
 
 def _decoded_headers(scope: Scope) -> list[tuple[str, str]]:
@@ -339,3 +421,10 @@ def _payload_length(headers: Sequence[tuple[str, str]], verified: Verified | Non
 
 def _has_body(headers: Sequence[tuple[str, str]]) -> bool:
     return any(name == "transfer-encoding" for name, _ in headers)
+
+
+def _declares_body(headers: Sequence[tuple[str, str]]) -> bool:
+    return any(
+        name == "transfer-encoding" or (name == "content-length" and value.strip() != "0")
+        for name, value in headers
+    )

@@ -6,7 +6,7 @@ import functools
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -43,8 +43,8 @@ class GatewaySettings:
             {"KEY_ID": "SECRET", ...}, and/or HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY.
         allow_anonymous: Forward unsigned requests unsigned (the store's own policies judge
             them). Off unless asked for explicitly.
-        region: Region the gateway signs upstream requests for (the store's region, e.g.
-            eu-west-1 for AWS S3 there).
+        region: The region clients sign for (a request signed for another is refused, as
+            AWS refuses it) and the gateway signs upstream with (the store's region).
         virtual_host_domains: Domains under which BUCKET.DOMAIN hosts address a bucket
             (virtual-hosted style; path style always works); repeatable or comma-separated.
         max_skew_s: Largest accepted difference, in seconds, between a signed request's date
@@ -72,6 +72,15 @@ class GatewaySettings:
         max_probe_bytes: Largest bandwidth probe (/_hapi/probe?bytes=N) per call, e.g. 256MiB.
         probe_bytes_per_minute: Probe bytes one credential may draw per minute; beyond it,
             SlowDown with Retry-After.
+        max_header_bytes: Largest request head (request line and headers), e.g. 64KiB;
+            larger ones get 431 and the connection is closed.
+        header_timeout_s: Longest a client may take to send a request head, in seconds;
+            slower connections are closed.
+        keep_alive_timeout_s: Seconds an idle kept-alive client connection stays open.
+        max_connections: Client connections served at once, per worker; requests beyond get
+            503 SlowDown.
+        workers: Gateway processes sharing the port; each gets 1/workers of the memory
+            budget.
     """
 
     backend_url: str = field(metadata=knob(env="HAPI_BACKEND_URL", flag="--backend"))
@@ -123,6 +132,11 @@ class GatewaySettings:
     public_metrics: bool = False
     max_probe_bytes: int = field(default=256 * 1024**2, metadata=knob(shown_default="256MiB"))
     probe_bytes_per_minute: int = field(default=1024**3, metadata=knob(shown_default="1GiB"))
+    max_header_bytes: int = field(default=64 * 1024, metadata=knob(shown_default="64KiB"))
+    header_timeout_s: float = 30.0
+    keep_alive_timeout_s: int = 20
+    max_connections: int = 1024
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if not self.backend_url.startswith(("http://", "https://")):
@@ -137,6 +151,11 @@ class GatewaySettings:
             raise ValueError("memory budget, queue bound and object limit must be positive")
         if min(self.max_probe_bytes, self.probe_bytes_per_minute, self.max_skew_s) <= 0:
             raise ValueError("probe limits and the clock skew must be positive")
+        edge = (self.max_header_bytes, self.header_timeout_s, self.keep_alive_timeout_s)
+        if min(*edge, self.max_connections, self.workers) <= 0:
+            raise ValueError(
+                "header size and timeouts, connection limit and workers must be positive"
+            )
         if not self.client_secrets and not self.allow_anonymous:
             raise ValueError(
                 "no client credentials: set HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY, "
@@ -169,6 +188,17 @@ class GatewaySettings:
     def with_changes(self, **changes: Any) -> GatewaySettings:
         """A copy with some fields replaced (settings are immutable)."""
         return replace(self, **changes)
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # Worker processes are spawned and receive the settings pickled; a mapping proxy
+        # cannot be pickled, so the secrets travel as a dict.
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["client_secrets"] = dict(self.client_secrets)
+        return _rebuild, (values,)
+
+
+def _rebuild(values: dict[str, Any]) -> GatewaySettings:
+    return GatewaySettings(**values)
 
 
 @functools.cache

@@ -149,6 +149,7 @@ def verify_request(
     secrets: Mapping[str, str],
     now: datetime | None = None,
     max_skew: timedelta = timedelta(minutes=15),
+    region: str | None = None,
 ) -> Verified:
     """Check a request's SigV4 signature, in its Authorization header or presigned query.
 
@@ -161,6 +162,7 @@ def verify_request(
         secrets: Secret access keys by access key id.
         now: The gateway's clock (UTC); defaults to the current time.
         max_skew: How far the request's date may be from ``now``.
+        region: The region requests must be signed for; None accepts any.
 
     Returns:
         The verified identity, payload mode and the material to check a chunked body.
@@ -169,8 +171,10 @@ def verify_request(
         AccessDenied: No signature at all, an expired presigned URL, or an ``x-amz-*``
             header the signature does not cover.
         InvalidAccessKeyId: The access key id is not in ``secrets``.
-        AuthorizationHeaderMalformed: The Authorization header cannot be parsed.
-        AuthorizationQueryParametersError: The presigned query parameters are malformed.
+        AuthorizationHeaderMalformed: The Authorization header cannot be parsed, or it is
+            signed for another region.
+        AuthorizationQueryParametersError: The presigned query parameters are malformed, or
+            signed for another region.
         RequestTimeTooSkewed: The request's date is more than ``max_skew`` from ``now``.
         InvalidRequest: A required header is missing or the algorithm is not SigV4.
         InvalidArgument: ``x-amz-content-sha256`` or a length header has a bad value.
@@ -188,6 +192,8 @@ def verify_request(
         auth = _query_auth(presign, index)
     else:
         raise AccessDenied("Anonymous access is not allowed; sign requests with SigV4.")
+    if region is not None and auth.region != region:
+        _wrong_region(auth, region)
     secret = secrets.get(auth.access_key_id)
     if secret is None:
         raise InvalidAccessKeyId(
@@ -417,6 +423,16 @@ def _credential(
     if scope_date != amz_date[:8]:
         raise error(f"Invalid credential date {scope_date!r}: it is not the date of {amz_date!r}.")
     return access_key_id, scope_date, region
+
+
+def _wrong_region(auth: _Auth, expected: str) -> None:
+    # AWS's own wording, which botocore's region redirector recognises.
+    wrong = f"the region '{auth.region}' is wrong; expecting '{expected}'"
+    if auth.presigned:
+        raise AuthorizationQueryParametersError(
+            f"Error parsing the X-Amz-Credential parameter; {wrong}"
+        )
+    raise AuthorizationHeaderMalformed(f"The authorization header is malformed; {wrong}")
 
 
 def _check_signature_format(

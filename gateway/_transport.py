@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import re
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, NamedTuple, cast
@@ -32,6 +35,7 @@ import httpx
 _HIGH_WATER = 2 * 1024 * 1024  # body bytes held before the socket stops being read
 _LOW_WATER = 512 * 1024  # ... and resumes
 _MAX_HEAD = 64 * 1024  # largest response head accepted
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "PUT"})
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00\r\n]")
@@ -350,6 +354,19 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
+    def reset(self) -> None:
+        """Abort the connection with a TCP reset, so an unfinished request dies visibly.
+
+        A plain close ends the stream cleanly, and a store may take a request head
+        followed by a clean end for an empty body (SeaweedFS commits an empty object).
+        """
+        if self._transport is not None and not self.closed:
+            sock = self._transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        self.close()
+
     def _fail(self, exc: httpx.TransportError) -> None:
         self._error = exc
         self.close()
@@ -562,7 +579,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         try:
             message = await _exchange(conn, request, head, timeouts)
         except BaseException as exc:
-            conn.close()
+            conn.reset()  # the request may be unfinished: the store must not take it as done
             pool.release(conn)
             broke = isinstance(exc, httpx.ReadError | httpx.RemoteProtocolError)
             if retry and broke and conn.served and not conn.got_bytes:

@@ -62,6 +62,7 @@ def gateway_process(
     backend_secret: str,
     log_dir: Path,
     extra_args: tuple[str, ...] = (),
+    start_timeout: float = 30.0,
 ) -> Iterator[RunningGateway]:
     """Run ``hapi serve`` on a free loopback port; stop it afterwards, whatever happens."""
     port = free_port()
@@ -86,7 +87,7 @@ def gateway_process(
         f"http://127.0.0.1:{port}", key, secret, backend_key, backend_secret, proc, log_path
     )
     try:
-        _wait_listening(gw)
+        _wait_listening(gw, start_timeout)
         yield gw
     finally:
         proc.send_signal(signal.SIGINT)

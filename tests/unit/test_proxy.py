@@ -12,6 +12,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 
 from hapi.gateway import GatewaySettings, create_app
+from hapi.gateway._addressing import object_path, resolve
 from hapi.gateway._app import new_upstream_client
 from hapi.gateway._sigv4 import Credentials, verify_request
 
@@ -123,3 +124,32 @@ async def test_upstream_client_adds_nothing_and_keeps_no_cookies():
     for name in ("accept-encoding", "user-agent", "accept"):
         assert name not in first.headers or first.headers[name] == "", name
     assert "cookie" not in second.headers  # the first user's cookie is not replayed
+
+
+@pytest.mark.parametrize(
+    ("raw_path", "host", "bucket", "key", "client_path"),
+    [
+        ("/data/photo.jpg", "127.0.0.1:8080", "data", "photo.jpg", "/data/photo.jpg"),
+        ("/data/photo.jpg", "dat.localhost:8080", "dat", "data/photo.jpg", "/dat/data/photo.jpg"),
+        ("/", "data.localhost", "data", "", "/data/"),
+        ("/", "127.0.0.1", "", "", "/"),
+    ],
+)
+def test_target_keeps_the_path_the_client_signed(raw_path, host, bucket, key, client_path):
+    target = resolve(raw_path, host, ("localhost",))
+    assert (target.bucket, target.key, target.client_path) == (bucket, key, client_path)
+
+
+@pytest.mark.parametrize(
+    ("key", "path"),
+    [
+        ("a/../b", "/b/a/%2E%2E/b"),
+        ("./x", "/b/%2E/x"),
+        ("a//b", "/b/a//b"),
+        ("a.b/..c", "/b/a.b/..c"),
+        ("..", "/b/%2E%2E"),
+    ],
+)
+def test_dot_segments_survive_url_normalisation(key, path):
+    assert object_path("b", key) == path
+    assert httpx.URL("http://store" + path).raw_path.decode() == path

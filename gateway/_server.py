@@ -1,0 +1,207 @@
+"""Serving the gateway under uvicorn: the HTTP edge's limits and the worker processes.
+
+uvicorn's httptools protocol has no bound on a request head's size and no deadline for
+receiving it (``h11_max_incomplete_event_size`` guards h11 only), and its concurrency limit
+answers in plain text. :class:`EdgeProtocol` adds the first two and answers the third as
+S3 XML, so every S3 client backs off and retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.supervisors import Multiprocess
+
+from ._errors import S3Error, SlowDown
+from ._observe import error_body
+from ._settings import GatewaySettings
+from ._types import ASGIReceive, ASGISend, Scope
+
+_WORKER_STARTUP_S = 120
+
+
+class RequestHeaderSectionTooLarge(S3Error):
+    """The request head is larger than the gateway accepts."""
+
+    code = "RequestHeaderSectionTooLarge"
+    status = 431
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeLimits:
+    """What one client connection may do before it is refused or closed."""
+
+    max_header_bytes: int = 64 * 1024
+    header_timeout_s: float = 30.0
+    max_connections: int = 1024
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> EdgeLimits:
+        return cls(settings.max_header_bytes, settings.header_timeout_s, settings.max_connections)
+
+
+class EdgeConfig(uvicorn.Config):
+    """A uvicorn config that carries :class:`EdgeLimits` to each connection's protocol."""
+
+    edge = EdgeLimits()
+
+
+class EdgeProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with a bounded head size and a head-read deadline.
+
+    Head bytes are counted as they arrive, before httptools buffers them, from a
+    connection's start or the end of the previous request until the head is complete.
+    """
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self._limits: EdgeLimits = getattr(config, "edge", EdgeLimits())
+        self._gateway_app = self.app
+        self._reading_head = True
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        room = self._limits.max_header_bytes - self._head_bytes
+        if not self._reading_head or len(data) <= room:
+            self._head_bytes += len(data) if self._reading_head else 0
+            super().data_received(data)
+            return
+        # The read may hold the head's end and body bytes after it: let the parser see
+        # what the limit allows, and refuse only if the head is still not complete.
+        if room > 0:
+            super().data_received(data[:room])
+        if self._reading_head:
+            self._refuse_head()
+        elif not self.transport.is_closing():
+            super().data_received(data[room:])
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._head_timer is None:
+            self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._reading_head, self._head_bytes = False, 0
+        self._disarm_head_timer()
+        busy = len(self.connections) > self._limits.max_connections
+        self.app = _slow_down if busy else self._gateway_app
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._reading_head = True
+
+    def _refuse_head(self) -> None:
+        error = RequestHeaderSectionTooLarge(
+            f"The request head exceeds the {self._limits.max_header_bytes} bytes this "
+            "gateway accepts."
+        )
+        body = error_body(error, uuid.uuid4().hex[:20].upper())
+        head = (
+            f"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/xml\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        self._reading_head = False
+        self.transport.write(head.encode() + body)
+        self.transport.close()
+
+    def _arm_head_timer(self) -> None:
+        self._disarm_head_timer()
+        self._head_timer = self.loop.call_later(self._limits.header_timeout_s, self._head_late)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+async def _slow_down(scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
+    """The answer beyond the connection limit: 503 SlowDown, which S3 clients retry."""
+    error = SlowDown("The gateway is serving as many connections as it may; retry later.")
+    body = error_body(error, uuid.uuid4().hex[:20].upper())
+    headers = [
+        (b"content-type", b"application/xml"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", b"1"),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _AppFactory:
+    """Builds the gateway app in the process that serves it (picklable for spawned workers)."""
+
+    def __init__(self, settings: GatewaySettings, log_level: int) -> None:
+        self.settings = settings
+        self.log_level = log_level
+
+    def __call__(self) -> Any:
+        from ._app import create_app
+
+        root = logging.getLogger()
+        if not root.handlers:  # a spawned worker: log as the parent was told to
+            logging.basicConfig(level=self.log_level, format="%(message)s")
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+        return create_app(self.settings)
+
+
+def serve_gateway(settings: GatewaySettings, host: str, port: int) -> None:
+    """Serve the gateway until interrupted: one process, or ``settings.workers`` of them.
+
+    Workers share one listening socket; each gets ``1/workers`` of the memory budget, and
+    the connection limit applies to each.
+    """
+    workers = settings.workers
+    if workers > 1:
+        settings = settings.with_changes(
+            memory_budget_bytes=max(1, settings.memory_budget_bytes // workers)
+        )
+    config = EdgeConfig(
+        _AppFactory(settings, logging.getLogger().getEffectiveLevel()),
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+        loop="uvloop",
+        http=EdgeProtocol,
+        lifespan="on",
+        server_header=False,
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        h11_max_incomplete_event_size=settings.max_header_bytes,
+        # A spawned worker answers health checks only once it has imported the gateway,
+        # which takes seconds on a busy machine: a short deadline kills it in a loop.
+        timeout_worker_healthcheck=_WORKER_STARTUP_S,
+    )
+    config.edge = EdgeLimits.from_settings(settings)
+    with contextlib.suppress(KeyboardInterrupt):
+        if workers > 1:
+            Multiprocess(config, sockets=[config.bind_socket()]).run()
+            return
+        server = uvicorn.Server(config)
+        server.run()
+        if not server.started:
+            raise SystemExit(STARTUP_FAILURE)
