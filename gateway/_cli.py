@@ -27,7 +27,11 @@ from ._settings import GatewaySettings
     help='Client credentials, JSON {"KEY_ID": "SECRET", ...} [env HAPI_CREDENTIALS_FILE].',
 )
 @click.option(
-    "--allow-anonymous", is_flag=True, help="Forward unsigned requests (signed upstream)."
+    "--allow-anonymous/--deny-anonymous",
+    default=None,
+    help="Forward unsigned requests unsigned, for the store's ACLs and bucket policies to "
+    "judge (the default), or refuse them with 403; --allow-anonymous also lets the gateway "
+    "start without client credentials [env HAPI_ALLOW_ANONYMOUS].",
 )
 @click.option(
     "--domain",
@@ -57,7 +61,7 @@ def serve(
     port: int,
     backend: str | None,
     credentials_file: Path | None,
-    allow_anonymous: bool,
+    allow_anonymous: bool | None,
     domains: tuple[str, ...],
     memory_budget: str | None,
     device: str | None,
@@ -83,7 +87,7 @@ def serve(
         settings = GatewaySettings.from_env(
             env,
             backend_url=backend,
-            allow_anonymous=allow_anonymous or None,
+            allow_anonymous=allow_anonymous,
             virtual_host_domains=domains or None,
         )
     except ValueError as exc:

@@ -15,7 +15,7 @@ import httpx
 
 from ._addressing import Target, resolve
 from ._chunked import decode_body
-from ._errors import InvalidRequest, ServiceUnavailable
+from ._errors import AccessDenied, InvalidRequest, ServiceUnavailable
 from ._operations import classify
 from ._pushdown import Pushdown, parse_params
 from ._settings import GatewaySettings
@@ -50,6 +50,10 @@ _DROP_REQUEST = frozenset(
 _DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"})
 # Headers we sign upstream besides host and x-amz-*: the ones S3 requires to be signed.
 _SIGN_EXTRA = frozenset({"content-md5", "content-type"})
+# Query parameters that make a request signed (SigV4 presigned, or V2 presigned).
+_SIGNATURE_PARAMS = frozenset(
+    {"X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Signature", "AWSAccessKeyId", "Signature"}
+)
 
 
 class Proxy:
@@ -73,16 +77,19 @@ class Proxy:
         self.pushdown: Pushdown | None = None
 
     def authenticate(self, scope: Scope, target: Target) -> Verified | None:
-        """Verify the client's signature; None for an allowed anonymous request.
+        """Verify the client's signature; None for an unsigned request.
 
         SigV4 in any form, or a legacy V2 presigned URL (what boto3 and the AWS CLI still
-        presign with by default).
+        presign with by default). An unsigned request goes upstream unsigned, for the
+        store's ACLs and bucket policies to judge, unless anonymous requests are refused.
 
         Raises:
             S3Error: ``AccessDenied``, ``SignatureDoesNotMatch``, ... (see ``_sigv4``).
         """
         headers = _decoded_headers(scope)
-        if self._settings.allow_anonymous and _is_anonymous(scope, headers):
+        if is_unsigned(scope, headers):
+            if not self._settings.allow_anonymous:
+                raise AccessDenied("Anonymous access is refused by this gateway; sign requests.")
             return None
         raw_path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         raw_query = scope["query_string"].decode("latin-1")
@@ -146,6 +153,7 @@ class Proxy:
     ) -> bool:
         """Serve the request by pushdown if it asks for it; False for a plain request."""
         assert self.pushdown is not None
+        pushdown = self.pushdown if verified is not None else self.pushdown.unsigned()
         state = request_state(scope)
         method, query = scope["method"], scope["query_string"].decode("latin-1")
         if method == "GET" and target.key:
@@ -153,7 +161,7 @@ class Proxy:
             if params is None:
                 return False
             state["operation"] = "GetFeatures"
-            await self.pushdown.get(send, receive, target.bucket, target.key, params)
+            await pushdown.get(send, receive, target.bucket, target.key, params)
             return True
         if (
             method == "POST"
@@ -162,7 +170,7 @@ class Proxy:
             and "hapi-batch" in _query_names(query)
         ):
             body = await self._read_body(scope, receive, verified)
-            await self.pushdown.batch(send, receive, target.bucket, body)
+            await pushdown.batch(send, receive, target.bucket, body)
             return True
         return False
 
@@ -223,20 +231,26 @@ class Proxy:
         to_sign: dict[str, str] = {}
         plain: dict[str, str] = {}
         for name, value in headers:
-            if name in _DROP_REQUEST or (name == "content-encoding" and "aws-chunked" in value):
+            if name in _DROP_REQUEST:
                 continue
+            if name == "content-encoding":
+                value = without_aws_chunked(value)
+                if not value:
+                    continue
             bucket = to_sign if name.startswith("x-amz-") or name in _SIGN_EXTRA else plain
             bucket[name] = f"{bucket[name]},{value}" if name in bucket else value
-        encoding = _content_encoding_without_chunked(headers)
-        if encoding:
-            plain["content-encoding"] = encoding
-        signed = sign_request(
-            method=method,
-            url=url,
-            headers=to_sign,
-            credentials=self._settings.backend_credentials,
-            region=self._settings.region,
-            now=self._now(),
+        # The backend's credentials never sign for an anonymous caller.
+        signed = (
+            to_sign
+            if verified is None
+            else sign_request(
+                method=method,
+                url=url,
+                headers=to_sign,
+                credentials=self._settings.backend_credentials,
+                region=self._settings.region,
+                now=self._now(),
+            )
         )
         length = _payload_length(headers, verified)
         content: AsyncIterator[bytes] | None = None
@@ -254,11 +268,15 @@ class Proxy:
                     != "CompleteMultipartUpload",
                 )
         elif _has_body(headers):
-            raise InvalidRequest(
-                "a request body needs a Content-Length (S3 has no chunked uploads)"
+            # Transfer-Encoding: chunked without a length: stream it on, chunked upstream.
+            content = decode_body(
+                _receive_body(receive, request_state(scope)),
+                verified,
+                content_length=None,
+                headers=dict(headers),
             )
         return self._client().build_request(
-            method, url, headers={**plain, **signed}, content=content
+            method, url, headers=_latin1({**plain, **signed}), content=content
         )
 
 
@@ -304,24 +322,29 @@ def _decoded_headers(scope: Scope) -> list[tuple[str, str]]:
     return cached
 
 
-def _is_anonymous(scope: Scope, headers: Sequence[tuple[str, str]]) -> bool:
-    query = scope["query_string"]
-    return not any(name == "authorization" for name, _ in headers) and (
-        b"X-Amz-Signature" not in query and b"Signature=" not in query
-    )
+def is_unsigned(scope: Scope, headers: Sequence[tuple[str, str]]) -> bool:
+    """Whether a request carries no signature at all: no Authorization, no presign query."""
+    if any(name == "authorization" for name, _ in headers):
+        return False
+    names = _query_names(scope["query_string"].decode("latin-1"))
+    return not names & _SIGNATURE_PARAMS
+
+
+def _latin1(headers: dict[str, str]) -> dict[bytes, bytes]:
+    # Values hold the client's bytes decoded as latin-1; send those bytes back unchanged.
+    return {name.encode(): value.encode("latin-1") for name, value in headers.items()}
 
 
 def _query_names(query: str) -> set[str]:
     return {part.split("=", 1)[0] for part in query.split("&") if part}
 
 
-def _content_encoding_without_chunked(headers: Sequence[tuple[str, str]]) -> str:
-    for name, value in headers:
-        if name == "content-encoding":
-            return ",".join(
-                part.strip() for part in value.split(",") if part.strip() != "aws-chunked"
-            )
-    return ""
+def without_aws_chunked(encoding: str) -> str:
+    """A Content-Encoding with the ``aws-chunked`` token removed and the rest as written."""
+    if "aws-chunked" not in encoding:
+        return encoding
+    kept = [part for part in encoding.split(",") if part.strip() != "aws-chunked"]
+    return ",".join(kept).strip()
 
 
 def _payload_length(headers: Sequence[tuple[str, str]], verified: Verified | None) -> int | None:

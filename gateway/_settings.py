@@ -30,8 +30,9 @@ class GatewaySettings:
         backend_url: Base URL of the S3 store behind the gateway.
         backend_credentials: What the gateway signs upstream requests with.
         client_secrets: Access key id -> secret key, the credentials clients may sign with.
-        allow_anonymous: Forward unsigned requests (signed upstream with the backend
-            credentials). Off unless asked for explicitly.
+        allow_anonymous: Forward unsigned requests upstream unsigned, so the store's ACLs
+            and bucket policies judge them (the backend credentials never sign for an
+            anonymous caller); False refuses them at the gateway with 403 AccessDenied.
         region: Region used when signing upstream.
         virtual_host_domains: Domains under which ``BUCKET.DOMAIN`` hosts address a
             bucket (virtual-hosted style); path style always works.
@@ -57,7 +58,7 @@ class GatewaySettings:
     backend_url: str
     backend_credentials: Credentials
     client_secrets: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    allow_anonymous: bool = False
+    allow_anonymous: bool = True
     region: str = "us-east-1"
     virtual_host_domains: tuple[str, ...] = ("localhost",)
     max_skew_s: float = 900.0
@@ -89,8 +90,7 @@ class GatewaySettings:
             raise ValueError("memory budget, queue bound and object limit must be positive")
         if not self.client_secrets and not self.allow_anonymous:
             raise ValueError(
-                "no client credentials: set HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY, "
-                "a credentials file, or allow anonymous access explicitly"
+                "no client credentials and anonymous requests refused: nothing to serve"
             )
 
     @classmethod
@@ -126,6 +126,13 @@ class GatewaySettings:
         for required in ("backend_url", "backend_credentials"):
             if required not in values:
                 raise ValueError(f"missing {required.replace('_', ' ')}: see `hapi serve --help`")
+        if not secrets and values.get("allow_anonymous") is not True:
+            # A gateway for unsigned requests only must be asked for, not fallen into.
+            raise ValueError(
+                "no client credentials: set HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY, "
+                "a credentials file, or serve unsigned requests only with --allow-anonymous "
+                "(HAPI_ALLOW_ANONYMOUS=1)"
+            )
         return cls(**values)
 
     def with_changes(self, **changes: Any) -> GatewaySettings:
@@ -145,7 +152,17 @@ _TUNABLES: dict[str, tuple[str, Any]] = {
         lambda text: tuple(d.strip() for d in text.split(",") if d.strip()),
     ),
     "HAPI_ASSUMED_BANDWIDTH": ("assumed_bandwidth_bps", lambda text: float(parse_bandwidth(text))),
+    "HAPI_ALLOW_ANONYMOUS": ("allow_anonymous", lambda text: _parse_bool(text)),
 }
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1/0, true/false, yes/no or on/off")
 
 
 def read_credentials_file(path: Path) -> dict[str, str]:

@@ -164,5 +164,6 @@ def _resource(path: str, raw_query: str) -> str:
 
 
 def _sign(secret: str, string_to_sign: str) -> str:
-    digest = hmac.new(secret.encode(), string_to_sign.encode(), hashlib.sha1).digest()
+    # Header values are raw bytes decoded as latin-1 (see _sigv4._sign).
+    digest = hmac.new(secret.encode(), string_to_sign.encode("latin-1"), hashlib.sha1).digest()
     return base64.b64encode(digest).decode()
