@@ -17,6 +17,7 @@ from ._addressing import Target, resolve
 from ._chunked import decode_body
 from ._errors import AccessDenied, InvalidRequest, ServiceUnavailable
 from ._operations import classify
+from ._post_object import PostObject, form_upload_boundary
 from ._pushdown import Pushdown, parse_params
 from ._settings import GatewaySettings
 from ._sigv2 import QUERY_PARAMS as V2_PARAMS
@@ -75,6 +76,7 @@ class Proxy:
         self._client = client
         self._now = now
         self.pushdown: Pushdown | None = None
+        self._post_object = PostObject(settings, client, now)
 
     def authenticate(self, scope: Scope, target: Target) -> Verified | None:
         """Verify the client's signature; None for an unsigned request.
@@ -136,12 +138,39 @@ class Proxy:
             scope["method"], target.bucket, target.key, _query_names(query), names
         )
         state["resource"] = f"/{target.bucket}/{target.key}" if target.bucket else "/"
+        if await self._form_upload(scope, receive, send, target):
+            return
         verified = self.authenticate(scope, target)
         if self.pushdown is not None and await self._pushdown(
             scope, receive, send, target, verified
         ):
             return
         await self.forward(scope, receive, send, target=target, verified=verified)
+
+    async def _form_upload(
+        self, scope: Scope, receive: ASGIReceive, send: ASGISend, target: Target
+    ) -> bool:
+        """Serve a browser form upload (POST Object); False for any other request."""
+        headers = _decoded_headers(scope)
+        boundary = form_upload_boundary(
+            scope["method"], target, dict(headers).get("content-type", "")
+        )
+        if boundary is None or not is_unsigned(scope, headers):
+            return False
+
+        async def forward_unsigned(replay: ASGIReceive) -> None:
+            self.authenticate(scope, target)  # refuses it if anonymous requests are
+            await self.forward(scope, replay, send, target=target, verified=None)
+
+        await self._post_object(
+            scope,
+            receive,
+            send,
+            target=target,
+            boundary=boundary,
+            forward_unsigned=forward_unsigned,
+        )
+        return True
 
     async def _pushdown(
         self,
