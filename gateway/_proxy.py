@@ -151,6 +151,8 @@ class Proxy:
         self, scope: Scope, receive: ASGIReceive, send: ASGISend, target: Target
     ) -> bool:
         """Serve a browser form upload (POST Object); False for any other request."""
+        if scope["method"] != "POST":
+            return False
         headers = _decoded_headers(scope)
         boundary = form_upload_boundary(
             scope["method"], target, dict(headers).get("content-type", "")
