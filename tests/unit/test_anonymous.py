@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
-from hapi.gateway import GatewaySettings, create_app
+from hapi.gateway import GatewaySettings, _cli, create_app
 from hapi.gateway._proxy import without_aws_chunked
 from hapi.gateway._sigv4 import Credentials
 
@@ -93,3 +94,42 @@ def test_no_client_credentials_needs_an_explicit_allow_anonymous():
 )
 def test_only_aws_chunked_is_removed_from_content_encoding(encoding, expected):
     assert without_aws_chunked(encoding) == expected
+
+
+_ENV = {
+    "HAPI_BACKEND_URL": "http://store:8333",
+    "HAPI_BACKEND_ACCESS_KEY_ID": "k",
+    "HAPI_BACKEND_SECRET_ACCESS_KEY": "s",
+    "HAPI_ACCESS_KEY_ID": "",
+    "HAPI_SECRET_ACCESS_KEY": "",
+    "HAPI_CREDENTIALS_FILE": "",
+    "HAPI_ALLOW_ANONYMOUS": "",
+}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "env", "allowed"),
+    [
+        (["--allow-anonymous"], {}, True),
+        (["--deny-anonymous"], {"HAPI_ACCESS_KEY_ID": "c", "HAPI_SECRET_ACCESS_KEY": "x"}, False),
+        ([], {"HAPI_ACCESS_KEY_ID": "c", "HAPI_SECRET_ACCESS_KEY": "x"}, True),
+        (
+            [],
+            {"HAPI_ALLOW_ANONYMOUS": "0", "HAPI_ACCESS_KEY_ID": "c", "HAPI_SECRET_ACCESS_KEY": "x"},
+            False,
+        ),
+    ],
+)
+def test_serve_flags(monkeypatch, arguments, env, allowed):
+    served: list[GatewaySettings] = []
+    monkeypatch.setattr(_cli, "run_gateway", lambda settings, host, port: served.append(settings))
+    result = CliRunner().invoke(_cli.serve, arguments, env={**_ENV, **env})
+    assert result.exit_code == 0, result.output
+    assert served[0].allow_anonymous is allowed
+
+
+def test_serve_without_client_credentials_is_a_usage_error(monkeypatch):
+    monkeypatch.setattr(_cli, "run_gateway", lambda *args: pytest.fail("must not start"))
+    result = CliRunner().invoke(_cli.serve, [], env=_ENV)
+    assert result.exit_code != 0
+    assert "no client credentials" in result.output and "--allow-anonymous" in result.output
