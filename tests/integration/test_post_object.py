@@ -294,3 +294,23 @@ def test_anonymous_form_is_judged_by_the_store(gateway, store, backend_s3, bucke
     outcome = _same_outcome(replies)
     assert outcome[0] >= 400
     assert _same_store(backend_s3, bucket, "anon") is None
+
+
+def test_virtual_hosted_form_upload(gateway, signers, backend_s3, bucket):
+    form = signers["gateway"].generate_presigned_post(bucket, "vhost", ExpiresIn=300)
+    port = urlsplit(gateway.endpoint_url).port
+    reply = httpx.post(
+        f"{gateway.endpoint_url}/",
+        headers={"host": f"{bucket}.localhost:{port}"},
+        data=form["fields"],
+        files={"file": ("a", b"virtual")},
+    )
+    assert reply.status_code == 204, reply.text
+    assert _stored(backend_s3, bucket, "vhost")["body"] == b"virtual"
+    other = httpx.post(
+        f"{gateway.endpoint_url}/",
+        headers={"host": f"{bucket}-other.localhost:{port}"},
+        data=form["fields"],  # signed for another bucket
+        files={"file": ("a", b"elsewhere")},
+    )
+    assert other.status_code == 403 and _code(other) == "AccessDenied"
