@@ -21,7 +21,7 @@ from ._errors import (
     InvalidAccessKeyId,
     SignatureDoesNotMatch,
 )
-from ._sigv4 import Verified
+from ._sigv4 import ASCII_WHITESPACE, Verified
 
 QUERY_PARAMS = frozenset({"AWSAccessKeyId", "Signature", "Expires"})
 # Sub-resources that are part of the string to sign (the list botocore's HmacV1Auth uses).
@@ -147,7 +147,7 @@ def _string_to_sign(
 ) -> str:
     index: dict[str, list[str]] = {}
     for name, value in headers:
-        index.setdefault(name, []).append(value.strip())
+        index.setdefault(name, []).append(value.strip(ASCII_WHITESPACE))
     standard = [",".join(index.get(h, [])) for h in ("content-md5", "content-type")]
     amz = [f"{n}:{','.join(v)}" for n, v in sorted(index.items()) if n.startswith("x-amz-")]
     return "\n".join(

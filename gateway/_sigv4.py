@@ -89,6 +89,8 @@ _AMZ_DATE = re.compile(r"\d{8}T\d{6}Z")
 _SCOPE_DATE = re.compile(r"\d{8}")
 _DIGITS = re.compile(r"[0-9]{1,19}")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+ASCII_WHITESPACE = " \t\n\r\x0b\x0c"
+_ASCII_SPACES = re.compile(r"[ \t\n\r\x0b\x0c]+")
 _UNRESERVED = re.compile(r"[A-Za-z0-9\-_.~]*")
 _UNRESERVED_PATH = re.compile(r"[A-Za-z0-9\-_.~/]*")
 _MISMATCH = (
@@ -318,7 +320,9 @@ def _index_headers(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
 
 
 def _trim(value: str) -> str:
-    return " ".join(value.split())
+    # ASCII whitespace only: values are latin-1 views of raw bytes, where str.split() would
+    # also cut at 0x85 and 0xA0, bytes inside UTF-8 characters (à is C3 A0).
+    return " ".join(_ASCII_SPACES.split(value.strip(ASCII_WHITESPACE)))
 
 
 def _split_query(raw_query: str) -> list[tuple[str, str]]:

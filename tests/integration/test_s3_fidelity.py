@@ -143,7 +143,7 @@ def test_chunked_put_with_wrong_hash_writes_nothing(both, backend_s3, bucket):
 
 
 def test_utf8_metadata_is_verified_and_stored_byte_for_byte(both, backend_s3, bucket):
-    value = "café ünïcødé ✓"
+    value = "café ünïcødé ✓ à Å"  # à and Å hold bytes 0xA0 and 0x85 in UTF-8
     replies = {}
     for name, endpoint in both.items():
         path = f"/{bucket}/meta-{name}"
