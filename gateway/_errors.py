@@ -14,6 +14,11 @@
     ├── IncompleteBody                   400
     ├── InvalidRequest                   400
     ├── InvalidArgument                  400
+    ├── MalformedPOSTRequest             400  (form uploads: body not multipart/form-data)
+    ├── InvalidPolicyDocument            400  (form uploads: policy not readable)
+    ├── MaxPostPreDataLengthExceeded     400  (form uploads: fields before the file too large)
+    ├── EntityTooSmall                   400  (form uploads: under content-length-range)
+    ├── EntityTooLarge                   400  (form uploads: over content-length-range)
     ├── NoSuchModel                      404
     ├── UnprocessableObject              422
     ├── InsufficientMemory               503  (one sample does not fit the memory budget)
@@ -170,3 +175,38 @@ class BackendError(S3Error):
         super().__init__(message, resource=resource)
         self.code = code
         self.status = status
+
+
+class MalformedPOSTRequest(S3Error):
+    """A form upload's body is not well-formed multipart/form-data."""
+
+    code = "MalformedPOSTRequest"
+    status = 400
+
+
+class InvalidPolicyDocument(S3Error):
+    """A form upload's policy cannot be read."""
+
+    code = "InvalidPolicyDocument"
+    status = 400
+
+
+class MaxPostPreDataLengthExceeded(S3Error):
+    """A form upload's fields before the file are too large."""
+
+    code = "MaxPostPreDataLengthExceededError"
+    status = 400
+
+
+class EntityTooSmall(S3Error):
+    """A form upload's file is smaller than its policy's content-length-range allows."""
+
+    code = "EntityTooSmall"
+    status = 400
+
+
+class EntityTooLarge(S3Error):
+    """A form upload's file is larger than its policy's content-length-range allows."""
+
+    code = "EntityTooLarge"
+    status = 400

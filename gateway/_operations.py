@@ -40,8 +40,16 @@ _BUCKET = {
     "PUT": "CreateBucket",
     "DELETE": "DeleteBucket",
     "HEAD": "HeadBucket",
+    "POST": "PostObject",  # a browser form upload
+    "OPTIONS": "OptionsObject",  # a CORS preflight
 }
-_OBJECT = {"GET": "GetObject", "PUT": "PutObject", "DELETE": "DeleteObject", "HEAD": "HeadObject"}
+_OBJECT = {
+    "GET": "GetObject",
+    "PUT": "PutObject",
+    "DELETE": "DeleteObject",
+    "HEAD": "HeadObject",
+    "OPTIONS": "OptionsObject",
+}
 
 
 def classify(

@@ -16,8 +16,9 @@ import httpx
 
 from ._addressing import Target, resolve
 from ._chunked import decode_body
-from ._errors import InvalidRequest, ServiceUnavailable
+from ._errors import AccessDenied, InvalidRequest, ServiceUnavailable
 from ._operations import classify
+from ._post_object import PostObject, form_upload_boundary
 from ._pushdown import Pushdown, parse_params
 from ._settings import GatewaySettings
 from ._sigv2 import QUERY_PARAMS as V2_PARAMS
@@ -55,6 +56,10 @@ _SIGN_EXTRA = frozenset({"content-md5", "content-type"})
 # stays usable; beyond it (or when it does not come in time) the connection is closed.
 _DRAIN_BYTES = 64 * 1024
 _DRAIN_TIMEOUT_S = 5.0
+# Query parameters that make a request signed (SigV4 presigned, or V2 presigned).
+_SIGNATURE_PARAMS = frozenset(
+    {"X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Signature", "AWSAccessKeyId", "Signature"}
+)
 
 
 class Proxy:
@@ -76,18 +81,22 @@ class Proxy:
         self._client = client
         self._now = now
         self.pushdown: Pushdown | None = None
+        self._post_object = PostObject(settings, client, now)
 
     def authenticate(self, scope: Scope, target: Target) -> Verified | None:
-        """Verify the client's signature; None for an allowed anonymous request.
+        """Verify the client's signature; None for an unsigned request.
 
         SigV4 in any form, or a legacy V2 presigned URL (what boto3 and the AWS CLI still
-        presign with by default).
+        presign with by default). An unsigned request goes upstream unsigned, for the
+        store's ACLs and bucket policies to judge, unless anonymous requests are refused.
 
         Raises:
             S3Error: ``AccessDenied``, ``SignatureDoesNotMatch``, ... (see ``_sigv4``).
         """
         headers = _decoded_headers(scope)
-        if self._settings.allow_anonymous and _is_anonymous(scope, headers):
+        if is_unsigned(scope, headers):
+            if not self._settings.allow_anonymous:
+                raise AccessDenied("Anonymous access is refused by this gateway; sign requests.")
             return None
         raw_path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         raw_query = scope["query_string"].decode("latin-1")
@@ -141,12 +150,41 @@ class Proxy:
             scope["method"], target.bucket, target.key, _query_names(query), names
         )
         state["resource"] = f"/{target.bucket}/{target.key}" if target.bucket else "/"
+        if await self._form_upload(scope, receive, send, target):
+            return
         verified = self.authenticate(scope, target)
         if self.pushdown is not None and await self._pushdown(
             scope, receive, send, target, verified
         ):
             return
         await self.forward(scope, receive, send, target=target, verified=verified)
+
+    async def _form_upload(
+        self, scope: Scope, receive: ASGIReceive, send: ASGISend, target: Target
+    ) -> bool:
+        """Serve a browser form upload (POST Object); False for any other request."""
+        if scope["method"] != "POST":
+            return False
+        headers = _decoded_headers(scope)
+        boundary = form_upload_boundary(
+            scope["method"], target, dict(headers).get("content-type", "")
+        )
+        if boundary is None or not is_unsigned(scope, headers):
+            return False
+
+        async def forward_unsigned(replay: ASGIReceive) -> None:
+            self.authenticate(scope, target)  # refuses it if anonymous requests are
+            await self.forward(scope, replay, send, target=target, verified=None)
+
+        await self._post_object(
+            scope,
+            receive,
+            send,
+            target=target,
+            boundary=boundary,
+            forward_unsigned=forward_unsigned,
+        )
+        return True
 
     async def _pushdown(
         self,
@@ -158,6 +196,7 @@ class Proxy:
     ) -> bool:
         """Serve the request by pushdown if it asks for it; False for a plain request."""
         assert self.pushdown is not None
+        pushdown = self.pushdown if verified is not None else self.pushdown.unsigned()
         state = request_state(scope)
         method, query = scope["method"], scope["query_string"].decode("latin-1")
         if method == "GET" and target.key:
@@ -165,7 +204,7 @@ class Proxy:
             if params is None:
                 return False
             state["operation"] = "GetFeatures"
-            await self.pushdown.get(send, receive, target.bucket, target.key, params)
+            await pushdown.get(send, receive, target.bucket, target.key, params)
             return True
         if (
             method == "POST"
@@ -174,7 +213,7 @@ class Proxy:
             and "hapi-batch" in _query_names(query)
         ):
             body = await self._read_body(scope, receive, verified)
-            await self.pushdown.batch(send, receive, target.bucket, body)
+            await pushdown.batch(send, receive, target.bucket, body)
             return True
         return False
 
@@ -238,12 +277,9 @@ class Proxy:
         """
         headers = _decoded_headers(scope)
         length = _payload_length(headers, verified)
-        if length is None:
-            if _has_body(headers):
-                raise InvalidRequest(
-                    "a request body needs a Content-Length (S3 has no chunked uploads)"
-                )
+        if length is None and not _has_body(headers):
             return None, None
+        # Transfer-Encoding: chunked without a length streams on, chunked upstream.
         pieces = decode_body(
             _receive_body(receive, request_state(scope)),
             verified,
@@ -274,25 +310,31 @@ class Proxy:
         to_sign: dict[str, str] = {}
         plain: dict[str, str] = {}
         for name, value in headers:
-            if name in _DROP_REQUEST or (name == "content-encoding" and "aws-chunked" in value):
+            if name in _DROP_REQUEST:
                 continue
+            if name == "content-encoding":
+                value = without_aws_chunked(value)
+                if not value:
+                    continue
             bucket = to_sign if name.startswith("x-amz-") or name in _SIGN_EXTRA else plain
             bucket[name] = f"{bucket[name]},{value}" if name in bucket else value
-        encoding = _content_encoding_without_chunked(headers)
-        if encoding:
-            plain["content-encoding"] = encoding
         if length is not None:
             plain["content-length"] = str(length)
-        signed = sign_request(
-            method=method,
-            url=url,
-            headers=to_sign,
-            credentials=self._settings.backend_credentials,
-            region=self._settings.region,
-            now=self._now(),
+        # The backend's credentials never sign for an anonymous caller.
+        signed = (
+            to_sign
+            if verified is None
+            else sign_request(
+                method=method,
+                url=url,
+                headers=to_sign,
+                credentials=self._settings.backend_credentials,
+                region=self._settings.region,
+                now=self._now(),
+            )
         )
         return self._client().build_request(
-            method, url, headers={**plain, **signed}, content=content
+            method, url, headers=_latin1({**plain, **signed}), content=content
         )
 
 
@@ -387,24 +429,29 @@ def _decoded_headers(scope: Scope) -> list[tuple[str, str]]:
     return cached
 
 
-def _is_anonymous(scope: Scope, headers: Sequence[tuple[str, str]]) -> bool:
-    query = scope["query_string"]
-    return not any(name == "authorization" for name, _ in headers) and (
-        b"X-Amz-Signature" not in query and b"Signature=" not in query
-    )
+def is_unsigned(scope: Scope, headers: Sequence[tuple[str, str]]) -> bool:
+    """Whether a request carries no signature at all: no Authorization, no presign query."""
+    if any(name == "authorization" for name, _ in headers):
+        return False
+    names = _query_names(scope["query_string"].decode("latin-1"))
+    return not names & _SIGNATURE_PARAMS
+
+
+def _latin1(headers: dict[str, str]) -> dict[bytes, bytes]:
+    # Values hold the client's bytes decoded as latin-1; send those bytes back unchanged.
+    return {name.encode(): value.encode("latin-1") for name, value in headers.items()}
 
 
 def _query_names(query: str) -> set[str]:
     return {part.split("=", 1)[0] for part in query.split("&") if part}
 
 
-def _content_encoding_without_chunked(headers: Sequence[tuple[str, str]]) -> str:
-    for name, value in headers:
-        if name == "content-encoding":
-            return ",".join(
-                part.strip() for part in value.split(",") if part.strip() != "aws-chunked"
-            )
-    return ""
+def without_aws_chunked(encoding: str) -> str:
+    """A Content-Encoding with the ``aws-chunked`` token removed and the rest as written."""
+    if "aws-chunked" not in encoding:
+        return encoding
+    kept = [part for part in encoding.split(",") if part.strip() != "aws-chunked"]
+    return ",".join(kept).strip()
 
 
 def _payload_length(headers: Sequence[tuple[str, str]], verified: Verified | None) -> int | None:

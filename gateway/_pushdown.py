@@ -10,6 +10,7 @@ through the shared batcher, and answers with safetensors (or a JSON summary).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 from collections.abc import Awaitable, Mapping, Sequence
@@ -144,6 +145,14 @@ class Pushdown:
         self._client = client
         self.tenants = tenants
         self._decode_pool = decode_pool
+        self._signed = True
+
+    def unsigned(self) -> Pushdown:
+        """This pushdown fetching objects unsigned, for an anonymous caller: the store's
+        ACLs and bucket policies judge each fetch as they would the caller's own GET."""
+        view = copy.copy(self)
+        view._signed = False
+        return view
 
     async def get(
         self, send: ASGISend, receive: ASGIReceive, bucket: str, key: str, params: Params
@@ -267,12 +276,16 @@ class Pushdown:
         # The whole object is needed before decoding can start (image codecs and tar
         # indexes want random access); objects are capped at max_object_bytes.
         url = self._settings.backend_url + object_path(bucket, key)
-        headers = sign_request(
-            method="GET",
-            url=url,
-            headers={},
-            credentials=self._settings.backend_credentials,
-            region=self._settings.region,
+        headers = (
+            sign_request(
+                method="GET",
+                url=url,
+                headers={},
+                credentials=self._settings.backend_credentials,
+                region=self._settings.region,
+            )
+            if self._signed
+            else {}
         )
         try:
             async with self._client().stream("GET", url, headers=headers) as reply:

@@ -41,8 +41,9 @@ class GatewaySettings:
             HAPI_BACKEND_SECRET_ACCESS_KEY.
         client_secrets: The credentials clients may sign with: a JSON file
             {"KEY_ID": "SECRET", ...}, and/or HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY.
-        allow_anonymous: Forward unsigned requests unsigned (the store's own policies judge
-            them). Off unless asked for explicitly.
+        allow_anonymous: Forward unsigned requests upstream unsigned, so the store's ACLs and
+            bucket policies judge them (the backend credentials never sign for an anonymous
+            caller); off refuses them at the gateway with 403 AccessDenied.
         region: The region clients sign for (a request signed for another is refused, as
             AWS refuses it) and the gateway signs upstream with (the store's region).
         virtual_host_domains: Domains under which BUCKET.DOMAIN hosts address a bucket
@@ -100,7 +101,7 @@ class GatewaySettings:
             shown_default="none",
         ),
     )
-    allow_anonymous: bool = False
+    allow_anonymous: bool = True
     region: str = "us-east-1"
     virtual_host_domains: tuple[str, ...] = field(
         default=("localhost",), metadata=knob(env="HAPI_DOMAINS", flag="--domain")
@@ -158,8 +159,7 @@ class GatewaySettings:
             )
         if not self.client_secrets and not self.allow_anonymous:
             raise ValueError(
-                "no client credentials: set HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY, "
-                "a credentials file, or allow anonymous access explicitly"
+                "no client credentials and anonymous requests refused: nothing to serve"
             )
 
     @classmethod
@@ -183,6 +183,13 @@ class GatewaySettings:
         for required in ("backend_url", "backend_credentials"):
             if required not in values:
                 raise ValueError(f"missing {required.replace('_', ' ')}: see `hapi serve --help`")
+        if not values["client_secrets"] and values.get("allow_anonymous") is not True:
+            # A gateway for unsigned requests only must be asked for, not fallen into.
+            raise ValueError(
+                "no client credentials: set HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY, "
+                "a credentials file, or serve unsigned requests only with --allow-anonymous "
+                "(HAPI_ALLOW_ANONYMOUS=1)"
+            )
         return cls(**values)
 
     def with_changes(self, **changes: Any) -> GatewaySettings:
@@ -224,6 +231,7 @@ def read_backend_credentials(path: Path) -> Credentials:
         raise ValueError(f"backend credentials file {path} must hold exactly one key pair")
     ((key_id, secret),) = pairs.items()
     return Credentials(key_id, secret)
+
 
 
 def read_credentials_file(path: Path) -> dict[str, str]:

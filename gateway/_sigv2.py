@@ -21,7 +21,7 @@ from ._errors import (
     InvalidAccessKeyId,
     SignatureDoesNotMatch,
 )
-from ._sigv4 import Verified
+from ._sigv4 import ASCII_WHITESPACE, Verified
 
 QUERY_PARAMS = frozenset({"AWSAccessKeyId", "Signature", "Expires"})
 # Sub-resources that are part of the string to sign (the list botocore's HmacV1Auth uses).
@@ -147,7 +147,7 @@ def _string_to_sign(
 ) -> str:
     index: dict[str, list[str]] = {}
     for name, value in headers:
-        index.setdefault(name, []).append(value.strip())
+        index.setdefault(name, []).append(value.strip(ASCII_WHITESPACE))
     standard = [",".join(index.get(h, [])) for h in ("content-md5", "content-type")]
     amz = [f"{n}:{','.join(v)}" for n, v in sorted(index.items()) if n.startswith("x-amz-")]
     return "\n".join(
@@ -164,5 +164,6 @@ def _resource(path: str, raw_query: str) -> str:
 
 
 def _sign(secret: str, string_to_sign: str) -> str:
-    digest = hmac.new(secret.encode(), string_to_sign.encode(), hashlib.sha1).digest()
+    # Header values are raw bytes decoded as latin-1 (see _sigv4._sign).
+    digest = hmac.new(secret.encode(), string_to_sign.encode("latin-1"), hashlib.sha1).digest()
     return base64.b64encode(digest).decode()

@@ -89,6 +89,8 @@ _AMZ_DATE = re.compile(r"\d{8}T\d{6}Z")
 _SCOPE_DATE = re.compile(r"\d{8}")
 _DIGITS = re.compile(r"[0-9]{1,19}")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+ASCII_WHITESPACE = " \t\n\r\x0b\x0c"
+_ASCII_SPACES = re.compile(r"[ \t\n\r\x0b\x0c]+")
 _UNRESERVED = re.compile(r"[A-Za-z0-9\-_.~]*")
 _UNRESERVED_PATH = re.compile(r"[A-Za-z0-9\-_.~/]*")
 _MISMATCH = (
@@ -245,7 +247,8 @@ def sign_request(
         method: The HTTP method.
         url: The absolute URL the request goes to, path and query percent-encoded.
         headers: The headers to forward; all are signed but the hop-by-hop ones,
-            ``user-agent`` and ``expect`` (as botocore does).
+            ``user-agent`` and ``expect`` (as botocore does). Values are the bytes to send
+            decoded as latin-1, as ASGI headers are (UTF-8 in them passes unchanged).
         credentials: The upstream key pair.
         region: The region in the credential scope.
         payload_sha256: The body's hex SHA-256, or ``UNSIGNED-PAYLOAD``.
@@ -307,7 +310,9 @@ def _signing_key(secret: str, date: str, region: str, service: str) -> bytes:
 
 
 def _sign(key: bytes, amz_date: str, scope: str, canonical_request: str) -> str:
-    digest = hashlib.sha256(canonical_request.encode()).hexdigest()
+    # Header values are the bytes as received, decoded as latin-1 (ASGI gives bytes): S3
+    # signs those bytes, so latin-1 turns them back; any UTF-8 in them is left as sent.
+    digest = hashlib.sha256(canonical_request.encode("latin-1")).hexdigest()
     string_to_sign = f"{ALGORITHM}\n{amz_date}\n{scope}\n{digest}"
     return hmac.new(key, string_to_sign.encode(), "sha256").hexdigest()
 
@@ -321,7 +326,9 @@ def _index_headers(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
 
 
 def _trim(value: str) -> str:
-    return " ".join(value.split())
+    # ASCII whitespace only: values are latin-1 views of raw bytes, where str.split() would
+    # also cut at 0x85 and 0xA0, bytes inside UTF-8 characters (à is C3 A0).
+    return " ".join(_ASCII_SPACES.split(value.strip(ASCII_WHITESPACE)))
 
 
 def _split_query(raw_query: str) -> list[tuple[str, str]]:
@@ -483,11 +490,12 @@ def _check_time(
     now = _utc(now)
     if auth.presigned:
         expires = unquote(presign["X-Amz-Expires"])
-        if not _DIGITS.fullmatch(expires) or not 1 <= int(expires) <= _MAX_EXPIRES:
+        if not _DIGITS.fullmatch(expires) or int(expires) > _MAX_EXPIRES:
             raise AuthorizationQueryParametersError(
-                f"X-Amz-Expires must be between 1 and {_MAX_EXPIRES} seconds."
+                f"X-Amz-Expires must be between 0 and {_MAX_EXPIRES} seconds."
             )
-        if now > auth.when + timedelta(seconds=int(expires)):
+        # A URL valid for 0 seconds has expired when it arrives (S3: 403, not 400).
+        if int(expires) == 0 or now > auth.when + timedelta(seconds=int(expires)):
             raise AccessDenied("Request has expired")
         if auth.when - now > max_skew:
             raise RequestTimeTooSkewed("The presigned URL's X-Amz-Date is in the future.")

@@ -419,7 +419,15 @@ def test_presigned_url_expires():
         verify(received, now=T0 + timedelta(seconds=61))
 
 
-@pytest.mark.parametrize("expires", ["0", "604801", "-5", "abc"])
+def test_presigned_url_valid_for_zero_seconds_has_expired():
+    # S3 (and SeaweedFS) answer 403 AccessDenied, not a malformed-query 400.
+    received = presigned()
+    received["raw_query"] = received["raw_query"].replace("X-Amz-Expires=3600", "X-Amz-Expires=0")
+    with pytest.raises(AccessDenied, match="Request has expired"):
+        verify(received, now=T0)
+
+
+@pytest.mark.parametrize("expires", ["604801", "-5", "abc"])
 def test_presigned_expiry_bounds(expires):
     received = presigned()
     received["raw_query"] = received["raw_query"].replace(
