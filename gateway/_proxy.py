@@ -252,7 +252,7 @@ class Proxy:
         early must never have had its head sent.
         """
         length, content = await self._upstream_body(scope, receive, verified)
-        request = self._upstream_request(scope, target, length, content)
+        request = self._upstream_request(scope, target, verified, length, content)
         try:
             response = await self._client().send(request, stream=True)
         except httpx.TransportError as exc:
@@ -295,6 +295,7 @@ class Proxy:
         self,
         scope: Scope,
         target: Target,
+        verified: Verified | None,
         length: int | None,
         content: AsyncIterator[bytes] | None,
     ) -> httpx.Request:
