@@ -19,7 +19,7 @@ def same_host(endpoint: str) -> bool:
     if not host:
         return False
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
     except OSError:
         return False
     own = _own_addresses()
