@@ -19,19 +19,25 @@ from __future__ import annotations
 
 from ._cost import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_BYTE_MARGIN,
     DEFAULT_DATASET_SIZE,
+    DEFAULT_MIN_GAIN,
     DEFAULT_REPLAN_THRESHOLD,
+    DEFAULT_WINDOW,
     Candidate,
     Measurement,
     Plan,
     Profile,
+    SplitKeeper,
     drift,
+    gain_over,
     needs_replan,
     plan,
     replan,
 )
 from ._errors import InvalidInput, NoFeasibleSplit, PlannerError, ProbeError
 from ._gateway import GatewayAuth, GatewayProfile, fetch_gateway_profile, probe_bandwidth
+from ._host import same_host
 from ._plot import plot_plan
 from ._profile import (
     DEFAULT_DECODE_MS,
@@ -44,10 +50,13 @@ from ._units import format_bandwidth, format_bytes, parse_bandwidth, parse_size
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "DEFAULT_BYTE_MARGIN",
     "DEFAULT_DATASET_SIZE",
     "DEFAULT_DECODE_MS",
+    "DEFAULT_MIN_GAIN",
     "DEFAULT_RAW_BYTES",
     "DEFAULT_REPLAN_THRESHOLD",
+    "DEFAULT_WINDOW",
     "Candidate",
     "GatewayAuth",
     "GatewayProfile",
@@ -58,10 +67,12 @@ __all__ = [
     "PlannerError",
     "ProbeError",
     "Profile",
+    "SplitKeeper",
     "drift",
     "fetch_gateway_profile",
     "format_bandwidth",
     "format_bytes",
+    "gain_over",
     "measure_client_blocks",
     "measure_decode_ms",
     "needs_replan",
@@ -72,4 +83,5 @@ __all__ = [
     "probe_bandwidth",
     "profile_from_manifest",
     "replan",
+    "same_host",
 ]

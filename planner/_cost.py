@@ -11,10 +11,20 @@ cost per sample:
 - client: ``B * ((decode if no pushdown) + blocks [split, freeze) + head step)``.
 
 The stages overlap (the client requests batch ``i + 1`` before training on batch ``i``),
-so an epoch of ``n`` batches takes ``fill + (n - 1) * max(stages) + drain``, where the
-first batch fills the pipeline (storage + transfer) and the last drains it (client). A
-candidate is feasible when each side's memory holds its blocks' weights plus its batch of
-activations. :func:`plan` picks the feasible candidate with the least epoch time.
+so an epoch of ``n`` batches takes ``fill + (n - 1) * cycle + drain``, where the first
+batch fills the pipeline (storage + transfer) and the last drains it (client). On separate
+machines the cycle is the slowest stage; when both tiers share one machine's cores
+(``Profile.shared_compute``: a gateway on loopback) the two compute stages do not overlap,
+so the cycle is ``max(storage + client, transfer)``. A candidate is feasible when each
+side's memory holds its blocks' weights plus its batch of activations.
+
+:func:`plan` picks the feasible candidate with the least epoch time, with one guard: a
+candidate that sends more bytes per sample than the raw objects is chosen only when it
+beats the best candidate that does not by more than ``byte_margin`` (10%): extra bytes
+cost the store's network and every other tenant, so they must buy a clear gain. The wire
+dtype is a candidate dimension: the plan also prices float16 features and chooses them
+only when the caller allows lower precision. :class:`SplitKeeper` adds hysteresis to
+re-planning: a new split is taken only when its gain persists over a window of epochs.
 
 Everything here is pure: measurements come in as a :class:`Profile` and a bandwidth.
 """
@@ -35,6 +45,11 @@ Stage = Literal["storage", "transfer", "client"]
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_DATASET_SIZE = 1_281_167  # ImageNet-1k's training set
 DEFAULT_REPLAN_THRESHOLD = 0.25
+DEFAULT_BYTE_MARGIN = 0.10
+DEFAULT_MIN_GAIN = 0.10
+DEFAULT_WINDOW = 2
+LOWER_PRECISION = "float16"
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +76,11 @@ class Profile:
             device is time-shared in turn with ``n - 1`` busy tenants.
         storage_batch: The batch the storage side must fit at least. The gateway sizes
             its batches to its memory, so 1 by default.
+        wire_dtype: The dtype the features travel in (what ``output_bytes`` and
+            ``input_bytes`` are counted in).
+        shared_compute: Both tiers run on one machine's cores (gateway and client on
+            the same host), so storage and client compute take turns instead of
+            overlapping.
     """
 
     storage_ms: tuple[float, ...]
@@ -78,6 +98,8 @@ class Profile:
     client_memory_bytes: int | None = None
     storage_load: float = 1.0
     storage_batch: int = 1
+    wire_dtype: str = "float32"
+    shared_compute: bool = False
 
     def __post_init__(self) -> None:
         blocks = (
@@ -104,6 +126,18 @@ class Profile:
         for budget in (self.storage_memory_bytes, self.client_memory_bytes):
             if budget is not None and budget <= 0:
                 raise InvalidInput("profile: memory budgets must be positive (or None)")
+        if self.wire_dtype not in _ITEMSIZE:
+            raise InvalidInput(f"profile: unknown wire dtype {self.wire_dtype!r}")
+
+    def in_dtype(self, dtype: str) -> Profile:
+        """The same profile with features sent in ``dtype`` (their bytes rescaled)."""
+        scale = _ITEMSIZE[dtype] / _ITEMSIZE[self.wire_dtype]
+        return replace(
+            self,
+            output_bytes=tuple(math.ceil(b * scale) for b in self.output_bytes),
+            input_bytes=math.ceil(self.input_bytes * scale),
+            wire_dtype=dtype,
+        )
 
     @property
     def blocks(self) -> int:
@@ -145,6 +179,8 @@ class Candidate:
         storage_memory_bytes: Memory the storage side needs.
         client_memory_bytes: Memory the client needs.
         infeasible: Why the candidate does not fit, or ``None`` when it does.
+        cycle_ms: Time per batch in the steady state: the slowest stage, or, with shared
+            compute, ``max(storage + client, transfer)``.
     """
 
     split: int | None
@@ -157,6 +193,7 @@ class Candidate:
     storage_memory_bytes: int
     client_memory_bytes: int
     infeasible: str | None = None
+    cycle_ms: float = 0.0
 
     @property
     def feasible(self) -> bool:
@@ -165,8 +202,8 @@ class Candidate:
 
     @property
     def bottleneck_ms(self) -> float:
-        """The slowest stage's time per batch."""
-        return max(self.storage_ms, self.transfer_ms, self.client_ms)
+        """Time per batch in the steady state (the slowest stage, unless compute is shared)."""
+        return max(self.cycle_ms, self.storage_ms, self.transfer_ms, self.client_ms)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields, ``feasible`` included (``inf`` becomes ``None``)."""
@@ -188,7 +225,13 @@ class Plan:
         bandwidth_bps: The bandwidth assumed, in bits per second.
         batch_size: The training batch size.
         dataset_size: Samples per epoch.
-        profile: The profile assumed.
+        profile: The profile assumed (its ``wire_dtype`` is the plan's dtype).
+        byte_margin: The gain a candidate sending more bytes than the raw objects needs.
+        note: Why the choice is not simply the fastest row (a byte guard, or a split
+            kept by hysteresis); empty when it is.
+        alternative: The best candidate in the other wire dtype (float16 when the plan is
+            float32, or the reverse), for the explanation.
+        alternative_dtype: That candidate's dtype.
     """
 
     model: str
@@ -200,6 +243,15 @@ class Plan:
     batch_size: int
     dataset_size: int
     profile: Profile
+    byte_margin: float = DEFAULT_BYTE_MARGIN
+    note: str = ""
+    alternative: Candidate | None = None
+    alternative_dtype: str | None = None
+
+    @property
+    def dtype(self) -> str:
+        """The wire dtype the plan's bytes are counted in."""
+        return self.profile.wire_dtype
 
     @property
     def chosen(self) -> Candidate:
@@ -229,7 +281,13 @@ class Plan:
             "model": self.model,
             "freeze": self.freeze,
             "split": self.split,
+            "dtype": self.dtype,
             "reason": self.reason(),
+            "note": self.note,
+            "shared_compute": self.profile.shared_compute,
+            "alternative": None
+            if self.alternative is None
+            else {"dtype": self.alternative_dtype, **self.alternative.to_dict()},
             "bandwidth_bps": None if math.isinf(self.bandwidth_bps) else self.bandwidth_bps,
             "batch_size": self.batch_size,
             "dataset_size": self.dataset_size,
@@ -247,6 +305,8 @@ def plan(
     *,
     batch_size: int = DEFAULT_BATCH_SIZE,
     dataset_size: int = DEFAULT_DATASET_SIZE,
+    byte_margin: float = DEFAULT_BYTE_MARGIN,
+    allow_lower_precision: bool = False,
 ) -> Plan:
     """Predict every candidate's epoch time and choose the fastest feasible one.
 
@@ -256,6 +316,12 @@ def plan(
         bandwidth_bps: Bits per second between client and gateway (``inf``: no limit).
         batch_size: Samples per training batch.
         dataset_size: Samples per epoch.
+        byte_margin: A candidate sending more bytes than the raw objects is chosen only
+            when it is faster than every candidate that does not by more than this
+            fraction.
+        allow_lower_precision: Also consider float16 features (half the bytes of
+            float32) and choose them when faster; otherwise they are only priced, for
+            the explanation.
 
     Returns:
         The plan. Ties go to the candidate sending fewer bytes, then to the earlier split.
@@ -265,6 +331,26 @@ def plan(
         NoFeasibleSplit: Not even reading raw objects fits the client's memory.
     """
     _check(manifest, profile, bandwidth_bps, batch_size, dataset_size)
+    if byte_margin < 0:
+        raise InvalidInput(f"byte margin must be >= 0, not {byte_margin}")
+    sizes = (batch_size, dataset_size, byte_margin)
+    main = _plan_in(manifest, profile, bandwidth_bps, *sizes)
+    if _ITEMSIZE[profile.wire_dtype] <= _ITEMSIZE[LOWER_PRECISION]:
+        return main
+    low = _plan_in(manifest, profile.in_dtype(LOWER_PRECISION), bandwidth_bps, *sizes)
+    if allow_lower_precision and low.chosen.epoch_s < main.chosen.epoch_s:
+        return replace(low, alternative=main.chosen, alternative_dtype=main.dtype)
+    return replace(main, alternative=low.chosen, alternative_dtype=low.dtype)
+
+
+def _plan_in(
+    manifest: Manifest,
+    profile: Profile,
+    bandwidth_bps: float,
+    batch_size: int,
+    dataset_size: int,
+    byte_margin: float,
+) -> Plan:
     batches = math.ceil(dataset_size / batch_size)
     splits: list[int | None] = [None, *range(manifest.freeze + 1)]
     candidates = tuple(
@@ -277,7 +363,7 @@ def plan(
             f"no split of {manifest.ref} fits the memory budgets, not even reading raw objects",
             candidates,
         )
-    best = min(feasible, key=lambda c: (c.epoch_s, c.bytes_per_sample, _order(c.split)))
+    best, note = _guard_bytes(feasible, profile.raw_bytes, byte_margin)
     return Plan(
         model=manifest.ref,
         freeze=manifest.freeze,
@@ -288,7 +374,36 @@ def plan(
         batch_size=batch_size,
         dataset_size=dataset_size,
         profile=profile,
+        byte_margin=byte_margin,
+        note=note,
     )
+
+
+def _fastest(candidates: list[Candidate]) -> Candidate:
+    return min(candidates, key=lambda c: (c.epoch_s, c.bytes_per_sample, _order(c.split)))
+
+
+def _guard_bytes(
+    feasible: list[Candidate], raw_bytes: float, margin: float
+) -> tuple[Candidate, str]:
+    """The fastest candidate, unless it sends more than the raw objects for a small gain."""
+    best = _fastest(feasible)
+    lean = [c for c in feasible if c.bytes_per_sample <= raw_bytes]
+    if best.bytes_per_sample <= raw_bytes or not lean:
+        return best, ""
+    fallback = _fastest(lean)
+    gain = fallback.epoch_s / best.epoch_s - 1.0
+    if gain > margin:
+        return best, ""
+    return fallback, (
+        f"Split {_label(best.split)} would be only {gain:.0%} faster but sends "
+        f"{best.bytes_per_sample / raw_bytes:.1f}x more bytes than the raw objects; "
+        f"more bytes than raw must buy more than {margin:.0%}."
+    )
+
+
+def _label(split: int | None) -> str:
+    return "none" if split is None else str(split)
 
 
 def _order(split: int | None) -> int:
@@ -323,9 +438,12 @@ def _candidate(
     transfer = 1000.0 * batch * sent * 8 / bandwidth
     stages: dict[Stage, float] = {"storage": storage, "transfer": transfer, "client": client}
     bottleneck = max(stages, key=lambda name: stages[name])
+    cycle = stages[bottleneck]
+    if profile.shared_compute:  # one machine's cores: the two compute stages take turns
+        cycle = max(storage + client, transfer)
     storage_memory, client_memory = _memory(profile, split, freeze, batch)
     infeasible = _infeasible(profile, storage_memory, client_memory)
-    epoch_ms = storage + transfer + client + (batches - 1) * stages[bottleneck]
+    epoch_ms = storage + transfer + client + (batches - 1) * cycle
     return Candidate(
         split=split,
         bytes_per_sample=sent,
@@ -337,6 +455,7 @@ def _candidate(
         storage_memory_bytes=storage_memory,
         client_memory_bytes=client_memory,
         infeasible=infeasible,
+        cycle_ms=cycle,
     )
 
 
@@ -416,22 +535,105 @@ def needs_replan(
     return any(abs(changes.get(name, 0.0)) > threshold for name in ("bandwidth", "storage"))
 
 
-def replan(manifest: Manifest, previous: Plan, measured: Measurement) -> Plan:
+def replan(
+    manifest: Manifest,
+    previous: Plan,
+    measured: Measurement,
+    *,
+    min_gain: float = DEFAULT_MIN_GAIN,
+) -> Plan:
     """Plan again with what a run measured: its bandwidth, and its storage-side time as a
-    new load factor (the storage side's profile scaled by measured over predicted)."""
+    new load factor (the storage side's profile scaled by measured over predicted).
+
+    The previous split is kept (the plan's ``note`` says so) unless the new best is
+    predicted more than ``min_gain`` faster than keeping it.
+    """
     profile = previous.profile
     changes = drift(previous, measured)
     if "storage" in changes:
         load = profile.storage_load * (1.0 + changes["storage"])
         profile = replace(profile, storage_load=load)
     bandwidth = measured.bandwidth_bps or previous.bandwidth_bps
-    return plan(
+    new = plan(
         manifest,
         profile,
         bandwidth,
         batch_size=previous.batch_size,
         dataset_size=previous.dataset_size,
+        byte_margin=previous.byte_margin,
     )
+    gain = gain_over(new, previous.split)
+    if new.split == previous.split or gain > min_gain:
+        return new
+    return replace(
+        new,
+        split=previous.split,
+        note=f"Kept split {_label(previous.split)}: split {_label(new.split)} would be "
+        f"only {gain:.0%} faster (a change needs more than {min_gain:.0%}).",
+    )
+
+
+def gain_over(new: Plan, split: int | None) -> float:
+    """How much faster ``new``'s choice is predicted to be than staying at ``split``
+    (``inf`` when ``split`` no longer fits)."""
+    kept = new.candidate(split)
+    if not kept.feasible:
+        return math.inf
+    return kept.epoch_s / new.chosen.epoch_s - 1.0
+
+
+class SplitKeeper:
+    """Hysteresis for re-planning: the split changes only when a better one is predicted
+    more than ``min_gain`` faster in ``window`` consecutive proposals (epochs).
+
+    Args:
+        initial: The plan in force.
+        min_gain: The predicted gain a change needs (0.10: 10% faster).
+        window: Consecutive proposals of the same better split needed to change.
+    """
+
+    def __init__(
+        self, initial: Plan, *, min_gain: float = DEFAULT_MIN_GAIN, window: int = DEFAULT_WINDOW
+    ) -> None:
+        if window < 1 or min_gain < 0:
+            raise InvalidInput("hysteresis needs window >= 1 and min_gain >= 0")
+        self.current = initial
+        self.min_gain = min_gain
+        self.window = window
+        self.why = initial.reason()
+        self._pending: int | None = None
+        self._count = 0
+
+    def update(self, proposed: Plan) -> Plan:
+        """Take one epoch's proposal; return the plan in force after it (``why`` says why)."""
+        old = self.current.split
+        if proposed.split == old:
+            self.current, self._count, self._pending = proposed, 0, None
+            self.why = f"split {_label(old)} is still the best."
+            return self.current
+        gain = gain_over(proposed, old)
+        if gain <= self.min_gain:
+            self._count, self._pending = 0, None
+            self.why = (
+                f"kept split {_label(old)}: split {_label(proposed.split)} would be only "
+                f"{gain:.0%} faster (a change needs more than {self.min_gain:.0%})."
+            )
+            return self.current
+        self._count = self._count + 1 if self._pending == proposed.split else 1
+        self._pending = proposed.split
+        if self._count < self.window:
+            self.why = (
+                f"split {_label(proposed.split)} predicted {gain:.0%} faster "
+                f"({self._count} of {self.window} epochs needed to change); kept split "
+                f"{_label(old)}."
+            )
+            return self.current
+        self.why = (
+            f"changed split {_label(old)} -> {_label(proposed.split)}: predicted "
+            f"{gain:.0%} faster for {self._count} epochs in a row."
+        )
+        self.current, self._count, self._pending = proposed, 0, None
+        return self.current
 
 
 def speedup(plan: Plan, split: int | None) -> float:

@@ -88,11 +88,40 @@ def explain(plan: Plan) -> str:
         text = "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
         lines.append(f"{marker} {text}".rstrip())
     lines += ["", f"chosen: split {split_label(plan.split)}. {reason(plan)}"]
+    if plan.alternative is not None:
+        lines.append(alternative(plan))
     return "\n".join(lines)
 
 
+def alternative(plan: Plan) -> str:
+    """One line on what the other wire dtype gives."""
+    other = plan.alternative
+    assert other is not None
+    dtype = plan.alternative_dtype
+    chosen = plan.chosen
+    line = (
+        f"in {dtype}: split {split_label(other.split)}, {format_bytes(other.bytes_per_sample)} "
+        f"per sample, {format_duration(other.epoch_s)} per epoch (vs "
+        f"{format_duration(chosen.epoch_s)} in {plan.dtype})"
+    )
+    if other.epoch_s < chosen.epoch_s:
+        line += "; allow lower precision to use it"
+    return line + "."
+
+
 def reason(plan: Plan) -> str:
-    """One sentence on why the plan's split wins."""
+    """Why the plan's split wins: one sentence, plus the byte guard, hysteresis or
+    shared-compute note when they applied."""
+    extra = [plan.note] if plan.note else []
+    if plan.profile.shared_compute:
+        extra.append(
+            "The storage side and this client share the same machine's cores, so their "
+            "compute does not overlap and pushdown saves bytes rather than time."
+        )
+    return " ".join([_fastest_reason(plan), *extra])
+
+
+def _fastest_reason(plan: Plan) -> str:
     chosen = plan.chosen
     base = plan.candidate(None)
     if plan.split is None:

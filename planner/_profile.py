@@ -54,6 +54,7 @@ def profile_from_manifest(
     client_memory_bytes: int | None = None,
     storage_load: float = 1.0,
     wire_dtype: str | None = None,
+    shared_compute: bool = False,
 ) -> Profile:
     """A profile of ``manifest``'s frozen blocks, with the manifest's ``cpu_ms`` for both
     sides unless measured times are given.
@@ -74,6 +75,8 @@ def profile_from_manifest(
         storage_load: Factor on storage-side time for a shared device.
         wire_dtype: The ``x-hapi-dtype`` features travel in (``float16`` halves float32
             bytes); the blocks' own dtype if omitted.
+        shared_compute: Both tiers run on the same machine's cores (see
+            :attr:`Profile.shared_compute`).
 
     Raises:
         InvalidInput: A per-block sequence of the wrong length, an unknown dtype, or a
@@ -96,6 +99,8 @@ def profile_from_manifest(
         storage_memory_bytes=storage_memory_bytes,
         client_memory_bytes=client_memory_bytes,
         storage_load=storage_load,
+        wire_dtype=wire_dtype or manifest.input.dtype,
+        shared_compute=shared_compute,
     )
 
 

@@ -7,13 +7,19 @@ not a hapi gateway, so nothing can be probed; or the dataset freezes at another 
 than the manifest the planner plans for), the policy is the one the manifest alone
 supports: send the fewest bytes per sample, at the latest split among equals.
 
+A gateway on this machine (loopback, or this host's own address) shares the training
+loop's cores: the plan then models the two tiers' compute as taking turns, so on one box
+pushdown is chosen for the bytes it saves, never for a speedup that cannot exist.
+
 After each full epoch, what was measured (bandwidth, the gateway's time per sample) is
 compared with what the plan assumed; :func:`hapi.planner.needs_replan` decides whether
-to plan again (a drift beyond 25%).
+to plan again (a drift beyond 25%), and a :class:`hapi.planner.SplitKeeper` changes the
+split only when the new one is predicted more than 10% faster for two epochs in a row.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +30,7 @@ from hapi.models import Manifest
 
 from ._stats import EpochStats
 
+logger = logging.getLogger("hapi.sdk")
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 PROBE_BYTES = 8 * 1024 * 1024
 
@@ -40,6 +47,7 @@ class SplitChoice:
         plan: The planner's plan, when it decided (``plan.explain()`` has the table).
         measured_bandwidth: Whether the plan's bandwidth was measured (and so may be
             re-measured), rather than given.
+        keeper: The hysteresis that re-planning goes through (with the planner only).
     """
 
     split: int | None
@@ -47,6 +55,7 @@ class SplitChoice:
     policy: str
     plan: planner.Plan | None = None
     measured_bandwidth: bool = True
+    keeper: planner.SplitKeeper | None = None
 
 
 def wire_bytes(manifest: Manifest, split: int, dtype: str) -> int:
@@ -115,7 +124,10 @@ def choose_split(
         return fewest_bytes(manifest, freeze, dtype, "no endpoint to probe")
     given = bandwidth_bps is not None
     raw = raw_bytes or planner.DEFAULT_RAW_BYTES
-    profile = planner.profile_from_manifest(manifest, wire_dtype=dtype, raw_bytes=raw)
+    shared = all(planner.same_host(endpoint) for endpoint in endpoints)
+    profile = planner.profile_from_manifest(
+        manifest, wire_dtype=dtype, raw_bytes=raw, shared_compute=shared
+    )
     try:
         profile, bandwidth_bps = _probe(endpoints, manifest, profile, bandwidth_bps, auth)
     except planner.ProbeError as exc:  # not a hapi gateway, or one without the model
@@ -127,7 +139,8 @@ def choose_split(
         )
     except planner.PlannerError as exc:  # no feasible split
         return fewest_bytes(manifest, freeze, dtype, str(exc))
-    return SplitChoice(plan.split, plan.reason(), "planner", plan, measured_bandwidth=not given)
+    keeper = planner.SplitKeeper(plan)
+    return SplitChoice(plan.split, plan.reason(), "planner", plan, not given, keeper)
 
 
 def _probe(
@@ -168,16 +181,22 @@ def gateway_auth(s3: Any) -> planner.GatewayAuth | None:
 
 
 def replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> SplitChoice | None:
-    """A new choice when an epoch's measurements left the plan's assumptions, else ``None``."""
-    plan = choice.plan
-    if plan is None or stats.mode != "pushdown" or not stats.samples:
+    """A new choice when an epoch's measurements call for another split and the gain
+    persists (hysteresis), else ``None`` (the keeper remembers the pending proposal)."""
+    plan, keeper = choice.plan, choice.keeper
+    if plan is None or keeper is None or stats.mode != "pushdown" or not stats.samples:
         return None
     measured = planner.Measurement(
         bandwidth_bps=stats.bandwidth_bps if choice.measured_bandwidth else None,
         storage_ms_per_sample=stats.storage_ms_per_sample,
     )
     if not planner.needs_replan(plan, measured):
+        keeper.update(plan)  # the plan holds: a pending change starts over
         return None
-    new = planner.replan(manifest, plan, measured)
-    reason = f"re-planned after epoch {stats.epoch}: {new.reason()}"
-    return SplitChoice(new.split, reason, "replanned", new, choice.measured_bandwidth)
+    proposed = planner.replan(manifest, plan, measured, min_gain=0.0)
+    kept = keeper.update(proposed)
+    if kept.split == choice.split:
+        logger.info("%s after epoch %d: %s", manifest.ref, stats.epoch, keeper.why)
+        return None
+    reason = f"re-planned after epoch {stats.epoch}: {keeper.why} {kept.reason()}"
+    return SplitChoice(kept.split, reason, "replanned", kept, choice.measured_bandwidth, keeper)

@@ -396,3 +396,19 @@ def test_registry_reads_go_through_the_gateway(gateway, registered):
     assert Registry(s3).get_manifest("enl0").ref == registered["enl0"].ref
     key = f"models/enl0/{registered['enl0'].version}.json"
     assert json.loads(s3.get_object(Bucket="hapi-models", Key=key)["Body"].read())["name"] == "enl0"
+
+
+def test_auto_split_on_one_box_never_receives_more_than_the_raw_objects(gateway, registered, data):
+    # The gateway runs on this machine: the plan must know the tiers share its cores and
+    # must not buy a "speedup" with more bytes than the objects themselves.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sdk.FallbackWarning)  # the planner may choose none
+        dataset = sdk.FeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
+        )
+        _all(dataset)
+    choice = dataset.split_choice
+    assert choice.plan is not None and choice.plan.profile.shared_compute
+    assert "same machine" in choice.reason
+    stats = dataset.stats()
+    assert dataset.raw_bytes is not None and stats.bytes_received <= dataset.raw_bytes

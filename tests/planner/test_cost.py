@@ -141,7 +141,8 @@ def test_infeasible_candidates_are_never_chosen() -> None:
         model, profile = _random_profile(rng)
         bandwidth = 10 ** rng.uniform(6, 11)
         try:
-            chosen = plan(model, profile, bandwidth, batch_size=rng.choice([8, 32, 256]))
+            batch = rng.choice([8, 32, 256])
+            chosen = plan(model, profile, bandwidth, batch_size=batch, byte_margin=0.0)
         except NoFeasibleSplit as exc:
             assert not any(c.feasible for c in exc.candidates)
             continue
@@ -195,7 +196,9 @@ def test_explain_lists_every_candidate_and_marks_the_choice() -> None:
     assert len(rows) == 12
     marked = [line for line in rows if line.startswith("*")]
     assert len(marked) == 1 and marked[0][2:].startswith(f"{chosen.split} ")
-    assert lines[-1].startswith(f"chosen: split {chosen.split}. Split {chosen.split} is fastest")
+    verdict = next(line for line in lines if line.startswith("chosen:"))
+    assert verdict.startswith(f"chosen: split {chosen.split}. Split {chosen.split} is fastest")
+    assert lines[-1].startswith("in float16: split ")
 
 
 def test_to_dict_is_strict_json() -> None:
