@@ -106,7 +106,7 @@ class Gateway:
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         async with (
             self.upstream.lifespan(),
-            open_pushdown(self.settings, self.upstream.get) as pushdown,
+            open_pushdown(self.settings, self.upstream.get, self.metrics) as pushdown,
         ):
             self.proxy.pushdown = pushdown
             yield

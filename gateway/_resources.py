@@ -17,6 +17,8 @@ from botocore.config import Config
 from hapi.models import Registry, RuntimeSettings, cuda_usable
 
 from ._batcher import MemoryBudget
+from ._cache import FeatureCache
+from ._metrics import Metrics
 from ._pushdown import Pushdown
 from ._settings import GatewaySettings
 from ._tenants import Tenants
@@ -68,9 +70,11 @@ def registry_client(settings: GatewaySettings) -> Registry:
 
 @contextlib.asynccontextmanager
 async def open_pushdown(
-    settings: GatewaySettings, client: Callable[[], httpx.AsyncClient]
+    settings: GatewaySettings,
+    client: Callable[[], httpx.AsyncClient],
+    metrics: Metrics | None = None,
 ) -> AsyncIterator[Pushdown]:
-    """Create pushdown's pools, registry and tenants; close them on exit."""
+    """Create pushdown's pools, registry, tenants and feature cache; close them on exit."""
     workers = settings.decode_workers or os.cpu_count() or 2
     runtime = RuntimeSettings(device=settings.device, intra_op_threads=settings.intra_op_threads)
     with (
@@ -87,6 +91,7 @@ async def open_pushdown(
             fixed_batch=settings.fixed_batch_size,
         )
         try:
-            yield Pushdown(settings, client, tenants, decode_pool)
+            async with FeatureCache(settings, client, metrics).running() as cache:
+                yield Pushdown(settings, client, tenants, decode_pool, cache, metrics)
         finally:
             await tenants.close()

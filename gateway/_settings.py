@@ -50,6 +50,13 @@ class GatewaySettings:
         intra_op_threads: onnxruntime threads per operator (0: onnxruntime decides).
         assumed_bandwidth_bps: The client link ``split=auto`` plans for when a request does
             not say (``x-hapi-bandwidth``).
+        cache_enabled: Look features up in (and write them to) the feature cache.
+        cache_bucket: The bucket of the store that holds the feature cache.
+        cache_max_bytes: Size cap of the feature cache (0: none); least recently used
+            entries are evicted beyond it.
+        cache_write_queue: Entries waiting to be written; a full queue skips a write.
+        cache_touch_s: A hit on an entry older than this refreshes its last-use time.
+        cache_prune_interval_s: How often the cache is checked against its size cap.
         fixed_batch_size: Use this storage-side batch size instead of the adaptive one
             (for benchmarks and comparisons; the adaptive size is the default).
     """
@@ -75,6 +82,12 @@ class GatewaySettings:
     intra_op_threads: int = 0
     fixed_batch_size: int | None = None
     assumed_bandwidth_bps: float = 1e9
+    cache_enabled: bool = True
+    cache_bucket: str = "hapi-cache"
+    cache_max_bytes: int = 0
+    cache_write_queue: int = 256
+    cache_touch_s: float = 3600.0
+    cache_prune_interval_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.backend_url.startswith(("http://", "https://")):
@@ -144,8 +157,23 @@ _TUNABLES: dict[str, tuple[str, Any]] = {
         "virtual_host_domains",
         lambda text: tuple(d.strip() for d in text.split(",") if d.strip()),
     ),
+    "HAPI_CACHE": ("cache_enabled", lambda text: _flag(text)),
+    "HAPI_CACHE_BUCKET": ("cache_bucket", str),
+    "HAPI_CACHE_MAX_SIZE": ("cache_max_bytes", parse_size),
+    "HAPI_CACHE_WRITE_QUEUE": ("cache_write_queue", int),
+    "HAPI_CACHE_TOUCH_S": ("cache_touch_s", float),
+    "HAPI_CACHE_PRUNE_INTERVAL_S": ("cache_prune_interval_s", float),
     "HAPI_ASSUMED_BANDWIDTH": ("assumed_bandwidth_bps", lambda text: float(parse_bandwidth(text))),
 }
+
+
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected on or off (1/0, true/false, yes/no)")
 
 
 def read_credentials_file(path: Path) -> dict[str, str]:

@@ -16,6 +16,18 @@ Run (no torch needed; what the gateway and the SDK do)::
 
 from __future__ import annotations
 
+from ._cache import (
+    DEFAULT_CACHE_BUCKET,
+    ENTRY_PREFIX,
+    CacheEntry,
+    ObjectIdentity,
+    block_prefix,
+    cache_key,
+    entry_path,
+    eviction_order,
+    is_entry,
+    list_entries,
+)
 from ._cli import UserError
 from ._errors import (
     CorruptBlock,
@@ -37,10 +49,13 @@ from ._runtime import RuntimeSettings, create_session, cuda_usable
 
 __all__ = [
     "DEFAULT_BUCKET",
+    "DEFAULT_CACHE_BUCKET",
     "DEFAULT_MODEL",
+    "ENTRY_PREFIX",
     "FAMILIES",
     "PRESETS",
     "BlockInfo",
+    "CacheEntry",
     "CorruptBlock",
     "Decomposition",
     "ExportError",
@@ -52,6 +67,7 @@ __all__ = [
     "Manifest",
     "ModelError",
     "NoSuchModel",
+    "ObjectIdentity",
     "Preset",
     "Registry",
     "RegistryError",
@@ -60,13 +76,19 @@ __all__ = [
     "SessionError",
     "UserError",
     "VersionConflict",
+    "block_prefix",
     "build",
+    "cache_key",
     "check_name",
     "compose",
     "create_session",
     "cuda_usable",
+    "entry_path",
+    "eviction_order",
     "export_model",
     "get_preset",
+    "is_entry",
+    "list_entries",
     "parse_ref",
     "preprocess",
     "preprocess_batch",
