@@ -117,7 +117,11 @@ class Gateway:
         async with (
             self.upstream.lifespan(),
             open_pushdown(
-                self.settings, self.upstream.get, registry=self._registry, runner=self._runner
+                self.settings,
+                self.upstream.get,
+                self.metrics,
+                registry=self._registry,
+                runner=self._runner,
             ) as pushdown,
         ):
             self.proxy.pushdown = pushdown

@@ -52,6 +52,29 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.object_fetches = Counter(
+            "hapi_pushdown_object_fetches",
+            "Objects pushdown fetched from the store (cache hits fetch none).",
+            registry=self.registry,
+        )
+        self.cache_lookups = Counter(
+            "hapi_cache_lookups",
+            "Feature cache lookups, by model and result (hit, miss).",
+            ("model", "result"),
+            registry=self.registry,
+        )
+        self.cache_bytes = Counter(
+            "hapi_cache_bytes",
+            "Feature cache bytes read from and written to the cache bucket.",
+            ("model", "direction"),
+            registry=self.registry,
+        )
+        self.cache_writes = Counter(
+            "hapi_cache_writes",
+            "Feature cache writes, by model and outcome (written, skipped, failed).",
+            ("model", "outcome"),
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "hapi_requests_in_flight", "Requests being handled now.", registry=self.registry
         )

@@ -25,10 +25,12 @@ import numpy as np
 
 from hapi import planner
 from hapi.models import WIRE_DTYPES as DTYPES
-from hapi.models import Manifest, Sample, UndecodableObject, decode_object
+from hapi.models import Manifest, ObjectIdentity, Sample, UndecodableObject, decode_object
 from hapi.models import encode_features as encode
 
 from ._addressing import object_path
+from ._cache import FeatureCache, identity_from, parse_mode
+from ._cached import lookup_all, merge, per_key, store_all
 from ._errors import (
     BackendError,
     InsufficientMemory,
@@ -37,6 +39,7 @@ from ._errors import (
     ServiceUnavailable,
     UnprocessableObject,
 )
+from ._metrics import Metrics
 from ._settings import GatewaySettings
 from ._sigv4 import sign_request
 from ._tenants import Tenants
@@ -57,6 +60,7 @@ class Params:
     dtype: str = "float32"
     format: str = "safetensors"
     bandwidth_bps: float | None = None  # the client's link, for ``auto``
+    cache: str = "use"  # ``use``, ``bypass`` or ``refresh`` the feature cache
 
 
 def parse_params(headers: Mapping[str, str], raw_query: str) -> Params | None:
@@ -77,25 +81,36 @@ def parse_params(headers: Mapping[str, str], raw_query: str) -> Params | None:
     if not model:
         return None
     return make_params(
-        model, get("hapi-split"), get("hapi-dtype"), get("hapi-format"), get("hapi-bandwidth")
+        model,
+        get("hapi-split"),
+        get("hapi-dtype"),
+        get("hapi-format"),
+        get("hapi-bandwidth"),
+        get("hapi-cache"),
     )
 
 
-def make_params(model: str, split: Any, dtype: Any, fmt: Any, bandwidth: Any = None) -> Params:
+def make_params(
+    model: str, split: Any, dtype: Any, fmt: Any, bandwidth: Any = None, cache: Any = None
+) -> Params:
     """Validate pushdown parameters (from headers, query or a batch body)."""
     if split is None:
         raise InvalidArgument(
             "a pushdown request needs x-hapi-split (an integer 0..freeze, or auto)"
         )
+    try:
+        mode = parse_mode(cache)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
     if split == "auto":
-        return Params(model, None, *_dtype_format(dtype, fmt), _bandwidth(bandwidth))
+        return Params(model, None, *_dtype_format(dtype, fmt), _bandwidth(bandwidth), mode)
     try:
         index = int(split)
     except (TypeError, ValueError):
         raise InvalidArgument(f"x-hapi-split must be an integer, not {split!r}") from None
     if index < 0:
         raise InvalidArgument(f"x-hapi-split must be >= 0, not {index}")
-    return Params(model, index, *_dtype_format(dtype, fmt))
+    return Params(model, index, *_dtype_format(dtype, fmt), None, mode)
 
 
 def _dtype_format(dtype: Any, fmt: Any) -> tuple[str, str]:
@@ -126,6 +141,9 @@ class _Result:
     errors: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     batch_size: int = 0
+    counts: dict[str, int] = field(default_factory=dict)  # samples per object key
+    identities: dict[str, ObjectIdentity] = field(default_factory=dict)  # as fetched
+    cache: str = "bypass"  # the x-hapi-cache answer: hit, miss or bypass
 
 
 class Pushdown:
@@ -136,15 +154,25 @@ class Pushdown:
         client: Getter of the upstream HTTP client.
         tenants: Manifests, sessions and batchers.
         decode_pool: Worker threads for decoding and preprocessing.
+        cache: The feature cache (``None``: none).
+        metrics: Where object fetches are counted.
     """
 
     def __init__(
-        self, settings: GatewaySettings, client: Any, tenants: Tenants, decode_pool: Executor
+        self,
+        settings: GatewaySettings,
+        client: Any,
+        tenants: Tenants,
+        decode_pool: Executor,
+        cache: FeatureCache | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
+        self._metrics = metrics
         self._client = client
         self.tenants = tenants
         self._decode_pool = decode_pool
+        self.cache = cache
         self._signed = True
 
     def unsigned(self) -> Pushdown:
@@ -159,7 +187,7 @@ class Pushdown:
     ) -> None:
         """Features of one object (an image, or every sample of a shard)."""
         result = await _cancel_on_disconnect(
-            self._features(bucket, [key], params, per_key_errors=False), receive
+            self._serve(bucket, [key], params, per_key_errors=False), receive
         )
         await _respond(send, result)
 
@@ -167,14 +195,41 @@ class Pushdown:
         """Features of several objects, stacked in key order; failures listed per key."""
         keys, params = _parse_batch(body)
         result = await _cancel_on_disconnect(
-            self._features(bucket, keys, params, per_key_errors=True), receive
+            self._serve(bucket, keys, params, per_key_errors=True), receive
         )
         await _respond(send, result)
 
-    async def _features(
+    async def _serve(
         self, bucket: str, keys: Sequence[str], params: Params, *, per_key_errors: bool
     ) -> _Result:
+        """The features of ``keys``: cached entries where there are, computed otherwise
+        (and then written to the cache in the background)."""
+        cache = self.cache
+        if cache is None or not cache.enabled or params.cache == "bypass":
+            return await self._features(bucket, keys, params, per_key_errors=per_key_errors)
         manifest = await self.tenants.manifest(params.model)
+        params = self._resolved(manifest, params)
+        assert params.split is not None
+        split, dtype = params.split, params.dtype
+        started = time.perf_counter()
+        parts = await lookup_all(
+            cache, bucket, keys, manifest, split, dtype, params.cache, signed=self._signed
+        )
+        lookup_ms = (time.perf_counter() - started) * 1000
+        missing = [key for key in keys if key not in parts]
+        result = _Result(manifest, params, [], np.zeros(0))
+        if missing:
+            result = await self._features(bucket, missing, params, per_key_errors=per_key_errors)
+            fresh = per_key(missing, result.features, result.samples, result.counts)
+            store_all(cache, manifest, split, dtype, fresh, result.identities)
+            parts = {**parts, **fresh}
+        result.features, result.samples = merge(keys, parts, _output_shape(manifest, split))
+        result.params = params
+        result.cache = "miss" if missing else "hit"
+        result.timings = {"cache": lookup_ms, **result.timings}
+        return result
+
+    def _resolved(self, manifest: Manifest, params: Params) -> Params:
         if params.split is None:
             params = replace(params, split=self.choose_split(manifest, params))
         assert params.split is not None
@@ -182,6 +237,14 @@ class Pushdown:
             raise InvalidArgument(
                 f"x-hapi-split must be in 0..{manifest.freeze} for {manifest.ref}, not {params.split}"
             )
+        return params
+
+    async def _features(
+        self, bucket: str, keys: Sequence[str], params: Params, *, per_key_errors: bool
+    ) -> _Result:
+        manifest = await self.tenants.manifest(params.model)
+        params = self._resolved(manifest, params)
+        assert params.split is not None
         batcher = await self.tenants.batcher(manifest, params.split) if params.split else None
         result = _Result(manifest, params, [], np.zeros(0))
         started = time.perf_counter()
@@ -256,9 +319,13 @@ class Pushdown:
         async def one(key: str) -> list[Sample]:
             async with limit:
                 started = time.perf_counter()
-                data = await self._fetch(bucket, key)
+                data, identity = await self._fetch(bucket, key)
                 fetch_ms.append((time.perf_counter() - started) * 1000)
-            return await self._decode(data, manifest, f"{bucket}/{key}", key)
+            samples = await self._decode(data, manifest, f"{bucket}/{key}", key)
+            result.counts[key] = len(samples)
+            if identity is not None:
+                result.identities[key] = identity
+            return samples
 
         outcomes = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
         result.timings["fetch"] = max(fetch_ms, default=0.0)
@@ -272,10 +339,12 @@ class Pushdown:
                 samples.extend(outcome)
         return samples
 
-    async def _fetch(self, bucket: str, key: str) -> bytes:
+    async def _fetch(self, bucket: str, key: str) -> tuple[bytes, ObjectIdentity | None]:
         # The whole object is needed before decoding can start (image codecs and tar
         # indexes want random access); objects are capped at max_object_bytes.
         url = self._settings.backend_url + object_path(bucket, key)
+        if self._metrics is not None:
+            self._metrics.object_fetches.inc()
         headers = (
             sign_request(
                 method="GET",
@@ -297,7 +366,7 @@ class Pushdown:
                         f"object is {size} bytes, over the pushdown limit of {self._settings.max_object_bytes}",
                         resource=f"/{bucket}/{key}",
                     )
-                return bytes(await reply.aread())
+                return bytes(await reply.aread()), identity_from(bucket, key, reply.headers)
         except httpx.TransportError as exc:
             raise ServiceUnavailable(
                 f"the backend store cannot be reached: {exc!r}", retry_after=1
@@ -340,6 +409,7 @@ def _parse_batch(body: bytes) -> tuple[list[str], Params]:
         spec.get("dtype"),
         spec.get("format"),
         spec.get("bandwidth"),
+        spec.get("cache"),
     )
 
 
@@ -397,6 +467,7 @@ async def _respond(send: ASGISend, result: _Result) -> None:
         (b"x-hapi-shape", shape.encode()),
         (b"x-hapi-dtype", params.dtype.encode()),
         (b"x-hapi-batch-size", str(result.batch_size).encode()),
+        (b"x-hapi-cache", result.cache.encode()),
         (b"server-timing", timing.encode()),
     ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})

@@ -17,6 +17,8 @@ from botocore.config import Config
 from hapi.models import Registry, RegistryReader, RuntimeSettings, cuda_usable
 
 from ._batcher import MemoryBudget
+from ._cache import FeatureCache
+from ._metrics import Metrics
 from ._pushdown import Pushdown
 from ._settings import GatewaySettings
 from ._tenants import SessionFactory, Tenants
@@ -70,11 +72,12 @@ def registry_client(settings: GatewaySettings) -> Registry:
 async def open_pushdown(
     settings: GatewaySettings,
     client: Callable[[], httpx.AsyncClient],
+    metrics: Metrics | None = None,
     *,
     registry: RegistryReader | None = None,
     runner: SessionFactory | None = None,
 ) -> AsyncIterator[Pushdown]:
-    """Create pushdown's pools, registry and tenants; close them on exit.
+    """Create pushdown's pools, registry, tenants and feature cache; close them on exit.
 
     ``registry`` and ``runner`` replace the backend's registry and the onnxruntime
     sessions (the seams in-process tests use).
@@ -96,6 +99,7 @@ async def open_pushdown(
             make_run=runner,
         )
         try:
-            yield Pushdown(settings, client, tenants, decode_pool)
+            async with FeatureCache(settings, client, metrics).running() as cache:
+                yield Pushdown(settings, client, tenants, decode_pool, cache, metrics)
         finally:
             await tenants.close()

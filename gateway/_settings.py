@@ -82,6 +82,13 @@ class GatewaySettings:
             503 SlowDown.
         workers: Gateway processes sharing the port; each gets 1/workers of the memory
             budget.
+        cache_enabled: Look features up in (and write them to) the feature cache.
+        cache_bucket: The bucket of the store that holds the feature cache.
+        cache_max_bytes: Size cap of the feature cache, e.g. 50GB (0: none); least recently
+            used entries are evicted beyond it.
+        cache_write_queue: Entries waiting to be written; a full queue skips a write.
+        cache_touch_s: A hit on an entry older than this (seconds) refreshes its last use.
+        cache_prune_interval_s: Seconds between checks of the cache against its size cap.
     """
 
     backend_url: str = field(metadata=knob(env="HAPI_BACKEND_URL", flag="--backend"))
@@ -138,6 +145,12 @@ class GatewaySettings:
     keep_alive_timeout_s: int = 20
     max_connections: int = 1024
     workers: int = 1
+    cache_enabled: bool = True
+    cache_bucket: str = "hapi-cache"
+    cache_max_bytes: int = 0
+    cache_write_queue: int = 256
+    cache_touch_s: float = 3600.0
+    cache_prune_interval_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not self.backend_url.startswith(("http://", "https://")):
@@ -231,7 +244,6 @@ def read_backend_credentials(path: Path) -> Credentials:
         raise ValueError(f"backend credentials file {path} must hold exactly one key pair")
     ((key_id, secret),) = pairs.items()
     return Credentials(key_id, secret)
-
 
 
 def read_credentials_file(path: Path) -> dict[str, str]:

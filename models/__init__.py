@@ -16,6 +16,18 @@ Run (no torch needed; what the gateway and the SDK do)::
 
 from __future__ import annotations
 
+from ._cache import (
+    DEFAULT_CACHE_BUCKET,
+    ENTRY_PREFIX,
+    CacheEntry,
+    ObjectIdentity,
+    block_prefix,
+    cache_key,
+    entry_path,
+    eviction_order,
+    is_entry,
+    list_entries,
+)
 from ._cli import UserError, cli_errors, open_registry, store_options
 from ._decode import Sample, UndecodableObject, decode_object
 from ._errors import (
@@ -58,12 +70,15 @@ from ._wire import encode as encode_features
 
 __all__ = [
     "DEFAULT_BUCKET",
+    "DEFAULT_CACHE_BUCKET",
     "DEFAULT_MODEL",
+    "ENTRY_PREFIX",
     "FAMILIES",
     "PRESETS",
     "WIRE_DTYPES",
     "BlockInfo",
     "BlockProfile",
+    "CacheEntry",
     "CorruptBlock",
     "Decomposition",
     "Device",
@@ -80,6 +95,7 @@ __all__ = [
     "ModelProfile",
     "ModelSummary",
     "NoSuchModel",
+    "ObjectIdentity",
     "Preset",
     "Registry",
     "RegistryError",
@@ -93,7 +109,9 @@ __all__ = [
     "UndecodableObject",
     "UserError",
     "VersionConflict",
+    "block_prefix",
     "build",
+    "cache_key",
     "check_name",
     "cli_errors",
     "compose",
@@ -102,8 +120,12 @@ __all__ = [
     "decode_features",
     "decode_object",
     "encode_features",
+    "entry_path",
+    "eviction_order",
     "export_model",
     "get_preset",
+    "is_entry",
+    "list_entries",
     "open_registry",
     "parse_ref",
     "preprocess",

@@ -190,6 +190,7 @@ class Features:
         nbytes: Bytes of the response body.
         server_timing: The gateway's ``Server-Timing`` entries, in milliseconds.
         endpoint: The endpoint that answered.
+        cache: The gateway's feature cache answer: ``hit``, ``miss`` or ``bypass``.
     """
 
     features: np.ndarray
@@ -202,6 +203,7 @@ class Features:
     nbytes: int = 0
     server_timing: Mapping[str, float] = field(default_factory=dict)
     endpoint: str = ""
+    cache: str = ""
 
     def raise_for_errors(self) -> None:
         """Raise the first per-object error of a batch, if any."""
@@ -430,6 +432,7 @@ def _features(
         nbytes=len(body),
         server_timing=_server_timing(headers.get("server-timing", "")),
         endpoint=endpoint,
+        cache=headers.get("x-hapi-cache", ""),
     )
 
 

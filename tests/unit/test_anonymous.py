@@ -111,7 +111,11 @@ _ENV = {
     ("arguments", "env", "allowed"),
     [
         (["--allow-anonymous"], {}, True),
-        (["--no-allow-anonymous"], {"HAPI_ACCESS_KEY_ID": "c", "HAPI_SECRET_ACCESS_KEY": "x"}, False),
+        (
+            ["--no-allow-anonymous"],
+            {"HAPI_ACCESS_KEY_ID": "c", "HAPI_SECRET_ACCESS_KEY": "x"},
+            False,
+        ),
         ([], {"HAPI_ACCESS_KEY_ID": "c", "HAPI_SECRET_ACCESS_KEY": "x"}, True),
         (
             [],
