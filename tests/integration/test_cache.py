@@ -314,3 +314,18 @@ def test_the_gateway_evicts_least_recently_used_entries_beyond_its_cap(
 
     left = asyncio.run(scenario())
     assert sorted(left) == sorted([path("mid"), path("new")])
+
+
+def test_an_anonymous_caller_gets_no_cached_features_of_a_private_object(
+    gateway, store, registered, backend_s3, photos
+):
+    bucket, _ = photos
+    _get(gateway, bucket, "cat.jpg", model="r18", split=4)  # signed: computed and cached
+    _wait_for(lambda: _get(gateway, bucket, "cat.jpg", model="r18", split=4).headers[
+        "x-hapi-cache"
+    ] == "hit", "a hit")
+    url = f"{gateway.endpoint_url}/{bucket}/cat.jpg?hapi-model=r18&hapi-split=4"
+    unsigned = httpx.get(url, timeout=60)  # the store refuses the same unsigned GET
+    direct = httpx.get(f"{store.endpoint_url}/{bucket}/cat.jpg", timeout=60)
+    assert direct.status_code == 403
+    assert unsigned.status_code == 403 and b"AccessDenied" in unsigned.content
