@@ -20,19 +20,12 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.supervisors import Multiprocess
 
-from ._errors import S3Error, SlowDown
+from ._errors import RequestHeaderSectionTooLarge, SlowDown
 from ._observe import error_body
 from ._settings import GatewaySettings
 from ._types import ASGIReceive, ASGISend, Scope
 
 _WORKER_STARTUP_S = 120
-
-
-class RequestHeaderSectionTooLarge(S3Error):
-    """The request head is larger than the gateway accepts."""
-
-    code = "RequestHeaderSectionTooLarge"
-    status = 431
 
 
 @dataclass(frozen=True, slots=True)
