@@ -91,6 +91,6 @@ def _joined(value: Any) -> Any:
 
 def run_gateway(settings: GatewaySettings, host: str, port: int) -> None:
     """Serve the gateway with uvicorn until interrupted (``settings.workers`` processes)."""
-    from ._server import serve_gateway
+    from ._edge import serve_gateway
 
     serve_gateway(settings, host, port)

@@ -21,6 +21,7 @@
     ├── EntityTooLarge                   400  (form uploads: over content-length-range)
     ├── NoSuchModel                      404
     ├── UnprocessableObject              422
+    ├── RequestHeaderSectionTooLarge     431  (the request head is over the limit)
     ├── InsufficientMemory               503  (one sample does not fit the memory budget)
     ├── SlowDown                         503  (with Retry-After)
     ├── ServiceUnavailable               503  (with Retry-After; backend unreachable)
@@ -140,6 +141,13 @@ class UnprocessableObject(S3Error):
 
     code = "UnprocessableObject"
     status = 422
+
+
+class RequestHeaderSectionTooLarge(S3Error):
+    """The request head is larger than the gateway accepts."""
+
+    code = "RequestHeaderSectionTooLarge"
+    status = 431
 
 
 class SlowDown(S3Error):

@@ -77,8 +77,13 @@ def read_reply(sock: socket.socket, *, head_request: bool = False) -> Reply:
 
 
 def exchange(gw: RunningGateway, request: bytes, *, timeout: float = 30) -> Reply:
-    """Send one raw request on a new connection; read the response."""
-    with socket.create_connection(address(gw.endpoint_url), timeout=timeout) as sock:
+    """Send one raw request to the gateway on a new connection; read the response."""
+    return exchange_at(gw.endpoint_url, request, timeout=timeout)
+
+
+def exchange_at(endpoint_url: str, request: bytes, *, timeout: float = 30) -> Reply:
+    """Send one raw request to ``endpoint_url`` on a new connection; read the response."""
+    with socket.create_connection(address(endpoint_url), timeout=timeout) as sock:
         sock.sendall(request)
         return read_reply(sock)
 

@@ -16,8 +16,10 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+import boto3
 import httpx
 import pytest
+from botocore.config import Config
 
 from hapi.gateway._sigv4 import verify_request
 from tests.adversarial._support import (
@@ -184,9 +186,6 @@ def test_empty_put_still_stores_an_empty_object(gateway, backend_s3, bucket):
 
 @pytest.mark.parametrize("version", ["s3", "s3v4"])
 def test_presigned_put_whose_client_vanishes_changes_nothing(gateway, backend_s3, bucket, version):
-    import boto3
-    from botocore.config import Config
-
     key = f"presigned-{version}"
     backend_s3.put_object(Bucket=bucket, Key=key, Body=ORIGINAL)
     presigner = boto3.client(

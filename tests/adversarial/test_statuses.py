@@ -10,11 +10,13 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
+import boto3
 import httpx
 import pytest
+from botocore.config import Config
 
 from hapi.gateway._sigv4 import Credentials, sign_request
-from tests.adversarial._support import Reply, address, encode_request, exchange, signed_headers
+from tests.adversarial._support import Reply, encode_request, exchange, exchange_at, signed_headers
 
 
 def _error(reply: Reply | httpx.Response) -> tuple[str | None, str | None]:
@@ -35,9 +37,6 @@ def test_header_signed_for_another_region_is_malformed(gateway, bucket):
 
 
 def test_presigned_for_another_region_is_refused(gateway, bucket):
-    import boto3
-    from botocore.config import Config
-
     client = boto3.client(
         "s3",
         endpoint_url=gateway.endpoint_url,
@@ -52,27 +51,17 @@ def test_presigned_for_another_region_is_refused(gateway, bucket):
     assert _error(reply)[0] == "AuthorizationQueryParametersError"
 
 
-class _Direct:
-    """The store itself, for the same raw request the gateway gets."""
-
-    def __init__(self, store: Any) -> None:
-        self.endpoint_url = store.endpoint_url
-        self.credentials = Credentials(
+def _direct_put(store: Any, path: str, body: bytes) -> Reply:
+    """The same raw PUT, straight to the store with its own credentials."""
+    headers = sign_request(
+        method="PUT",
+        url=store.endpoint_url + path,
+        headers={"content-length": str(len(body))},
+        credentials=Credentials(
             store.credentials.access_key_id, store.credentials.secret_access_key
-        )
-
-    def put(self, path: str, body: bytes) -> Reply:
-        headers = sign_request(
-            method="PUT",
-            url=self.endpoint_url + path,
-            headers={"content-length": str(len(body))},
-            credentials=self.credentials,
-        )
-        with __import__("socket").create_connection(address(self.endpoint_url)) as sock:
-            from tests.adversarial._support import read_reply
-
-            sock.sendall(encode_request("PUT", path, headers, body))
-            return read_reply(sock)
+        ),
+    )
+    return exchange_at(store.endpoint_url, encode_request("PUT", path, headers, body))
 
 
 def _keys(backend_s3: Any, bucket: str) -> set[str]:
@@ -81,7 +70,7 @@ def _keys(backend_s3: Any, bucket: str) -> set[str]:
 
 @pytest.mark.parametrize("key", ["a/../b", "./x", "a/./b", "a//b", "..", "a/.."])
 def test_odd_keys_are_forwarded_as_written(gateway, store, backend_s3, bucket, key):
-    direct = _Direct(store).put(f"/{bucket}/{key}", b"direct")
+    direct = _direct_put(store, f"/{bucket}/{key}", b"direct")
     stored_directly = _keys(backend_s3, bucket)
     for name in stored_directly:
         backend_s3.delete_object(Bucket=bucket, Key=name)

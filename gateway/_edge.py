@@ -20,19 +20,12 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.supervisors import Multiprocess
 
-from ._errors import S3Error, SlowDown
+from ._errors import RequestHeaderSectionTooLarge, SlowDown
 from ._observe import error_body
 from ._settings import GatewaySettings
 from ._types import ASGIReceive, ASGISend, Scope
 
 _WORKER_STARTUP_S = 120
-
-
-class RequestHeaderSectionTooLarge(S3Error):
-    """The request head is larger than the gateway accepts."""
-
-    code = "RequestHeaderSectionTooLarge"
-    status = 431
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +161,12 @@ class _AppFactory:
         return create_app(self.settings)
 
 
-def serve_gateway(settings: GatewaySettings, host: str, port: int) -> None:
-    """Serve the gateway until interrupted: one process, or ``settings.workers`` of them.
+def edge_config(settings: GatewaySettings, host: str, port: int) -> EdgeConfig:
+    """The uvicorn config that serves the gateway with its edge limits.
 
-    Workers share one listening socket; each gets ``1/workers`` of the memory budget, and
-    the connection limit applies to each.
+    The app is built in the serving process (``factory``), so the config can be handed to
+    spawned workers; with ``settings.workers`` above 1 each gets ``1/workers`` of the
+    memory budget.
     """
     workers = settings.workers
     if workers > 1:
@@ -197,8 +191,18 @@ def serve_gateway(settings: GatewaySettings, host: str, port: int) -> None:
         timeout_worker_healthcheck=_WORKER_STARTUP_S,
     )
     config.edge = EdgeLimits.from_settings(settings)
+    return config
+
+
+def serve_gateway(settings: GatewaySettings, host: str, port: int) -> None:
+    """Serve the gateway until interrupted: one process, or ``settings.workers`` of them.
+
+    Workers share one listening socket (uvicorn's supervisor restarts one that dies); the
+    connection limit applies to each.
+    """
+    config = edge_config(settings, host, port)
     with contextlib.suppress(KeyboardInterrupt):
-        if workers > 1:
+        if config.workers > 1:
             Multiprocess(config, sockets=[config.bind_socket()]).run()
             return
         server = uvicorn.Server(config)
