@@ -321,9 +321,12 @@ def test_an_anonymous_caller_gets_no_cached_features_of_a_private_object(
 ):
     bucket, _ = photos
     _get(gateway, bucket, "cat.jpg", model="r18", split=4)  # signed: computed and cached
-    _wait_for(lambda: _get(gateway, bucket, "cat.jpg", model="r18", split=4).headers[
-        "x-hapi-cache"
-    ] == "hit", "a hit")
+    _wait_for(
+        lambda: (
+            _get(gateway, bucket, "cat.jpg", model="r18", split=4).headers["x-hapi-cache"] == "hit"
+        ),
+        "a hit",
+    )
     url = f"{gateway.endpoint_url}/{bucket}/cat.jpg?hapi-model=r18&hapi-split=4"
     unsigned = httpx.get(url, timeout=60)  # the store refuses the same unsigned GET
     direct = httpx.get(f"{store.endpoint_url}/{bucket}/cat.jpg", timeout=60)
