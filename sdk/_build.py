@@ -43,6 +43,7 @@ class Source:
         keys: Their keys, in dataset order.
         sizes: Their sizes in bytes, when listed.
         shards: Whether they are WebDataset tar shards.
+        etags: Their ETags, when listed.
     """
 
     bucket: str
@@ -50,6 +51,7 @@ class Source:
     keys: tuple[str, ...]
     sizes: tuple[int, ...] | None
     shards: bool
+    etags: tuple[str, ...] | None = None
 
     @property
     def raw_bytes(self) -> int | None:
@@ -83,6 +85,7 @@ class Options:
     runtime: RuntimeSettings | None = None
     request_size: int = 32
     bandwidth: float | str | None = None
+    local_cache: str | os.PathLike[str] | None = None
 
 
 def list_source(s3: Any, what: str | Sequence[str], *, shards: bool) -> Source:
@@ -90,8 +93,8 @@ def list_source(s3: Any, what: str | Sequence[str], *, shards: bool) -> Source:
     if isinstance(what, str):
         bucket, prefix = parse_uri(what)
         listed = list_objects(s3, bucket, prefix, SHARD_SUFFIXES if shards else IMAGE_SUFFIXES)
-        keys, sizes = zip(*listed, strict=True)
-        return Source(bucket, prefix, tuple(keys), tuple(sizes), shards)
+        keys, sizes, etags = zip(*listed, strict=True)
+        return Source(bucket, prefix, tuple(keys), tuple(sizes), shards, tuple(etags))
     bucket, named = same_bucket(what)
     return Source(bucket, "", tuple(named), None, shards)
 
@@ -125,6 +128,8 @@ def prepare(what: str | Sequence[str], options: Options, *, shards: bool) -> Pre
         split=choice.split,
         dtype=options.dtype,
         runtime=options.runtime or RuntimeSettings(),
+        local_cache=None if options.local_cache is None else os.fspath(options.local_cache),
+        etags=None if source.etags is None else dict(zip(source.keys, source.etags, strict=True)),
     )
     labels = resolve_labels(options.labels, s3, source.bucket, source.prefix, source.keys)
     return Prepared(source, labels, spec, choice, s3)

@@ -41,6 +41,7 @@ from ._errors import (
     UnprocessableObject,
     request_error,
 )
+from ._local_cache import LocalCache
 
 _warned: set[tuple[tuple[str, ...], str]] = set()
 _warned_lock = threading.Lock()
@@ -63,6 +64,8 @@ class Spec:
         split: Blocks ``[0, split)`` run on the storage side; ``None``: no pushdown.
         dtype: Wire dtype of pushed-down features.
         runtime: onnxruntime settings for the blocks run here.
+        local_cache: A directory keeping features at the freeze point on this machine.
+        etags: The objects' ETags, when they were listed (they key the local cache).
     """
 
     endpoints: tuple[str, ...]
@@ -73,6 +76,8 @@ class Spec:
     split: int | None
     dtype: str = "float32"
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    local_cache: str | None = None
+    etags: Mapping[str, str] | None = None
 
 
 @dataclass
@@ -87,6 +92,9 @@ class Batch:
         mode: ``pushdown`` or ``local``.
         server_ms: The gateway's ``Server-Timing`` durations.
         round_trip: ``time.perf_counter()`` at the request's start and end.
+        local_samples: Rows served from the local cache (no request made for them).
+        gateway_cache: The gateway's ``x-hapi-cache`` answer (``hit``, ``miss``,
+            ``bypass``; empty without a request or pushdown).
     """
 
     features: np.ndarray
@@ -96,6 +104,8 @@ class Batch:
     mode: str
     server_ms: dict[str, float] = field(default_factory=dict)
     round_trip: tuple[float, float] | None = None
+    local_samples: int = 0
+    gateway_cache: str = ""
 
 
 class Engine:
@@ -122,13 +132,30 @@ class Engine:
         return self.spec.split if self.pushdown else None
 
     def fetch(self, bucket: str, keys: Sequence[str]) -> Batch:
-        """Features at the freeze point for ``keys``, in order.
+        """Features at the freeze point for ``keys``, in order; objects in the local
+        cache are read from it, the rest fetched (and then kept there).
 
         Raises:
             RequestError: An object is missing or undecodable (naming it), or the
                 gateway refused the request.
             ModelUnavailable: The blocks cannot be loaded or run here.
         """
+        spec = self.spec
+        if spec.local_cache is None:
+            return self._fetch(bucket, keys)
+        cache = LocalCache(
+            spec.local_cache, spec.manifest, spec.freeze, self.split, spec.dtype, spec.etags
+        )
+        parts = {key: cache.get(bucket, key) for key in keys}
+        missing = [key for key, part in parts.items() if part is None]
+        fetched = self._fetch(bucket, missing) if missing else None
+        if fetched is not None:
+            for key, part in _per_object(fetched).items():
+                cache.put(bucket, key, *part)
+                parts[key] = part
+        return _assemble(keys, parts, fetched)
+
+    def _fetch(self, bucket: str, keys: Sequence[str]) -> Batch:
         if self.pushdown:
             try:
                 return self._pushdown(bucket, keys)
@@ -173,6 +200,7 @@ class Engine:
             mode="pushdown",
             server_ms=dict(reply.server_timing),
             round_trip=round_trip,
+            gateway_cache=reply.cache,
         )
 
     def _local(self, bucket: str, keys: Sequence[str]) -> Batch:
@@ -244,6 +272,46 @@ class Engine:
                     ) from exc
                 self._sessions[(start, stop)] = session
             return session
+
+
+def _per_object(batch: Batch) -> dict[str, tuple[np.ndarray, list[int | None]]]:
+    """A fetched batch's rows and carried labels, by object (an object's rows are
+    consecutive)."""
+    rows: dict[str, list[int]] = {}
+    for index, key in enumerate(batch.objects):
+        rows.setdefault(key, []).append(index)
+    return {
+        key: (batch.features[index], [batch.carried[i] for i in index])
+        for key, index in rows.items()
+    }
+
+
+def _assemble(
+    keys: Sequence[str],
+    parts: Mapping[str, tuple[np.ndarray, list[int | None]] | None],
+    fetched: Batch | None,
+) -> Batch:
+    """``keys``' rows in order, from the local cache or the fetch."""
+    arrays, objects, carried = [], [], []
+    for key in keys:
+        part = parts[key]
+        if part is None:
+            continue
+        arrays.append(part[0])
+        objects.extend([key] * len(part[0]))
+        carried.extend(part[1])
+    computed = 0 if fetched is None else len(fetched.objects)
+    return Batch(
+        features=np.concatenate(arrays) if arrays else np.zeros((0,), np.float32),
+        objects=objects,
+        carried=carried,
+        nbytes=0 if fetched is None else fetched.nbytes,
+        mode="cached" if fetched is None else fetched.mode,
+        server_ms={} if fetched is None else fetched.server_ms,
+        round_trip=None if fetched is None else fetched.round_trip,
+        local_samples=len(objects) - computed,
+        gateway_cache="" if fetched is None else fetched.gateway_cache,
+    )
 
 
 def _owners(requested: Sequence[str], samples: Sequence[str]) -> list[str]:

@@ -6,6 +6,7 @@ the options of the dataset class itself travel as a typed :class:`DatasetOptions
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Self, TypedDict, Unpack
 
@@ -49,6 +50,7 @@ class Constructors:
         runtime: RuntimeSettings | None = None,
         request_size: int = 32,
         bandwidth: float | str | None = None,
+        local_cache: str | os.PathLike[str] | None = None,
         **dataset: Unpack[DatasetOptions],
     ) -> Self:
         """Every image (``.jpg``, ``.jpeg``, ``.png``, ``.webp``) under an ``s3://`` prefix.
@@ -75,6 +77,10 @@ class Constructors:
             bandwidth: For ``split="auto"``: the bandwidth to plan for, in bits per
                 second or as text (``"100mbit"``); measured with the gateway's probe
                 when omitted.
+            local_cache: A directory on this machine that keeps the features (at the
+                freeze point) of every object read, so later epochs read them from disk
+                and cross no network; keyed by object (and its ETag when listed), model
+                blocks, split and dtype. ``None``: no local cache.
             **dataset: Options of the dataset class (:class:`DatasetOptions`:
                 ``prefetch``; for the iterable form also ``shuffle``, ``seed``, ``rank``,
                 ``world_size``, ``progress``).
@@ -97,6 +103,7 @@ class Constructors:
             runtime=runtime,
             request_size=request_size,
             bandwidth=bandwidth,
+            local_cache=local_cache,
         )
         return cls._from(uri, options, dataset, shards=False)
 
@@ -116,6 +123,7 @@ class Constructors:
         runtime: RuntimeSettings | None = None,
         request_size: int = 32,
         bandwidth: float | str | None = None,
+        local_cache: str | os.PathLike[str] | None = None,
         **dataset: Unpack[DatasetOptions],
     ) -> Self:
         """The images at ``uris`` (``s3://bucket/key``, one bucket), in that order.
@@ -136,6 +144,7 @@ class Constructors:
             runtime=runtime,
             request_size=request_size,
             bandwidth=bandwidth,
+            local_cache=local_cache,
         )
         return cls._from(list(uris), options, dataset, shards=False)
 

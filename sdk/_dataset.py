@@ -86,6 +86,8 @@ class _FeatureSource(Constructors):
             mode=batch.mode,
             server_ms=batch.server_ms,
             round_trip=batch.round_trip,
+            local_samples=batch.local_samples,
+            gateway_cache=batch.gateway_cache,
         )
 
     # -- what users look at ---------------------------------------------------------------
@@ -175,6 +177,7 @@ class FeatureDataset(_FeatureSource, Dataset[Item]):
         runtime: RuntimeSettings | None = None,
         request_size: int = 1,
         bandwidth: float | str | None = None,
+        local_cache: str | os.PathLike[str] | None = None,
         **dataset: Unpack[DatasetOptions],
     ) -> IterableFeatureDataset:
         """WebDataset shards: returns an :class:`IterableFeatureDataset` (see there)."""
@@ -191,6 +194,7 @@ class FeatureDataset(_FeatureSource, Dataset[Item]):
             runtime=runtime,
             request_size=request_size,
             bandwidth=bandwidth,
+            local_cache=local_cache,
             **dataset,
         )
 
@@ -313,6 +317,7 @@ class IterableFeatureDataset(_FeatureSource, IterableDataset[Item]):
         runtime: RuntimeSettings | None = None,
         request_size: int = 1,
         bandwidth: float | str | None = None,
+        local_cache: str | os.PathLike[str] | None = None,
         **dataset: Unpack[DatasetOptions],
     ) -> Self:
         """WebDataset tar shards under a prefix (``s3://bucket/shards/``) or listed.
@@ -333,6 +338,7 @@ class IterableFeatureDataset(_FeatureSource, IterableDataset[Item]):
             runtime=runtime,
             request_size=request_size,
             bandwidth=bandwidth,
+            local_cache=local_cache,
         )
         return cls._from(uri, options, dataset, shards=True)
 

@@ -59,19 +59,21 @@ def same_bucket(uris: Iterable[str]) -> tuple[str, list[str]]:
 
 def list_objects(
     s3: Any, bucket: str, prefix: str, suffixes: Sequence[str]
-) -> list[tuple[str, int]]:
-    """Keys (sorted) and sizes of the objects under ``prefix`` whose names end in a suffix.
+) -> list[tuple[str, int, str]]:
+    """Keys (sorted), sizes and ETags of the objects under ``prefix`` whose names end in a
+    suffix.
 
     Raises:
         RequestError: The listing failed (e.g. ``NoSuchBucket``).
         ValueError: Nothing matched.
     """
-    found: list[tuple[str, int]] = []
+    found: list[tuple[str, int, str]] = []
     try:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for item in page.get("Contents", []):
                 if item["Key"].lower().endswith(tuple(suffixes)):
-                    found.append((item["Key"], int(item.get("Size", 0))))
+                    etag = str(item.get("ETag", "")).strip('"')
+                    found.append((item["Key"], int(item.get("Size", 0)), etag))
     except ClientError as exc:
         error = exc.response.get("Error", {})
         raise request_error(

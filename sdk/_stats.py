@@ -26,6 +26,8 @@ class EpochStats:
         storage_seconds: Wall time during which the gateway decoded or ran blocks for
             this pass (overlapping requests counted once, so concurrent requests that
             queue behind each other do not inflate it).
+        local_samples: Samples served from the local cache (``local_cache=``).
+        gateway_hits: Requests the gateway answered from its feature cache.
     """
 
     epoch: int
@@ -39,6 +41,18 @@ class EpochStats:
     server_ms: dict[str, float]
     transfer_seconds: float = 0.0
     storage_seconds: float = 0.0
+    local_samples: int = 0
+    gateway_hits: int = 0
+
+    @property
+    def local_hit_ratio(self) -> float:
+        """The share of samples served from the local cache."""
+        return self.local_samples / self.samples if self.samples else 0.0
+
+    @property
+    def gateway_hit_ratio(self) -> float:
+        """The share of requests the gateway answered from its feature cache."""
+        return self.gateway_hits / self.requests if self.requests else 0.0
 
     @property
     def samples_per_s(self) -> float:
@@ -70,6 +84,8 @@ class EpochStats:
             f"epoch {self.epoch}: {self.samples} samples in {self.seconds:.1f} s "
             f"({self.samples_per_s:.1f}/s), {self.bytes_received / 1e6:.2f} MB received, "
             f"{self.wait_seconds:.1f} s waiting for data, split {self.split} ({self.mode})"
+            + (f", {self.local_hit_ratio:.0%} from the local cache" if self.local_samples else "")
+            + (f", {self.gateway_hit_ratio:.0%} of requests cached" if self.gateway_hits else "")
         )
 
 
@@ -94,6 +110,8 @@ class Meter:
         self.split: int | None = None
         self.mode = "pushdown"
         self.server_ms: dict[str, float] = {}
+        self.local_samples = 0
+        self.gateway_hits = 0
         self._transfers: list[tuple[float, float]] = []
         self._storage: list[tuple[float, float]] = []
         self._started = time.perf_counter()
@@ -112,8 +130,12 @@ class Meter:
         mode: str,
         server_ms: dict[str, float],
         round_trip: tuple[float, float] | None = None,
+        local_samples: int = 0,
+        gateway_cache: str = "",
     ) -> None:
         """Count one batch of results; ``round_trip`` is its request's (start, end)."""
+        self.local_samples += local_samples
+        self.gateway_hits += gateway_cache == "hit"
         if round_trip is not None:
             start, end = round_trip
             served = sum(server_ms.values()) / 1000
@@ -122,7 +144,8 @@ class Meter:
             self._transfers.append((min(end, start + served), end))
         self.samples += samples
         self.bytes_received += nbytes
-        self.requests += 1
+        if mode != "cached":  # an all-local batch made no request
+            self.requests += 1
         self.split, self.mode = split, mode
         for stage, ms in server_ms.items():
             self.server_ms[stage] = self.server_ms.get(stage, 0.0) + ms
@@ -151,6 +174,8 @@ class Meter:
             server_ms=dict(self.server_ms),
             transfer_seconds=_union(self._transfers),
             storage_seconds=_union(self._storage),
+            local_samples=self.local_samples,
+            gateway_hits=self.gateway_hits,
         )
 
 

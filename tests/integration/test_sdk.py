@@ -410,5 +410,53 @@ def test_auto_split_on_one_box_never_receives_more_than_the_raw_objects(gateway,
     choice = dataset.split_choice
     assert choice.plan is not None and choice.plan.profile.shared_compute
     assert "same machine" in choice.reason
-    stats = dataset.stats()
+    stats = dataset.stats
     assert dataset.raw_bytes is not None and stats.bytes_received <= dataset.raw_bytes
+
+
+# -- the client-side feature cache ------------------------------------------------------
+
+
+def test_local_cache_makes_the_second_epoch_cross_no_network(gateway, registered, data, tmp_path):
+    dataset = sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/",
+        model="enl0",
+        **_through(gateway, split=19, dtype="float16", local_cache=tmp_path / "features"),
+    )
+    first, labels = _all(dataset)
+    cold = dataset.stats
+    assert cold.bytes_received > 0 and cold.local_samples == 0 and cold.requests > 0
+    second, again = _all(dataset)
+    warm = dataset.stats
+    assert warm.bytes_received == 0 and warm.requests == 0
+    assert warm.local_hit_ratio == 1.0 and "100% from the local cache" in str(warm)
+    assert first.tobytes() == second.tobytes() and labels == again
+    plain = sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/",
+        model="enl0",
+        **_through(gateway, split=19, dtype="float16"),
+    )
+    assert _all(plain)[0].tobytes() == first.tobytes()
+
+
+def test_local_cache_misses_an_overwritten_object(gateway, registered, data, backend_s3, tmp_path):
+    bucket, cache = data["bucket"], tmp_path / "features"
+    options = _through(gateway, split=19, dtype="float16", local_cache=cache)
+    key = next(
+        k
+        for k in sdk.FeatureDataset.from_prefix(
+            f"s3://{bucket}/train/", model="enl0", **options
+        ).keys
+    )
+    warm = sdk.FeatureDataset.from_prefix(f"s3://{bucket}/train/", model="enl0", **options)
+    _all(warm)
+    original = backend_s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    try:
+        backend_s3.put_object(Bucket=bucket, Key=key, Body=original + b"\0")  # a new ETag
+        relisted = sdk.FeatureDataset.from_prefix(f"s3://{bucket}/train/", model="enl0", **options)
+        relisted.reset_stats()
+        _all(relisted)
+        stats = relisted.stats
+        assert stats.samples - stats.local_samples == 1  # only the overwritten object
+    finally:
+        backend_s3.put_object(Bucket=bucket, Key=key, Body=original)
