@@ -7,6 +7,11 @@ Export (needs torch)::
     registry = models.Registry(boto3.client("s3", endpoint_url=...))
     manifest = registry.register("resnet18", exported)
 
+Any timm or torchvision network, or any ONNX file, cut at its cut points::
+
+    exported = models.export_hub("timm:resnet10t", weights="resnet10t.safetensors")
+    exported = models.import_onnx("backbone.onnx", preset="imagenet")
+
 Run (no torch needed; what the gateway and the SDK do)::
 
     graph = registry.load_blocks(manifest, 0, split)
@@ -17,6 +22,7 @@ Run (no torch needed; what the gateway and the SDK do)::
 from __future__ import annotations
 
 from ._cli import UserError
+from ._cuts import MIN_BLOCK_SHARE, cut_points
 from ._errors import (
     CorruptBlock,
     ExportError,
@@ -29,6 +35,8 @@ from ._errors import (
 )
 from ._export import DEFAULT_MODEL, export_model, register_default_model, sample_images
 from ._families import FAMILIES, Decomposition, build
+from ._hub import HUBS, RandomWeightsWarning, build_hub, export_hub
+from ._import import import_onnx
 from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec, Manifest
 from ._onnx import compose
 from ._preprocess import PRESETS, Preset, get_preset, preprocess, preprocess_batch
@@ -39,6 +47,8 @@ __all__ = [
     "DEFAULT_BUCKET",
     "DEFAULT_MODEL",
     "FAMILIES",
+    "HUBS",
+    "MIN_BLOCK_SHARE",
     "PRESETS",
     "BlockInfo",
     "CorruptBlock",
@@ -53,6 +63,7 @@ __all__ = [
     "ModelError",
     "NoSuchModel",
     "Preset",
+    "RandomWeightsWarning",
     "Registry",
     "RegistryError",
     "Removal",
@@ -61,12 +72,16 @@ __all__ = [
     "UserError",
     "VersionConflict",
     "build",
+    "build_hub",
     "check_name",
     "compose",
     "create_session",
     "cuda_usable",
+    "cut_points",
+    "export_hub",
     "export_model",
     "get_preset",
+    "import_onnx",
     "parse_ref",
     "preprocess",
     "preprocess_batch",

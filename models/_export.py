@@ -30,7 +30,7 @@ import onnx
 from PIL import Image
 
 from ._errors import ExportError, InvalidModelSpec, NoSuchModel
-from ._families import Decomposition, WeightsArg, build
+from ._families import FAMILIES, Decomposition, WeightsArg, build
 from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec, Manifest
 from ._onnx import INPUT, OUTPUT, canonical_bytes, expose_all, peak_activation_bytes, sha256
 from ._preprocess import preprocess_batch
@@ -121,14 +121,14 @@ def _to_onnx(block: nn.Module, sample: torch.Tensor) -> onnx.ModelProto:
 def _check(name: str, got: np.ndarray, want: np.ndarray, fp16: bool) -> None:
     want32 = want.astype(np.float32)
     if got.shape != want.shape:
-        raise ExportError(f"block {name}: onnxruntime gives shape {got.shape}, torch {want.shape}")
+        raise ExportError(f"{name}: onnxruntime gives shape {got.shape}, torch {want.shape}")
     diff = float(np.max(np.abs(got.astype(np.float32) - want32))) if got.size else 0.0
     peak = max(1.0, float(np.max(np.abs(want32)))) if want.size else 1.0
     tolerance = FP16_TOLERANCE if fp16 else FP32_TOLERANCE
     limit = tolerance * peak
     if not diff <= limit:
         raise ExportError(
-            f"block {name}: onnxruntime differs from torch by {diff:.3g} > {limit:.3g} "
+            f"{name}: onnxruntime differs from torch by {diff:.3g} > {limit:.3g} "
             f"({tolerance:.0e} relative to the largest output magnitude {peak:.3g})"
         )
 
@@ -175,7 +175,7 @@ def _export_block(
         got = session.run(None, {INPUT: batch})[0]
     except Exception as exc:  # e.g. a batch size the trace baked into a Reshape
         raise ExportError(f"block {label}: onnxruntime cannot run it: {_first_line(exc)}") from exc
-    _check(label, got, probe.outputs.numpy(), fp16)
+    _check(f"block {label}", got, probe.outputs.numpy(), fp16)
     output = probe.outputs
     info = BlockInfo(
         name=name,
@@ -259,10 +259,11 @@ def export_model(
     """Export every block of a network to verified, canonical ONNX.
 
     Args:
-        model: A family name (see :data:`FAMILIES`) or a :class:`Decomposition`
-            (``Decomposition.custom(...)`` for your own modules).
+        model: A family name (see :data:`FAMILIES`), ``timm:NAME`` or
+            ``torchvision:NAME`` (cut automatically, see :func:`export_hub`), or a
+            :class:`Decomposition` (``Decomposition.custom(...)`` for your own modules).
         freeze: Freeze point recorded in the manifest; the family default when omitted.
-        weights: State dict or weights file for a family name (ignored for a decomposition).
+        weights: State dict or weights file for a name (ignored for a decomposition).
         fp16: Export half-precision blocks.
         images: Real images to verify with (at least one); scikit-image's sample photos
             when omitted.
@@ -277,6 +278,12 @@ def export_model(
         InvalidModelSpec: Unknown family, bad weights, or freeze out of range.
         ExportError: A block does not export, or onnxruntime disagrees with torch.
     """
+    if isinstance(model, str) and ":" in model:
+        from ._hub import export_hub
+
+        if fp16:
+            raise InvalidModelSpec("fp16 export is for families and custom decompositions")
+        return export_hub(model, weights=weights, freeze=freeze, images=images, runtime=runtime)
     torch = _import_torch()
     decomposition = model if isinstance(model, Decomposition) else build(model, weights=weights)
     freeze = decomposition.check_freeze(decomposition.freeze if freeze is None else freeze)
@@ -295,6 +302,7 @@ def export_model(
         input=InputSpec(shape=tuple(batch.shape[1:]), dtype="float16" if fp16 else "float32"),
         blocks=_export_blocks(decomposition, first, settings, progress),
         exporter={"torch": torch.__version__, "onnx": onnx.__version__, "opset": str(OPSET)},
+        source=decomposition.family if decomposition.family in FAMILIES else None,
     )
 
 
