@@ -166,13 +166,14 @@ def _export_hub(
 ) -> Any:
     from ._hub import RandomWeightsWarning, export_hub
 
-    if weights is None:
-        click.echo(
-            f"warning: {spec}: no --weights given, exporting seeded random weights", err=True
-        )
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RandomWeightsWarning)
+        warnings.simplefilter("always", RandomWeightsWarning)
+        warnings.showwarning = _echo_warning  # restored when the block ends
         return export_hub(spec, weights=weights, freeze=freeze, preset=preset, cut_at=cut_at)
+
+
+def _echo_warning(message: Warning | str, *_: Any, **__: Any) -> None:
+    click.echo(f"warning: {message}", err=True)
 
 
 def _register(registry: Registry, name: str, exported: Any, parent: str | None) -> None:

@@ -106,14 +106,14 @@ def build_hub(spec: str, *, weights: WeightsArg = None) -> tuple[nn.Module, Pres
     _import_torch()
     hub, _, name = spec.partition(":")
     state = _read_weights(Path(weights)) if isinstance(weights, str | os.PathLike) else weights
+    with _seeded():
+        model = HUBS[hub](name)
     if state is None:
         warnings.warn(
             f"{spec}: no weights file given; exporting seeded random weights",
             RandomWeightsWarning,
             stacklevel=2,
         )
-    with _seeded():
-        model = HUBS[hub](name)
     _load(model, state, spec)
     preset = (_timm_preset(model, spec) if hub == "timm" else None) or get_preset("imagenet")
     return model, preset

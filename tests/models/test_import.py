@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import warnings
 from pathlib import Path
@@ -165,7 +166,7 @@ def test_tiny_blocks_merge_and_the_head_stays_apart(branchy: Path, photos) -> No
     assert 3 <= len(infos) < len(names) + 1
     assert infos[-1].input_shape == (32,) and infos[-1].output_shape == (10,)  # the head
     assert infos[0].input_shape == (3, 64, 64)
-    for before, after in zip(infos, infos[1:], strict=False):
+    for before, after in itertools.pairwise(infos):
         assert before.output_shape == after.input_shape
     assert sum(info.params for info in infos) > 0 and all(i.cpu_ms > 0 for i in infos)
     batch = preprocess_batch(photos, SMALL)
