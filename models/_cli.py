@@ -254,8 +254,9 @@ def list_models(endpoint: str | None, bucket: str) -> None:
 def _blocks_table(manifest: Manifest) -> Table:
     table = Table("#", "block", "output", "out/sample", "peak act", "params", "cpu ms", "sha256")
     table.title = (
-        f"{manifest.ref}  family {manifest.family}  freeze {manifest.freeze}  "
-        f"preprocess {manifest.preprocess.name}  parent {manifest.parent or '-'}"
+        f"{manifest.ref}  family {manifest.family}  source {manifest.source or '-'}  "
+        f"freeze {manifest.freeze}  preprocess {manifest.preprocess.name}  "
+        f"parent {manifest.parent or '-'}"
     )
     for index, block in enumerate(manifest.blocks):
         table.add_row(

@@ -42,6 +42,7 @@ from ._runtime import RuntimeSettings, create_session
 
 MIN_BLOCK_SHARE = 0.01
 Shapes: TypeAlias = Mapping[str, tuple[int, ...]]
+_FLOAT = onnx.TensorProto.FLOAT
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 _MAC_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
 
@@ -294,8 +295,9 @@ def choose_boundaries(
 
 
 def _float_cuts(model: onnx.ModelProto) -> list[tuple[int, str]]:
+    types = _elem_types(model)
     found = find_cut_points(model.graph)
-    return [(position, name) for position, name in found if _is_float(model, name)]
+    return [(at, name) for at, name in found if types.get(name, _FLOAT) in _FLOAT_TYPES]
 
 
 def cut_points(model: onnx.ModelProto) -> list[str]:
@@ -308,10 +310,6 @@ def cut_points(model: onnx.ModelProto) -> list[str]:
             shapes cannot be inferred.
     """
     return [name for _, name in _float_cuts(infer_shapes(model))]
-
-
-def _is_float(model: onnx.ModelProto, name: str) -> bool:
-    return _elem_types(model).get(name, onnx.TensorProto.FLOAT) in _FLOAT_TYPES
 
 
 def extract(model: onnx.ModelProto, parts: Sequence[Segment]) -> list[onnx.ModelProto]:

@@ -285,3 +285,26 @@ def test_cli_import_refuses_bad_input_in_one_line(invoke, tmp_path: Path, stored
     wrong = invoke("import", str(path), "--name", "x", "--preset", "nope")
     assert wrong.exit_code == 2 and "unknown preprocessing preset 'nope'" in wrong.stderr
     assert stored() == {}
+
+
+def test_the_source_is_recorded_and_old_manifests_read_as_unknown(resnet18_export) -> None:
+    import json
+    from dataclasses import replace
+
+    from hapi.models import Manifest
+
+    assert resnet18_export.source == "resnet18"
+    manifest = Manifest(
+        name="m",
+        version=1,
+        family="onnx",
+        freeze=1,
+        preprocess=SMALL,
+        input=resnet18_export.input,
+        blocks=(resnet18_export.blocks[0].info,),
+        source="onnx:" + "0" * 64,
+    )
+    assert Manifest.from_json(manifest.to_json()) == manifest
+    old = json.loads(manifest.to_json())
+    del old["source"]  # written before hapi recorded sources
+    assert Manifest.from_json(json.dumps(old)) == replace(manifest, source=None)
