@@ -36,7 +36,7 @@ from ._errors import (
 from ._export import DEFAULT_MODEL, export_model, register_default_model, sample_images
 from ._families import FAMILIES, Decomposition, build
 from ._hub import HUBS, RandomWeightsWarning, build_hub, export_hub
-from ._import import import_onnx
+from ._import import CutPoint, describe_cuts, import_onnx
 from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec, Manifest
 from ._onnx import compose
 from ._preprocess import PRESETS, Preset, get_preset, preprocess, preprocess_batch
@@ -52,6 +52,7 @@ __all__ = [
     "PRESETS",
     "BlockInfo",
     "CorruptBlock",
+    "CutPoint",
     "Decomposition",
     "ExportError",
     "ExportedBlock",
@@ -78,6 +79,7 @@ __all__ = [
     "create_session",
     "cuda_usable",
     "cut_points",
+    "describe_cuts",
     "export_hub",
     "export_model",
     "get_preset",

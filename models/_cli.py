@@ -232,6 +232,36 @@ def import_(
         _register(registry, name, exported, parent_ref)
 
 
+@models.command()
+@click.argument("path", metavar="FILE.onnx", type=click.Path(path_type=Path))
+@click.option(
+    "--preset",
+    default="imagenet",
+    show_default=True,
+    help="Preprocessing that produces the graph's input.",
+)
+def cuts(path: Path, preset: str) -> None:
+    """List the cut points of an ONNX graph, for `hapi models import --cut-at`.
+
+    Marks the ones the automatic choice cuts at, with the share of the graph's
+    FLOPs since the previous cut point. Reads no store.
+    """
+    from ._import import describe_cuts
+
+    with _translated():
+        found = describe_cuts(path, preset=preset)
+    table = Table("#", "tensor", "shape", "flops since previous", "chosen", box=None)
+    for index, point in enumerate(found):
+        table.add_row(
+            str(index),
+            point.tensor,
+            "x".join(map(str, point.shape)),
+            f"{100 * point.share:.1f}%",
+            "yes" if point.chosen else "",
+        )
+    Console(soft_wrap=True, width=200).print(table if found else "no cut points")
+
+
 @models.command(name="ls")
 @_store_options
 def list_models(endpoint: str | None, bucket: str) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeAlias
@@ -280,7 +281,7 @@ def choose_boundaries(
     """
     cuts = _float_cuts(model)
     if not cut_at:
-        return merge_tiny(model, segments(model, cuts, shapes), shapes, min_share)
+        return _numbered(merge_tiny(model, segments(model, cuts, shapes), shapes, min_share))
     positions = {name: position for position, name in cuts}
     unknown = [name for name in cut_at if name not in positions]
     if unknown:
@@ -291,7 +292,19 @@ def choose_boundaries(
             + (", ..." if len(cuts) > 8 else "")
         )
     chosen = sorted({(positions[name], name) for name in cut_at})
-    return segments(model, chosen, shapes)
+    return _numbered(segments(model, chosen, shapes))
+
+
+def _numbered(parts: Sequence[Segment]) -> list[Segment]:
+    """Tell apart blocks of one module (a transformer layer's attention and MLP halves)."""
+    counts = Counter(part.name for part in parts)
+    seen: Counter[str] = Counter()
+    named = []
+    for part in parts:
+        seen[part.name] += 1
+        suffix = f"#{seen[part.name]}" if counts[part.name] > 1 else ""
+        named.append(replace(part, name=part.name + suffix))
+    return named
 
 
 def _float_cuts(model: onnx.ModelProto) -> list[tuple[int, str]]:

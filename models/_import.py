@@ -24,6 +24,7 @@ from ._cuts import (
     Segment,
     Shapes,
     choose_boundaries,
+    cut_points,
     extract,
     graph_input,
     infer_shapes,
@@ -259,3 +260,46 @@ def import_onnx(
         images=images,
         runtime=runtime,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class CutPoint:
+    """One cut point of a graph, as ``hapi models cuts`` lists it.
+
+    Args:
+        tensor: The tensor's name in the graph (what ``--cut-at`` takes).
+        shape: Its shape for one sample.
+        share: The share of the graph's estimated FLOPs since the previous cut point.
+        chosen: Whether the automatic choice (tiny blocks merged) cuts here.
+    """
+
+    tensor: str
+    shape: tuple[int, ...]
+    share: float
+    chosen: bool
+
+
+def describe_cuts(
+    path: str | Path,
+    *,
+    preset: str | Preset = "imagenet",
+    images: Sequence[Image.Image] | None = None,
+) -> list[CutPoint]:
+    """Every cut point of an ONNX file, and which ones :func:`import_onnx` would choose.
+
+    Raises:
+        InvalidModelSpec: Unreadable file or unsupported graph.
+        ExportError: onnxruntime cannot run the graph.
+    """
+    model, _ = read_onnx(path)
+    chosen_preset = preset if isinstance(preset, Preset) else get_preset(preset)
+    _check_input(model, chosen_preset)
+    inferred = infer_shapes(model)
+    shapes = _measured(inferred, _photo_batch(images, chosen_preset)[:1])
+    every = choose_boundaries(inferred, shapes, cut_points(model))
+    chosen = {part.output for part in choose_boundaries(inferred, shapes)}
+    total = max(1, sum(part.flops for part in every))
+    return [
+        CutPoint(part.output, shapes[part.output][1:], part.flops / total, part.output in chosen)
+        for part in every[:-1]
+    ]

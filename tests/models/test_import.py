@@ -308,3 +308,16 @@ def test_the_source_is_recorded_and_old_manifests_read_as_unknown(resnet18_expor
     old = json.loads(manifest.to_json())
     del old["source"]  # written before hapi recorded sources
     assert Manifest.from_json(json.dumps(old)) == replace(manifest, source=None)
+
+
+@pytest.mark.slow
+def test_cli_cuts_lists_every_cut_point_and_marks_the_chosen(tmp_path: Path) -> None:
+    path = save_onnx(multi_branch(), tmp_path / "branchy224.onnx", size=224)
+    done = CliRunner().invoke(models, ["cuts", str(path)])
+    assert done.exit_code == 0, done.output
+    rows = [line.split() for line in done.stdout.splitlines()[1:] if line.strip()]
+    assert [row[1] for row in rows] == cut_points(onnx.load(str(path)))
+    chosen = [row[1] for row in rows if row[-1] == "yes"]
+    exported = import_onnx(path)
+    assert len(chosen) == len(exported.blocks) - 1
+    assert rows[-1][1:3] == ["/7/Flatten_output_0", "32"]
