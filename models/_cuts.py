@@ -6,7 +6,9 @@ tensor produced so far is dead or constant. Initializers, ``Constant`` nodes and
 anything computed from constants alone do not count as state; a block that needs them
 gets its own copy. In a ResNet the cut points are the tensors between residual blocks
 (inside one, the skip connection is alive too); in a transformer, between encoder
-layers; in a plain chain of layers, after every layer.
+layers and between each layer's attention and MLP halves; in a plain chain of layers,
+after every layer. The order searched is the one the graph is stored in (ONNX requires
+a topological one; exporters write nodes in execution order).
 
 Cutting at every cut point gives many tiny blocks (a ReLU, a Flatten), whose boundaries
 are not worth a split: they save no compute and, next to their neighbour, no bytes. So

@@ -118,17 +118,19 @@ def _to_onnx(block: nn.Module, sample: torch.Tensor) -> onnx.ModelProto:
     return onnx.load_from_string(buffer.getvalue())
 
 
-def _check(name: str, got: np.ndarray, want: np.ndarray, fp16: bool) -> None:
+def _check(
+    name: str, got: np.ndarray, want: np.ndarray, fp16: bool, against: str = "torch"
+) -> None:
     want32 = want.astype(np.float32)
     if got.shape != want.shape:
-        raise ExportError(f"{name}: onnxruntime gives shape {got.shape}, torch {want.shape}")
+        raise ExportError(f"{name}: onnxruntime gives shape {got.shape}, {against} {want.shape}")
     diff = float(np.max(np.abs(got.astype(np.float32) - want32))) if got.size else 0.0
     peak = max(1.0, float(np.max(np.abs(want32)))) if want.size else 1.0
     tolerance = FP16_TOLERANCE if fp16 else FP32_TOLERANCE
     limit = tolerance * peak
     if not diff <= limit:
         raise ExportError(
-            f"{name}: onnxruntime differs from torch by {diff:.3g} > {limit:.3g} "
+            f"{name}: onnxruntime differs from {against} by {diff:.3g} > {limit:.3g} "
             f"({tolerance:.0e} relative to the largest output magnitude {peak:.3g})"
         )
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx.external_data_helper import uses_external_data
 from PIL import Image
 
 from ._cuts import (
@@ -39,6 +40,7 @@ from ._runtime import RuntimeSettings, create_session
 
 Reference = Callable[[np.ndarray], np.ndarray]
 _VERIFY_BATCH = 4
+_ORIGINAL = "the original graph"
 
 
 def read_onnx(path: str | Path) -> tuple[onnx.ModelProto, str]:
@@ -53,8 +55,16 @@ def read_onnx(path: str | Path) -> tuple[onnx.ModelProto, str]:
     data = path.read_bytes()
     try:
         model = onnx.load_from_string(data)
+    except Exception as exc:  # protobuf raises its own types
+        raise InvalidModelSpec(f"{path} is not a valid ONNX model: {_first_line(exc)}") from exc
+    if any(uses_external_data(tensor) for tensor in model.graph.initializer):
+        raise InvalidModelSpec(
+            f"{path} keeps its weights in external data files; save it as one file "
+            "(onnx.save_model(model, path, save_as_external_data=False))"
+        )
+    try:
         onnx.checker.check_model(model)
-    except Exception as exc:  # protobuf and the checker raise many types
+    except onnx.checker.ValidationError as exc:
         raise InvalidModelSpec(f"{path} is not a valid ONNX model: {_first_line(exc)}") from exc
     return model, sha256(data)
 
@@ -127,7 +137,7 @@ def _block(
         got = session.run(None, {INPUT: inputs})[0]
     except Exception as exc:  # onnxruntime raises its own exception types
         raise ExportError(f"{label}: onnxruntime cannot run it: {_first_line(exc)}") from exc
-    _check(label, got, want, fp16=False)
+    _check(label, got, want, fp16=False, against=_ORIGINAL)
     info = BlockInfo(
         name=part.name,
         hash=sha256(data),
@@ -146,7 +156,7 @@ def _block(
 def _verify_composed(blocks: Sequence[ExportedBlock], batch: np.ndarray, want: np.ndarray) -> None:
     composed = compose([onnx.load_from_string(block.data) for block in blocks])
     got = create_session(composed, RuntimeSettings(device="cpu")).run(None, {INPUT: batch})[0]
-    _check("composition of all blocks", got, want, fp16=False)
+    _check("composition of all blocks", got, want, fp16=False, against=_ORIGINAL)
 
 
 def _photo_batch(images: Sequence[Image.Image] | None, preset: Preset) -> np.ndarray:

@@ -223,6 +223,15 @@ def test_a_file_that_is_not_onnx(tmp_path: Path) -> None:
         import_onnx(tmp_path / "missing.onnx")
 
 
+def test_weights_in_external_files_are_refused(branchy: Path, tmp_path: Path) -> None:
+    split = tmp_path / "split.onnx"
+    onnx.save_model(
+        onnx.load(str(branchy)), str(split), save_as_external_data=True, size_threshold=0
+    )
+    with pytest.raises(InvalidModelSpec, match=r"keeps its weights in external data files"):
+        import_onnx(split, preset=SMALL)
+
+
 def test_a_wrong_graph_fails_verification(branchy: Path, photos) -> None:
     from hapi.models._import import blocks_from_onnx
 
