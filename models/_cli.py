@@ -169,7 +169,9 @@ def _export_hub(
     with warnings.catch_warnings():
         warnings.simplefilter("always", RandomWeightsWarning)
         warnings.showwarning = _echo_warning  # restored when the block ends
-        return export_hub(spec, weights=weights, freeze=freeze, preset=preset, cut_at=cut_at)
+        return export_hub(
+            spec, weights=weights, freeze=freeze, preset=preset, cut_at=cut_at, progress=True
+        )
 
 
 def _echo_warning(message: Warning | str, *_: Any, **__: Any) -> None:
@@ -228,7 +230,7 @@ def import_(
         check_name(name)
         registry = _registry(endpoint, bucket)
         parent_ref = registry.get_manifest(parent).ref if parent else None
-        exported = import_onnx(path, preset=preset, freeze=freeze, cut_at=cut_at)
+        exported = import_onnx(path, preset=preset, freeze=freeze, cut_at=cut_at, progress=True)
         _register(registry, name, exported, parent_ref)
 
 

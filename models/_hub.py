@@ -143,6 +143,7 @@ def export_hub(
     min_share: float = MIN_BLOCK_SHARE,
     images: Sequence[Image.Image] | None = None,
     runtime: RuntimeSettings | None = None,
+    progress: bool = False,
 ) -> ExportedModel:
     """Export ``timm:NAME`` or ``torchvision:NAME``, cut at its cut points, verified.
 
@@ -157,6 +158,7 @@ def export_hub(
         min_share: Smallest share of the FLOPs a block may hold (automatic cuts).
         images: Real images to verify with; scikit-image's sample photos when omitted.
         runtime: onnxruntime thread settings for verification and timing.
+        progress: Show a progress bar on stderr.
 
     Raises:
         InvalidModelSpec: Unknown network, unfitting weights, bad cut tensor or freeze.
@@ -183,4 +185,5 @@ def export_hub(
         reference=_reference(model),
         runtime=runtime,
         exporter={"torch": torch.__version__, "opset": str(OPSET)},
+        progress=progress,
     )

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx.external_data_helper import uses_external_data
 from PIL import Image
+from tqdm import tqdm
 
 from ._cuts import (
     MIN_BLOCK_SHARE,
@@ -180,6 +181,7 @@ def blocks_from_onnx(
     reference: Reference | None = None,
     runtime: RuntimeSettings | None = None,
     exporter: dict[str, str] | None = None,
+    progress: bool = False,
 ) -> ExportedModel:
     """Cut an ONNX graph into verified, profiled blocks, ready to register.
 
@@ -195,6 +197,7 @@ def blocks_from_onnx(
         reference: The original network (numpy batch in, output out), if there is one.
         runtime: onnxruntime thread settings; verification and timing run on the CPU.
         exporter: Tool versions to record.
+        progress: Show a progress bar (one step per block) on stderr.
 
     Raises:
         InvalidModelSpec: The graph does not fit (inputs, shapes, names), or bad freeze.
@@ -215,10 +218,11 @@ def blocks_from_onnx(
         _check("the whole graph", final, reference(batch), fp16=False)
     settings = dataclasses.replace(runtime or RuntimeSettings(), device="cpu")
     graphs = extract(inferred, parts)
-    blocks = tuple(
-        _block(i, part, graph, seen, settings)
-        for i, (part, graph) in enumerate(zip(parts, graphs, strict=True))
-    )
+    with tqdm(total=len(parts), disable=not progress, desc=source[:40], unit="block") as bar:
+        blocks = []
+        for i, (part, graph) in enumerate(zip(parts, graphs, strict=True)):
+            blocks.append(_block(i, part, graph, seen, settings))
+            bar.update(1)
     _verify_composed(blocks, batch, final)
     return ExportedModel(
         family=family,
@@ -226,7 +230,7 @@ def blocks_from_onnx(
         freeze=freeze,
         preprocess=chosen,
         input=InputSpec(shape=tuple(batch.shape[1:])),
-        blocks=blocks,
+        blocks=tuple(blocks),
         exporter={"onnx": onnx.__version__, **(exporter or {})},
     )
 
@@ -239,6 +243,7 @@ def import_onnx(
     cut_at: Sequence[str] = (),
     images: Sequence[Image.Image] | None = None,
     runtime: RuntimeSettings | None = None,
+    progress: bool = False,
 ) -> ExportedModel:
     """Import an ONNX file: find its cut points, extract and verify the blocks.
 
@@ -251,6 +256,7 @@ def import_onnx(
         cut_at: Cut exactly at these tensors (names in the graph) instead of choosing.
         images: Real images to verify with; scikit-image's sample photos when omitted.
         runtime: onnxruntime thread settings for verification and timing.
+        progress: Show a progress bar on stderr.
 
     Returns:
         The blocks, ready for :meth:`Registry.register`.
@@ -269,6 +275,7 @@ def import_onnx(
         cut_at=cut_at,
         images=images,
         runtime=runtime,
+        progress=progress,
     )
 
 
