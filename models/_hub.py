@@ -16,7 +16,7 @@ import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -25,7 +25,7 @@ from PIL import Image
 from ._cuts import MIN_BLOCK_SHARE
 from ._errors import ExportError, InvalidModelSpec
 from ._export import OPSET, _first_line, _import_torch, _to_onnx
-from ._families import WeightsArg, _load, _read_weights, _seeded
+from ._families import StateDict, WeightsArg, _load, _read_weights, _seeded
 from ._import import blocks_from_onnx
 from ._manifest import ExportedModel
 from ._preprocess import Preset, get_preset
@@ -41,18 +41,19 @@ class RandomWeightsWarning(UserWarning):
     """A network was exported with seeded random weights: no weights file was given."""
 
 
-def _timm(name: str) -> nn.Module:
+def _timm(name: str, num_classes: int | None) -> nn.Module:
     try:
         import timm
     except ImportError as exc:
         raise InvalidModelSpec("timm: networks need timm: pip install 'hapi[timm]'") from exc
     if not timm.is_model(name):
         raise InvalidModelSpec(f"unknown timm model {name!r}; see timm.list_models()")
-    model: nn.Module = timm.create_model(name, pretrained=False)
+    extra: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
+    model: nn.Module = timm.create_model(name, pretrained=False, **extra)
     return model
 
 
-def _torchvision(name: str) -> nn.Module:
+def _torchvision(name: str, num_classes: int | None) -> nn.Module:
     import torchvision
 
     if name not in torchvision.models.list_models(module=torchvision.models):
@@ -60,11 +61,33 @@ def _torchvision(name: str) -> nn.Module:
             f"unknown torchvision classification model {name!r}; "
             "see torchvision.models.list_models()"
         )
-    model: nn.Module = torchvision.models.get_model(name, weights=None)
+    extra: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
+    model: nn.Module = torchvision.models.get_model(name, weights=None, **extra)
     return model
 
 
-HUBS: Mapping[str, Callable[[str], nn.Module]] = {"timm": _timm, "torchvision": _torchvision}
+HUBS: Mapping[str, Callable[[str, int | None], nn.Module]] = {
+    "timm": _timm,
+    "torchvision": _torchvision,
+}
+
+
+def _num_classes(model: nn.Module, state: StateDict) -> int | None:
+    """The class count of fine-tuned weights, where it differs from the network's head.
+
+    The head is the network's last ``Linear`` layer; weights fine-tuned for 10 classes
+    carry a ``[10, features]`` matrix there.
+    """
+    from torch import nn
+
+    heads = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not heads:
+        return None
+    name, head = heads[-1]
+    weight = state.get(f"{name}.weight")
+    if weight is None or weight.ndim != 2 or weight.shape[0] == head.out_features:
+        return None
+    return int(weight.shape[0])
 
 
 def is_hub_name(spec: str) -> bool:
@@ -96,7 +119,8 @@ def build_hub(spec: str, *, weights: WeightsArg = None) -> tuple[nn.Module, Pres
     Args:
         spec: The network's name with its hub prefix.
         weights: A state dict, or a ``.safetensors`` / ``torch.save`` file. Seeded random
-            weights when omitted, with a :class:`RandomWeightsWarning`.
+            weights when omitted, with a :class:`RandomWeightsWarning`. Weights whose
+            head has another number of classes (fine-tuned) build the network with it.
 
     Raises:
         InvalidModelSpec: Unknown hub or name, or weights that do not fit.
@@ -107,7 +131,11 @@ def build_hub(spec: str, *, weights: WeightsArg = None) -> tuple[nn.Module, Pres
     hub, _, name = spec.partition(":")
     state = _read_weights(Path(weights)) if isinstance(weights, str | os.PathLike) else weights
     with _seeded():
-        model = HUBS[hub](name)
+        model = HUBS[hub](name, None)
+    classes = None if state is None else _num_classes(model, state)
+    if classes is not None:  # weights fine-tuned for another number of classes
+        with _seeded():
+            model = HUBS[hub](name, classes)
     if state is None:
         warnings.warn(
             f"{spec}: no weights file given; exporting seeded random weights",

@@ -172,3 +172,14 @@ def test_cli_warns_about_random_weights(invoke, stored) -> None:
     assert "warning: torchvision:resnet18: no weights file given" in lines[0]
     assert "freeze 99 is out of range" in lines[-1]
     assert stored() == {}
+
+
+def test_weights_fine_tuned_for_other_classes_build_that_head(tmp_path: Path) -> None:
+    import torchvision
+
+    tuned = torchvision.models.resnet18(weights=None, num_classes=7)
+    weights = tmp_path / "tuned.safetensors"
+    save_file(tuned.state_dict(), str(weights))
+    model, _ = build_hub("torchvision:resnet18", weights=weights)
+    assert model.fc.out_features == 7
+    assert torch.equal(model.fc.weight, tuned.fc.weight)
