@@ -70,8 +70,18 @@ def read_onnx(path: str | Path) -> tuple[onnx.ModelProto, str]:
     return model, sha256(data)
 
 
-def _check_input(model: onnx.ModelProto, preset: Preset) -> None:
-    value = graph_input(model.graph)
+def _check_graph(model: onnx.ModelProto, preset: Preset) -> None:
+    _check_input(graph_input(model.graph), preset)
+    output = model.graph.output[0]
+    if output.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+        kind = onnx.helper.tensor_dtype_to_np_dtype(output.type.tensor_type.elem_type)
+        raise InvalidModelSpec(
+            f"output {output.name!r} is {kind}, not float32: blocks must give floating-point "
+            "features (end the graph before an argmax or a cast)"
+        )
+
+
+def _check_input(value: onnx.ValueInfoProto, preset: Preset) -> None:
     tensor = value.type.tensor_type
     if tensor.elem_type != onnx.TensorProto.FLOAT:
         raise InvalidModelSpec(f"input {value.name!r} must be float32 (an NCHW image batch)")
@@ -204,7 +214,7 @@ def blocks_from_onnx(
         ExportError: A block, the composition or the graph disagrees with the reference.
     """
     chosen = preset if isinstance(preset, Preset) else get_preset(preset)
-    _check_input(model, chosen)
+    _check_graph(model, chosen)
     inferred = infer_shapes(model)
     batch = _photo_batch(images, chosen)
     shapes = _measured(inferred, batch)
@@ -310,7 +320,7 @@ def describe_cuts(
     """
     model, _ = read_onnx(path)
     chosen_preset = preset if isinstance(preset, Preset) else get_preset(preset)
-    _check_input(model, chosen_preset)
+    _check_graph(model, chosen_preset)
     inferred = infer_shapes(model)
     shapes = _measured(inferred, _photo_batch(images, chosen_preset)[:1])
     every = choose_boundaries(inferred, shapes, cut_points(model))

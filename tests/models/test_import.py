@@ -207,6 +207,17 @@ def test_graphs_that_do_not_fit(tmp_path: Path, change: dict[str, Any], message:
         import_onnx(path, preset=SMALL)
 
 
+class _Top(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1).argmax(1)
+
+
+def test_integer_outputs_are_refused(tmp_path: Path) -> None:
+    path = save_onnx(nn.Sequential(nn.Conv2d(3, 4, 3, stride=4), _Top()), tmp_path / "top.onnx")
+    with pytest.raises(InvalidModelSpec, match=r"output 'logits' is int64, not float32"):
+        import_onnx(path, preset=SMALL)
+
+
 def test_unknown_cut_tensor_lists_the_cut_points(branchy: Path) -> None:
     with pytest.raises(InvalidModelSpec, match=r"'nowhere' is not a cut point .* there are \d+: "):
         import_onnx(branchy, preset=SMALL, cut_at=["nowhere"])
