@@ -133,10 +133,12 @@ def find_cut_points(graph: onnx.GraphProto) -> list[tuple[int, str]]:
             last_use[name] = index
     last_use.update(dict.fromkeys(final, len(nodes)))
     alive = {graph_input(graph).name}
-    cuts = []
+    cuts: list[tuple[int, str]] = []
+    seen = set(alive)  # the input, and each tensor once (nodes whose outputs die leave it alone)
     for index, node in enumerate(nodes):
-        if index > 0 and len(alive) == 1:
+        if len(alive) == 1 and not alive <= seen:
             cuts.append((index, next(iter(alive))))
+            seen |= alive
         alive |= {o for o in node.output if o and o not in constants}
         alive = {name for name in alive if last_use.get(name, -1) > index}
     return cuts

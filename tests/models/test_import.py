@@ -141,6 +141,28 @@ def test_cut_points_never_fall_inside_a_skip_connection(branchy: Path) -> None:
     assert "logits" not in names and "pixels" not in names
 
 
+def test_cut_points_of_a_hand_built_graph() -> None:
+    make = onnx.helper.make_node
+    nodes = [
+        make("Shape", ["x"], ["s"]),  # a side branch on the input that dies unused
+        make("Cast", ["s"], ["sf"], to=onnx.TensorProto.FLOAT),
+        make("ReduceSum", ["sf"], ["unused"], keepdims=0),
+        make("Relu", ["x"], ["a"]),
+        make("Neg", ["a"], ["dead"]),  # a dead end: "a" is alone again after it
+        make("Exp", ["a"], ["b"]),
+        make("Add", ["a", "b"], ["c"]),  # a skip connection: nothing between a and c
+        make("Constant", [], ["k"], value_float=2.0),  # constants are not state
+        make("Mul", ["c", "k"], ["d"]),
+        make("Sigmoid", ["d"], ["y"]),
+    ]
+    io = [
+        onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, ["n", 3, 4, 4]) for n in "xy"
+    ]
+    graph = onnx.helper.make_graph(nodes, "g", [io[0]], [io[1]])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    assert cut_points(model) == ["a", "c", "d"]
+
+
 def test_features_at_every_cut_point_equal_the_original_graph(branchy: Path, photos) -> None:
     names = cut_points(onnx.load(str(branchy)))
     exported = import_onnx(branchy, preset=SMALL, cut_at=names)
