@@ -7,6 +7,11 @@ Export (needs torch)::
     registry = models.Registry(boto3.client("s3", endpoint_url=...))
     manifest = registry.register("resnet18", exported)
 
+Any timm or torchvision network, or any ONNX file, cut at its cut points::
+
+    exported = models.export_hub("timm:resnet10t", weights="resnet10t.safetensors")
+    exported = models.import_onnx("backbone.onnx", preset="imagenet")
+
 Run (no torch needed; what the gateway and the SDK do)::
 
     graph = registry.load_blocks(manifest, 0, split)
@@ -29,6 +34,7 @@ from ._cache import (
     list_entries,
 )
 from ._cli import UserError, cli_errors, open_registry, store_options
+from ._cuts import MIN_BLOCK_SHARE, cut_points
 from ._decode import Sample, UndecodableObject, decode_object
 from ._errors import (
     CorruptBlock,
@@ -42,6 +48,8 @@ from ._errors import (
 )
 from ._export import DEFAULT_MODEL, export_model, register_default_model, sample_images
 from ._families import FAMILIES, Decomposition, build
+from ._hub import HUBS, RandomWeightsWarning, build_hub, export_hub
+from ._import import CutPoint, describe_cuts, import_onnx
 from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec, Manifest
 from ._onnx import compose
 from ._preprocess import PRESETS, Preset, get_preset, preprocess, preprocess_batch
@@ -74,12 +82,15 @@ __all__ = [
     "DEFAULT_MODEL",
     "ENTRY_PREFIX",
     "FAMILIES",
+    "HUBS",
+    "MIN_BLOCK_SHARE",
     "PRESETS",
     "WIRE_DTYPES",
     "BlockInfo",
     "BlockProfile",
     "CacheEntry",
     "CorruptBlock",
+    "CutPoint",
     "Decomposition",
     "Device",
     "ExportError",
@@ -97,6 +108,7 @@ __all__ = [
     "NoSuchModel",
     "ObjectIdentity",
     "Preset",
+    "RandomWeightsWarning",
     "Registry",
     "RegistryError",
     "RegistryReader",
@@ -111,19 +123,24 @@ __all__ = [
     "VersionConflict",
     "block_prefix",
     "build",
+    "build_hub",
     "cache_key",
     "check_name",
     "cli_errors",
     "compose",
     "create_session",
     "cuda_usable",
+    "cut_points",
     "decode_features",
     "decode_object",
+    "describe_cuts",
     "encode_features",
     "entry_path",
     "eviction_order",
+    "export_hub",
     "export_model",
     "get_preset",
+    "import_onnx",
     "is_entry",
     "list_entries",
     "open_registry",

@@ -1,4 +1,4 @@
-"""``hapi models``: export, list, show, trace and remove registry models.
+"""``hapi models``: export, import, list, show, trace and remove registry models.
 
 The commands reach the store the way boto3 does: ``--endpoint``, else
 ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``, with the usual credential chain;
@@ -10,6 +10,7 @@ upload.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -87,15 +88,25 @@ def models() -> None:
 
 
 @models.command()
-@click.argument("family")
+@click.argument("family", metavar="NAME")
 @click.option("--freeze", type=int, help="Blocks [0, F) are frozen; the family default if unset.")
 @click.option(
     "--weights",
     type=click.Path(path_type=Path),
-    help="State dict (.safetensors or torch.save); random weights for torchvision if unset.",
+    help="State dict (.safetensors or torch.save); seeded random weights if unset "
+    "(except efficientnet_lite0). Nothing is downloaded.",
 )
-@click.option("--fp16", is_flag=True, help="Export float16 blocks.")
-@click.option("--name", help="Registered name; the family name if unset.")
+@click.option("--fp16", is_flag=True, help="Export float16 blocks (families only).")
+@click.option("--preset", help="Preprocessing preset (timm:/torchvision: only).")
+@click.option(
+    "--cut-at",
+    multiple=True,
+    metavar="TENSOR",
+    help="Cut exactly at this tensor of the exported graph (repeatable; timm:/torchvision:).",
+)
+@click.option(
+    "--name", help="Registered name; NAME without its timm:/torchvision: prefix if unset."
+)
 @click.option("--parent", help="NAME[@VERSION] this model was fine-tuned from.")
 @store_options
 def export(
@@ -103,35 +114,156 @@ def export(
     freeze: int | None,
     weights: Path | None,
     fp16: bool,
+    preset: str | None,
+    cut_at: tuple[str, ...],
     name: str | None,
     parent: str | None,
     endpoint: str | None,
     bucket: str,
 ) -> None:
-    """Export FAMILY block by block to ONNX and register it.
+    """Export NAME block by block to ONNX and register it.
 
-    FAMILY is one of: resnet18, resnet50, vgg11, vgg19, alexnet, densenet121,
-    mobilenet_v3_large, vit_b_16, efficientnet_lite0 (the only one with real
-    pretrained weights unless --weights is given).
+    NAME is a family: resnet18, resnet50, vgg11, vgg19, alexnet, densenet121,
+    mobilenet_v3_large, vit_b_16, efficientnet_lite0 (the only one with real pretrained
+    weights unless --weights is given); or any timm:NAME or torchvision:NAME network,
+    cut automatically at its cut points (freeze: all blocks if unset).
     """
+    from ._hub import is_hub_name
+
+    with cli_errors():
+        if is_hub_name(family):
+            name = name or family.partition(":")[2]
+            check_name(name)
+            if fp16:
+                raise InvalidModelSpec("--fp16 is for the built-in families only")
+            registry = open_registry(endpoint, bucket)
+            parent_ref = registry.get_manifest(parent).ref if parent else None
+            exported = _export_hub(family, weights, freeze, preset, cut_at)
+        else:
+            name = name or family
+            if preset or cut_at:
+                raise InvalidModelSpec("--preset and --cut-at are for timm:/torchvision: names")
+            check_name(name)
+            registry = open_registry(endpoint, bucket)
+            parent_ref = registry.get_manifest(parent).ref if parent else None
+            exported = _export_family(family, weights, freeze, fp16)
+        _register(registry, name, exported, parent_ref)
+
+
+def _export_family(family: str, weights: Path | None, freeze: int | None, fp16: bool) -> Any:
     from ._export import export_model
     from ._families import build
 
-    name = name or family
-    with cli_errors():
-        check_name(name)
-        registry = open_registry(endpoint, bucket)
-        parent_ref = registry.get_manifest(parent).ref if parent else None
-        decomposition = build(family, weights=weights)
-        decomposition.check_freeze(decomposition.freeze if freeze is None else freeze)
-        exported = export_model(decomposition, freeze=freeze, fp16=fp16, progress=True)
-        new = {b.info.hash: b.info.size for b in exported.blocks}
-        new = {h: size for h, size in new.items() if not registry.has_block(h)}
-        manifest = registry.register(name, exported, parent=parent_ref)
+    decomposition = build(family, weights=weights)
+    decomposition.check_freeze(decomposition.freeze if freeze is None else freeze)
+    return export_model(decomposition, freeze=freeze, fp16=fp16, progress=True)
+
+
+def _export_hub(
+    spec: str,
+    weights: Path | None,
+    freeze: int | None,
+    preset: str | None,
+    cut_at: tuple[str, ...],
+) -> Any:
+    from ._hub import RandomWeightsWarning, export_hub
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", RandomWeightsWarning)
+        warnings.showwarning = _echo_warning  # restored when the block ends
+        return export_hub(
+            spec, weights=weights, freeze=freeze, preset=preset, cut_at=cut_at, progress=True
+        )
+
+
+def _echo_warning(message: Warning | str, *_: Any, **__: Any) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+def _register(registry: Registry, name: str, exported: Any, parent: str | None) -> None:
+    new = {b.info.hash: b.info.size for b in exported.blocks}
+    new = {h: size for h, size in new.items() if not registry.has_block(h)}
+    manifest = registry.register(name, exported, parent=parent)
     click.echo(
         f"registered {manifest.ref}: {len(manifest.blocks)} blocks, {_size(manifest.size)}, "
         f"freeze {manifest.freeze}; uploaded {len(new)} new blocks ({_size(sum(new.values()))})"
     )
+
+
+@models.command(name="import")
+@click.argument("path", metavar="FILE.onnx", type=click.Path(path_type=Path))
+@click.option("--name", required=True, help="Registered name.")
+@click.option("--freeze", type=int, help="Blocks [0, F) are frozen; the whole graph if unset.")
+@click.option(
+    "--preset",
+    default="imagenet",
+    show_default=True,
+    help="Preprocessing that produces the graph's input.",
+)
+@click.option(
+    "--cut-at",
+    multiple=True,
+    metavar="TENSOR",
+    help="Cut exactly at this tensor (repeatable) instead of the automatic choice.",
+)
+@click.option("--parent", help="NAME[@VERSION] this model was fine-tuned from.")
+@store_options
+def import_(
+    path: Path,
+    name: str,
+    freeze: int | None,
+    preset: str,
+    cut_at: tuple[str, ...],
+    parent: str | None,
+    endpoint: str | None,
+    bucket: str,
+) -> None:
+    """Import an ONNX graph, cut into blocks at its cut points, and register it.
+
+    A cut point is a tensor that alone carries the state from the nodes before it to
+    the nodes after it. Blocks with less than 1% of the graph's FLOPs are merged into
+    a neighbour (the last block, the head, is kept). Every block and their composition
+    are verified against the graph on real photos. The graph needs one NCHW float32
+    input with a dynamic batch dimension and one output.
+    """
+    from ._import import import_onnx
+
+    with cli_errors():
+        check_name(name)
+        registry = open_registry(endpoint, bucket)
+        parent_ref = registry.get_manifest(parent).ref if parent else None
+        exported = import_onnx(path, preset=preset, freeze=freeze, cut_at=cut_at, progress=True)
+        _register(registry, name, exported, parent_ref)
+
+
+@models.command()
+@click.argument("path", metavar="FILE.onnx", type=click.Path(path_type=Path))
+@click.option(
+    "--preset",
+    default="imagenet",
+    show_default=True,
+    help="Preprocessing that produces the graph's input.",
+)
+def cuts(path: Path, preset: str) -> None:
+    """List the cut points of an ONNX graph, for `hapi models import --cut-at`.
+
+    Marks the ones the automatic choice cuts at, with the share of the graph's
+    FLOPs since the previous cut point. Reads no store.
+    """
+    from ._import import describe_cuts
+
+    with cli_errors():
+        found = describe_cuts(path, preset=preset)
+    table = Table("#", "tensor", "shape", "flops since previous", "chosen", box=None)
+    for index, point in enumerate(found):
+        table.add_row(
+            str(index),
+            point.tensor,
+            "x".join(map(str, point.shape)),
+            f"{100 * point.share:.1f}%",
+            "yes" if point.chosen else "",
+        )
+    Console(soft_wrap=True, width=200).print(table if found else "no cut points")
 
 
 @models.command(name="ls")
@@ -156,8 +288,9 @@ def list_models(endpoint: str | None, bucket: str) -> None:
 def _blocks_table(manifest: Manifest) -> Table:
     table = Table("#", "block", "output", "out/sample", "peak act", "params", "cpu ms", "sha256")
     table.title = (
-        f"{manifest.ref}  family {manifest.family}  freeze {manifest.freeze}  "
-        f"preprocess {manifest.preprocess.name}  parent {manifest.parent or '-'}"
+        f"{manifest.ref}  family {manifest.family}  source {manifest.source or '-'}  "
+        f"freeze {manifest.freeze}  preprocess {manifest.preprocess.name}  "
+        f"parent {manifest.parent or '-'}"
     )
     for index, block in enumerate(manifest.blocks):
         table.add_row(

@@ -14,7 +14,7 @@ ever downloads weights. torch is imported inside the builders only, so the mappi
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +53,11 @@ class Decomposition:
     def __post_init__(self) -> None:
         if not self.blocks or len(self.blocks) != len(self.names):
             raise InvalidModelSpec(f"{self.family}: need one name per block, at least one block")
-        self.check_freeze(self.freeze)
+        if not 1 <= self.freeze <= len(self.blocks):
+            raise InvalidModelSpec(self._freeze_error(self.freeze))
+
+    def _freeze_error(self, freeze: int) -> str:
+        return f"freeze {freeze} is out of range for {self.family}: choose 1..{len(self.blocks)}"
 
     def check_freeze(self, freeze: int) -> int:
         """Return ``freeze`` if it is a valid freeze point, ``1 <= freeze <= len(blocks)``.
@@ -62,16 +66,13 @@ class Decomposition:
             InvalidModelSpec: Out of range; the message gives the valid range.
         """
         if not 1 <= freeze <= len(self.blocks):
-            raise InvalidModelSpec(
-                f"freeze {freeze} is out of range for {self.family}: "
-                f"choose 1..{len(self.blocks)} (default {self.freeze})"
-            )
+            raise InvalidModelSpec(f"{self._freeze_error(freeze)} (default {self.freeze})")
         return freeze
 
     @classmethod
     def custom(
         cls,
-        modules: nn.Module | Sequence[nn.Module],
+        modules: nn.Module | Iterable[nn.Module],
         *,
         preset: str | Preset = "imagenet",
         freeze: int | None = None,
@@ -80,12 +81,15 @@ class Decomposition:
         """Decompose a user's network: each child of a ``Sequential`` (or list item) is a block.
 
         Args:
-            modules: A ``torch.nn.Sequential`` or an ordered sequence of modules.
+            modules: A ``torch.nn.Sequential`` (or any module: its children) or an
+                iterable of modules (a list, a generator...), in order.
             preset: Preprocessing preset name or value.
             freeze: Default freeze point; all blocks when omitted.
             names: Block labels; ``"0"``, ``"1"``, ... when omitted.
         """
-        blocks = tuple(modules) if isinstance(modules, Sequence) else tuple(modules.children())
+        from torch import nn
+
+        blocks = tuple(modules.children() if isinstance(modules, nn.Module) else modules)
         labels = tuple(names) if names is not None else tuple(str(i) for i in range(len(blocks)))
         for block in blocks:
             block.eval()

@@ -85,6 +85,7 @@ class ExportedModel:
     input: InputSpec
     blocks: tuple[ExportedBlock, ...]
     exporter: Mapping[str, str] = field(default_factory=dict)
+    source: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +103,9 @@ class Manifest:
         parent: ``NAME@VERSION`` of the model this one was derived from, if any.
         created: ISO 8601 UTC time of registration.
         exporter: Versions of the tools that exported the blocks.
+        source: Where the network came from: a family name, ``timm:NAME``,
+            ``torchvision:NAME`` or ``onnx:<sha256 of the file>``; ``None`` when unknown
+            (custom modules, and manifests written before hapi recorded it).
     """
 
     name: str
@@ -114,6 +118,7 @@ class Manifest:
     parent: str | None = None
     created: str = ""
     exporter: Mapping[str, str] = field(default_factory=dict)
+    source: str | None = None
 
     def __str__(self) -> str:
         return self.ref

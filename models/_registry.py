@@ -277,6 +277,7 @@ class Registry:
                 parent=parent,
                 created=datetime.now(UTC).isoformat(timespec="seconds"),
                 exporter=model.exporter,
+                source=model.source,
             )
             try:
                 key = _manifest_key(name, manifest.version)
