@@ -236,6 +236,11 @@ def main() -> None:
             decode_workers=1,
             memory_budget_bytes=MEMORY_BUDGET,
             fixed_batch_size=spec.fixed_batch,
+            # The planner's probes last PROBE_SECONDS at the shaped rate, twice per cell:
+            # on this closed testbed they may be larger and more frequent than a
+            # production gateway allows any one credential.
+            max_probe_bytes=4 * 1024**3,
+            probe_bytes_per_minute=64 * 1024**3,
         )
         run_gateway(settings, spec.host, spec.gateway_port)
     finally:

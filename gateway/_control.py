@@ -114,7 +114,7 @@ class ControlPlane:
         headers = [(n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in scope["headers"]]
         verified = verify_request(
             method=scope["method"],
-            raw_path=scope.get("raw_path", scope["path"].encode()).decode("latin-1"),
+            raw_path=(scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
             raw_query=scope["query_string"].decode("latin-1"),
             headers=headers,
             secrets=self._settings.client_secrets,

@@ -1,4 +1,5 @@
-"""What one hapi package shares with another is public API: no reaching into underscore names.
+"""What one hapi package shares with another is public API: no reaching into underscore names;
+and mypy checks the packages as one program.
 
 import-linter checks which package may import which (``make check``); this checks *how*:
 an import from another hapi package goes through that package's public surface, never one of
@@ -8,10 +9,16 @@ source, so lazy imports count as well).
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import grimp
+import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("models", "store", "planner", "gateway", "sdk", "cli", "bench")
 _IMPORTED_NAMES = re.compile(r"\bimport\s+\(?([^)#]*)")
 
@@ -50,3 +57,30 @@ def test_the_check_sees_a_breach() -> None:
     assert not _private("hapi.models")
     assert _underscore_names("from hapi.models import UserError, _registry") == ["_registry"]
     assert _underscore_names("from hapi.models import UserError as E") == []
+
+
+@pytest.mark.slow
+def test_mypy_resolves_hapi_imports_to_the_sources(tmp_path: Path) -> None:
+    """The tree `make check` type-checks: a wrong use of another package's API is an error,
+    not ``Any`` (which is what the editable install's path hook gives mypy)."""
+    tree = tmp_path / "hapi"
+    tree.mkdir()
+    (tree / "models").symlink_to(ROOT / "models")
+    probe = tree / "probe"
+    probe.mkdir()
+    (probe / "__init__.py").write_text(
+        "from hapi.models import RuntimeSettings\n\nwrong: int = RuntimeSettings()\n"
+    )
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "mypy", "--explicit-package-bases", "--follow-imports=silent"),
+            *("--cache-dir", str(tmp_path / "cache"), str(probe / "__init__.py")),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MYPYPATH": str(tmp_path)},
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert 'expression has type "RuntimeSettings"' in done.stdout, done.stdout

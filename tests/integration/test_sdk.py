@@ -370,7 +370,9 @@ def test_auto_split_is_explained_and_gives_the_same_features(gateway, registered
         got, _ = _all(dataset)
     choice = dataset.split_choice
     assert choice.split is None or 0 <= choice.split <= dataset.freeze
-    assert choice.policy in {"planner", "fewest-bytes"} and choice.reason
+    # The planner read the gateway's view and probed it (signed with the client's
+    # credentials): no fallback to the fewest-bytes rule.
+    assert choice.policy in {"planner", "replanned"} and choice.reason, choice.reason
     want, _ = _all(_local(data, gateway, "enl0"))
     _close(got, want)
     stats = dataset.stats
