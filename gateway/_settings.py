@@ -43,7 +43,13 @@ class GatewaySettings:
         memory_budget_bytes: Inference memory budget on CPU (on a GPU, its free memory).
         max_queue_delay_ms: Longest a sample waits for a fuller storage-side batch.
         max_queue_samples: Queued samples per tenant beyond which requests get SlowDown.
-        max_object_bytes: Largest object pushdown will fetch and decode.
+        max_object_bytes: Most object bytes one pushdown request fetches and holds: one
+            object, or a batch's objects together.
+        max_request_samples: Most samples one pushdown request may have (a shard's image
+            members, or all samples of a batch); counted before decoding, 400 over it.
+        max_batch_keys: Most keys in one batch request (``POST ?hapi-batch``).
+        max_decoded_bytes: Decoded-bytes budget per pushdown request: its samples are
+            decoded, run and sent in windows whose inputs, activations and outputs fit in it.
         max_image_pixels: Largest image (width x height) decoded; bombs are refused.
         decode_workers: Threads decoding and preprocessing (0: one per core).
         device: ``auto`` (CUDA when usable), ``cpu`` or ``cuda``.
@@ -69,6 +75,9 @@ class GatewaySettings:
     max_queue_delay_ms: float = 4.0
     max_queue_samples: int = 4096
     max_object_bytes: int = 256 * 1024**2
+    max_request_samples: int = 4096
+    max_batch_keys: int = 4096
+    max_decoded_bytes: int = 128 * 1024**2
     max_image_pixels: int = 64_000_000
     decode_workers: int = 0
     device: str = "auto"
@@ -85,8 +94,19 @@ class GatewaySettings:
         object.__setattr__(self, "client_secrets", MappingProxyType(dict(self.client_secrets)))
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
-        if min(self.memory_budget_bytes, self.max_queue_samples, self.max_object_bytes) <= 0:
-            raise ValueError("memory budget, queue bound and object limit must be positive")
+        limits = (
+            self.memory_budget_bytes,
+            self.max_queue_samples,
+            self.max_object_bytes,
+            self.max_request_samples,
+            self.max_batch_keys,
+            self.max_decoded_bytes,
+        )
+        if min(limits) <= 0:
+            raise ValueError(
+                "memory budget, queue bound and the per-request limits "
+                "(object bytes, samples, batch keys, decoded bytes) must be positive"
+            )
         if not self.client_secrets and not self.allow_anonymous:
             raise ValueError(
                 "no client credentials: set HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY, "
@@ -137,6 +157,10 @@ _TUNABLES: dict[str, tuple[str, Any]] = {
     "HAPI_MEMORY_BUDGET": ("memory_budget_bytes", parse_size),
     "HAPI_MAX_QUEUE_DELAY_MS": ("max_queue_delay_ms", float),
     "HAPI_MAX_QUEUE_SAMPLES": ("max_queue_samples", int),
+    "HAPI_MAX_OBJECT_BYTES": ("max_object_bytes", parse_size),
+    "HAPI_MAX_REQUEST_SAMPLES": ("max_request_samples", int),
+    "HAPI_MAX_BATCH_KEYS": ("max_batch_keys", int),
+    "HAPI_MAX_DECODED_BYTES": ("max_decoded_bytes", parse_size),
     "HAPI_DEVICE": ("device", str),
     "HAPI_REGISTRY_BUCKET": ("registry_bucket", str),
     "HAPI_FIXED_BATCH_SIZE": ("fixed_batch_size", int),

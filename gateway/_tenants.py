@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, create_session
+from hapi.models import (
+    InvalidModelSpec,
+    Manifest,
+    ModelError,
+    Registry,
+    RuntimeSettings,
+    create_session,
+    parse_ref,
+)
 from hapi.models import NoSuchModel as RegistryNoSuchModel
 
 from ._batcher import Batcher, MemoryBudget, OutOfMemory
@@ -32,6 +41,31 @@ _OOM_MARKERS = (
     "bad_alloc",
 )
 SessionFactory = Callable[[Manifest, int], Callable[[np.ndarray], np.ndarray]]
+
+
+@dataclass
+class RequestStats:
+    """Pushdown requests' sample counters, for ``/_hapi/stats``: what was listed, what was
+    decoded, and what requests whose client went away left undecoded."""
+
+    samples_listed: int = 0
+    samples_decoded: int = 0
+    samples_abandoned: int = 0
+    requests_cancelled: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count_decoded(self) -> None:
+        """One more sample decoded (called from the decoding threads)."""
+        with self._lock:
+            self.samples_decoded += 1
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "samples_listed": self.samples_listed,
+            "samples_decoded": self.samples_decoded,
+            "samples_abandoned": self.samples_abandoned,
+            "requests_cancelled": self.requests_cancelled,
+        }
 
 
 @dataclass
@@ -118,13 +152,19 @@ class Tenants:
         self._latest: dict[str, tuple[float, Manifest]] = {}
         self._tenants: collections.OrderedDict[tuple[str, ...], _Tenant] = collections.OrderedDict()
         self._creating: dict[tuple[str, ...], asyncio.Task[_Tenant]] = {}
+        self.requests = RequestStats()
 
     async def manifest(self, ref: str) -> Manifest:
         """Resolve ``NAME`` or ``NAME@VERSION``.
 
         Raises:
+            InvalidArgument: ``ref`` cannot name a model (it can never succeed).
             NoSuchModel: The registry has no such model.
         """
+        try:
+            parse_ref(ref)
+        except InvalidModelSpec as exc:
+            raise InvalidArgument(f"x-hapi-model: {exc}") from exc
         if ref in self._pinned:
             return self._pinned[ref]
         cached = self._latest.get(ref)
@@ -221,6 +261,7 @@ class Tenants:
     def stats(self) -> dict[str, Any]:
         """Per-tenant batching figures and the memory budget, for ``/_hapi/stats``."""
         return {
+            "requests": self.requests.as_dict(),
             "memory_budget": {
                 "total_bytes": self.budget.total,
                 "weights_bytes": self.budget.weights,
