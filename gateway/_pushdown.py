@@ -142,9 +142,11 @@ class Pushdown:
             batcher.announce()  # samples are on their way: worth a short wait for company
         try:
             listing = await self._list_all(bucket, keys, manifest, batch)
-        except BaseException:
+        except BaseException as exc:
             if batcher is not None:
                 batcher.withdraw()
+            if isinstance(exc, asyncio.CancelledError):
+                self.stats.requests_cancelled += 1
             raise
         samples = [s for key in keys for s in listing.samples.get(key, [])]
         if not samples:
@@ -211,7 +213,11 @@ class Pushdown:
                 started = time.perf_counter()
                 data = await self._fetch(bucket, key, listing, batch)
                 listing.fetch_ms = max(listing.fetch_ms, (time.perf_counter() - started) * 1000)
-            listing.samples[key] = await self._list(data, bucket, key, manifest, listing)
+            try:
+                listing.samples[key] = await self._list(data, bucket, key, manifest, listing)
+            except S3Error:
+                listing.held -= len(data)  # a failed key's bytes are dropped now
+                raise
 
         outcomes = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
         for key, outcome in zip(keys, outcomes, strict=True):
@@ -268,6 +274,7 @@ class Pushdown:
                 "pushdown request (HAPI_MAX_OBJECT_BYTES); ask for fewer keys per batch",
                 resource=f"/{bucket}",
             )
+        listing.held -= size  # refused unread
         raise UnprocessableObject(
             f"object is over the pushdown limit of {limit} bytes (HAPI_MAX_OBJECT_BYTES)",
             resource=f"/{bucket}/{key}",
@@ -312,6 +319,7 @@ class Pushdown:
         decoding: asyncio.Future[np.ndarray] = asyncio.ensure_future(
             self._decode(windows[0], answer, progress)
         )
+        announced = batcher  # until the first window is submitted
         try:
             for index in range(len(windows)):
                 inputs = await decoding
@@ -319,11 +327,14 @@ class Pushdown:
                     decoding = asyncio.ensure_future(
                         self._decode(windows[index + 1], answer, progress)
                     )
+                announced = None
                 outputs = await self._infer(inputs, answer, batcher, first=index == 0)
                 del inputs
                 await stream.rows(outputs)
             await stream.finish()
         except BaseException as exc:
+            if announced is not None:
+                announced.withdraw()
             decoding.cancel()
             with contextlib.suppress(BaseException):
                 await decoding
@@ -361,8 +372,7 @@ class Pushdown:
             await asyncio.gather(*jobs)
         except UndecodableObject as exc:
             raise UnprocessableObject(
-                f"{exc} (model {manifest.ref} needs an image or a tar shard)",
-                resource=f"/{exc.key.partition('#')[0]}",
+                f"{exc} (model {manifest.ref} needs an image or a tar shard)"
             ) from exc
         finally:
             for job in jobs:
