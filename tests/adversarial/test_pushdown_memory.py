@@ -166,3 +166,34 @@ def test_keys_over_the_batch_cap_are_refused(gateway, bucket):
     status, _before, _rise, head = _measure(gateway, _post(gateway, f"/{bucket}?hapi-batch", body))
     assert status == 400, head
     assert head["error"][0] == "InvalidRequest" and str(cap) in head["error"][1]
+
+
+SMALL_BUDGET = 32 * MIB
+
+
+@pytest.fixture(scope="module")
+def small_budget_gateway(
+    store: Any, registered: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningGateway]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HAPI_MAX_DECODED_BYTES", str(SMALL_BUDGET))
+        with gateway_process(
+            backend_url=store.endpoint_url,
+            backend_key=store.credentials.access_key_id,
+            backend_secret=store.credentials.secret_access_key,
+            log_dir=tmp_path_factory.mktemp("gateway-small-budget"),
+        ) as running:
+            yield running
+
+
+def test_the_bound_follows_the_configured_budget(small_budget_gateway, bucket, backend_s3):
+    gateway = small_budget_gateway
+    _warm(gateway, 6)
+    shard = backend_s3.head_object(Bucket=bucket, Key="shard-1000.tar")["ContentLength"]
+    status, before, rise, head = _measure(
+        gateway, _get(gateway, f"/{bucket}/shard-1000.tar?hapi-model=r18&hapi-split=6")
+    )
+    _report("1000-member tar, split 6, 32 MiB decoded-bytes budget", before, rise)
+    assert status == 200, head
+    assert head["features"]["shape"][0] == 1000
+    assert rise < SMALL_BUDGET + shard + 100 * MIB

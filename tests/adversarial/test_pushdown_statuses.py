@@ -7,11 +7,15 @@ an empty tensor for a batch whose every key failed.
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
+from PIL import Image
 
 from hapi.models._wire import decode
 from tests.support import RunningGateway, gateway_process
@@ -55,9 +59,26 @@ def bucket(backend_s3: Any) -> str:
             "one.png": tiny_png(),
             "big-shard.tar": png_shard(3 * QUEUE_BOUND),
             "notes.txt": b"not an image",
+            "late-corrupt.tar": _shard_with_corrupt_member(at=3 * QUEUE_BOUND),
         },
     )
     return name
+
+
+def _shard_with_corrupt_member(at: int) -> bytes:
+    """A shard whose member ``at`` has a sound PNG header but truncated pixel data, so
+    listing accepts it and only decoding (in a later window) finds it broken."""
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(buf, "PNG")
+    broken = buf.getvalue()[:60]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for i in range(at + 1):
+            payload = broken if i == at else tiny_png(i)
+            info = tarfile.TarInfo(f"s/{i:04d}.png")
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return out.getvalue()
 
 
 def _assert_error(reply: Any, status: int, code: str) -> str:
@@ -162,3 +183,11 @@ def test_json_format_works_on_the_batch_post(gateway, bucket):
         summary = reply.json()
         assert summary["keys"] == ["one.png"] and set(summary["errors"]) == {"notes.txt"}
         assert summary["shape"][0] == 1
+
+
+def test_a_sample_that_fails_after_the_first_rows_cuts_the_body_short(gateway, bucket):
+    # The header and first rows are sent before the broken member's window is decoded;
+    # the body must then end short of its Content-Length, never look complete.
+    with pytest.raises(httpx.RemoteProtocolError):
+        signed_get(gateway, f"/{bucket}/late-corrupt.tar?hapi-model=r18&hapi-split=1")
+    assert signed_get(gateway, f"/{bucket}/one.png?hapi-model=r18&hapi-split=1").status_code == 200
