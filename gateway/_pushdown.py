@@ -256,7 +256,7 @@ class Pushdown:
         declared = int(reply.headers.get("content-length", "0"))
         self._hold(declared, bucket, key, listing, batch)
         parts, size = [], 0
-        async for chunk in reply.aiter_raw():
+        async for chunk in reply.aiter_bytes():
             size += len(chunk)
             if size > declared:  # no or a wrong length: hold what arrives, as it arrives
                 self._hold(size - max(declared, size - len(chunk)), bucket, key, listing, batch)
