@@ -13,6 +13,10 @@ fetching or decoding): a lone client pays no queueing delay. The size comes from
 and an out-of-memory error splits the batch in two, retries both halves, and raises the
 per-sample estimate so the next batch is smaller. Only a single sample that does not fit
 fails, and then only the requests it belongs to.
+
+A request whose client went away cancels its job: its samples still queued are dropped
+(counted in ``samples_dropped``), and a job partly taken into a batch is not taken from
+again; only the batch already on the device finishes.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import InsufficientMemory, SlowDown
+from ._errors import InsufficientMemory, InvalidRequest, SlowDown
 
 Run = Callable[[np.ndarray], np.ndarray]
 
@@ -125,12 +129,18 @@ class Batcher:
         self._queued = 0
         self._incoming = 0
         self._wakeup = asyncio.Event()
+        self._room = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.stats = BatcherStats()
 
     @property
     def queued(self) -> int:
         return self._queued
+
+    @property
+    def max_queue(self) -> int:
+        """The most samples that may wait at once (one request's window must fit)."""
+        return self._max_queue
 
     def max_batch_size(self) -> int:
         """The largest batch the current memory share allows (at least 1)."""
@@ -148,7 +158,7 @@ class Batcher:
         self._wakeup.set()
 
     async def submit(
-        self, samples: np.ndarray, *, announced: bool = False
+        self, samples: np.ndarray, *, announced: bool = False, wait: bool = False
     ) -> tuple[np.ndarray, int]:
         """Queue samples ``[N, ...]``; returns their outputs and the largest batch size used.
 
@@ -156,17 +166,28 @@ class Batcher:
             samples: The preprocessed inputs.
             announced: The request called :meth:`announce` earlier (it is no longer on
                 its way once it submits).
+            wait: When the queue is full, wait for room instead of raising ``SlowDown``
+                (for a request whose response has already started).
 
         Raises:
-            SlowDown: The queue is full.
+            InvalidRequest: More samples than the queue can ever hold.
+            SlowDown: The queue is full (and ``wait`` is false).
             InsufficientMemory: One sample alone does not fit the budget.
         """
         if announced:
             self._incoming -= 1
-        if self._queued + len(samples) > self._max_queue:
-            raise SlowDown(
-                f"the storage side is saturated for {self.name}; retry shortly", retry_after=1
+        if len(samples) > self._max_queue:
+            raise InvalidRequest(
+                f"{len(samples)} samples at once exceed the queue bound of {self._max_queue} "
+                f"(HAPI_MAX_QUEUE_SAMPLES) for {self.name}"
             )
+        while self._queued + len(samples) > self._max_queue:
+            if not wait:
+                raise SlowDown(
+                    f"the storage side is saturated for {self.name}; retry shortly", retry_after=1
+                )
+            self._room.clear()
+            await self._room.wait()
         loop = asyncio.get_running_loop()
         job = _Job(samples, loop.create_future(), loop.time())
         self._jobs.append(job)
@@ -174,7 +195,11 @@ class Batcher:
         self._budget.activate(self.name)
         self._ensure_running()
         self._wakeup.set()
-        result = await job.future
+        try:
+            result = await job.future
+        except asyncio.CancelledError:
+            self._wakeup.set()  # let the loop drop what is left of it now
+            raise
         return result, job.batch_size
 
     def _ensure_running(self) -> None:
@@ -215,6 +240,8 @@ class Batcher:
                 except TimeoutError:
                     break
             await self._run_one(size)
+            if not self._jobs:  # idle: no longer a tenant sharing the budget
+                self._budget.deactivate(self.name)
 
     async def _run_one(self, size: int) -> None:
         slices = self._take(size)
@@ -237,6 +264,9 @@ class Batcher:
         room = size
         while self._jobs and room:
             job = self._jobs[0]
+            if job.future.done():  # cancelled: take no more of it
+                self._drop(self._jobs.popleft())
+                continue
             count = min(room, len(job.samples) - job.taken)
             slices.append(_Slice(job, job.taken, job.taken + count))
             job.taken += count
@@ -244,6 +274,7 @@ class Batcher:
             self._queued -= count
             if job.taken == len(job.samples):
                 self._jobs.popleft()
+        self._room.set()
         return slices
 
     def _deliver(self, slices: list[_Slice], outputs: np.ndarray, batch_size: int) -> None:
@@ -259,9 +290,20 @@ class Batcher:
                 job.future.set_result(np.concatenate([job.parts[k] for k in sorted(job.parts)]))
 
     def _drop_cancelled(self) -> None:
-        while self._jobs and self._jobs[0].future.done() and self._jobs[0].taken == 0:
-            job = self._jobs.popleft()
-            self._queued -= len(job.samples)
+        kept = collections.deque(job for job in self._jobs if not job.future.done())
+        for job in self._jobs:
+            if job.future.done():
+                self._drop(job)
+        self._jobs = kept
+
+    def _drop(self, job: _Job) -> None:
+        """Forget a job that is over (cancelled or failed); its untaken samples never run."""
+        left = len(job.samples) - job.taken
+        self._queued -= left
+        if job.future.cancelled():  # not a job that failed: its request went away
+            self.stats.samples_dropped += left
+            self.stats.requests_cancelled += 1
+        self._room.set()
 
     async def _execute(self, batch: np.ndarray) -> np.ndarray:
         loop = asyncio.get_running_loop()
@@ -293,6 +335,8 @@ class BatcherStats:
     batches: int = 0
     samples: int = 0
     oom_events: int = 0
+    samples_dropped: int = 0  # queued samples of requests whose client went away
+    requests_cancelled: int = 0  # requests that went away with samples still queued
     busy_s: float = 0.0
     recent_sizes: collections.deque[int] = field(
         default_factory=lambda: collections.deque(maxlen=64)
@@ -320,6 +364,8 @@ class BatcherStats:
             "batches": self.batches,
             "samples": self.samples,
             "oom_events": self.oom_events,
+            "samples_dropped": self.samples_dropped,
+            "requests_cancelled": self.requests_cancelled,
             "samples_per_s": round(self.samples_per_s(), 2),
             "ms_per_sample": round(1000 * self.busy_s / self.samples, 3) if self.samples else None,
             "recent_batch_sizes": sizes,

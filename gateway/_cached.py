@@ -1,16 +1,37 @@
-"""Pushdown through the feature cache: split a computed batch per object, look objects
-up, and put cached and computed features back together in key order."""
+"""Pushdown through the feature cache: look objects up before fetching them, serve the
+cached rows in place, and write each computed object's rows as one entry.
+
+A request's samples are listed in key order before anything runs; a cached object
+contributes :class:`CachedSample` rows (no fetch, no decode, no inference), the others
+the samples listing found. As windows complete, :class:`EntryWriter` gathers each
+computed object's rows and queues its entry once the object is complete; an object whose
+features would exceed the entry cap is not written (its rows are never held for it).
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from hapi.models import Manifest, ObjectIdentity, Sample
+from hapi.models import Manifest, ObjectIdentity
 
 from ._cache import Cached, FeatureCache, encode_entry
+
+MAX_ENTRY_BYTES = 64 * 1024**2  # an object's features bigger than this are not cached
+
+
+@dataclass(frozen=True)
+class CachedSample:
+    """One sample whose features came from the cache."""
+
+    key: str
+    row: np.ndarray
+    label: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 async def lookup_all(
@@ -39,68 +60,97 @@ async def lookup_all(
     return {key: hit for key, hit in zip(keys, found, strict=True) if hit is not None}
 
 
-def per_key(
-    keys: Sequence[str],
-    features: np.ndarray,
-    samples: Sequence[Sample],
-    counts: Mapping[str, int],
-) -> dict[str, Cached]:
-    """Slice a computed result (samples in ``keys`` order; keys that failed have no
-    count and no samples) into one part per object key."""
-    parts: dict[str, Cached] = {}
-    start = 0
-    for key in keys:
-        if key not in counts:
-            continue
-        count = counts[key]
-        mine = samples[start : start + count]
+def cached_samples(entry: Cached) -> list[CachedSample]:
+    """An entry's rows as samples."""
+    return [
+        CachedSample(
+            key=name,
+            row=entry.features[index],
+            label=None
+            if entry.labels is None or int(entry.labels[index]) < 0
+            else int(entry.labels[index]),
+            meta=entry.samples_meta[index] if entry.samples_meta else {},
+        )
+        for index, name in enumerate(entry.keys)
+    ]
+
+
+def merge_rows(
+    window: Sequence[Any], computed: np.ndarray, row_shape: tuple[int, ...]
+) -> np.ndarray:
+    """A window's rows in order: cached rows in place, ``computed`` for the others."""
+    if not any(isinstance(s, CachedSample) for s in window):
+        return computed
+    rows = np.empty((len(window), *row_shape), np.float32)
+    taken = 0
+    for index, sample in enumerate(window):
+        if isinstance(sample, CachedSample):
+            rows[index] = sample.row
+        else:
+            rows[index] = computed[taken]
+            taken += 1
+    return rows
+
+
+class EntryWriter:
+    """Gathers computed rows per object and queues an entry when an object is complete.
+
+    Args:
+        cache: Where entries go.
+        manifest: The model.
+        split: The split the rows come from.
+        dtype: The wire dtype of the entry (and of the answer).
+        owners: The object key of every sample of the answer, in order (``None`` for a
+            cached sample).
+        identities: The fetched objects' identities (from their GET's headers).
+        row_bytes: Bytes of one float32 row.
+    """
+
+    def __init__(
+        self,
+        cache: FeatureCache,
+        manifest: Manifest,
+        split: int,
+        dtype: str,
+        owners: Sequence[str | None],
+        identities: Mapping[str, ObjectIdentity],
+        row_bytes: int,
+    ) -> None:
+        self._cache, self._manifest, self._split, self._dtype = cache, manifest, split, dtype
+        self._owners = owners
+        self._identities = identities
+        counts: dict[str, int] = {}
+        for owner in owners:
+            if owner is not None:
+                counts[owner] = counts.get(owner, 0) + 1
+        self._expected = {
+            key: n
+            for key, n in counts.items()
+            if key in identities and n * row_bytes <= MAX_ENTRY_BYTES
+        }
+        self._rows: dict[str, list[np.ndarray]] = {}
+        self._samples: dict[str, list[Any]] = {}
+        self._next = 0
+
+    def add(self, window: Sequence[Any], rows: np.ndarray) -> None:
+        """Take a window's rows (in answer order)."""
+        for index, sample in enumerate(window):
+            owner = self._owners[self._next + index]
+            if owner is None or owner not in self._expected:
+                continue
+            self._rows.setdefault(owner, []).append(np.array(rows[index]))
+            self._samples.setdefault(owner, []).append(sample)
+            if len(self._rows[owner]) == self._expected[owner]:
+                self._write(owner)
+        self._next += len(window)
+
+    def _write(self, owner: str) -> None:
+        rows, samples = self._rows.pop(owner), self._samples.pop(owner)
         labels = (
-            np.array([-1 if s.label is None else s.label for s in mine], dtype=np.int64)
-            if any(s.label is not None for s in mine)
+            np.array([-1 if s.label is None else s.label for s in samples], np.int64)
+            if any(s.label is not None for s in samples)
             else None
         )
-        meta = [s.meta for s in mine] if any(s.meta for s in mine) else None
-        rows = features[start : start + count]
-        parts[key] = Cached(rows, labels, [s.key for s in mine], meta, 0)
-        start += count
-    return parts
-
-
-def store_all(
-    cache: FeatureCache,
-    manifest: Manifest,
-    split: int,
-    dtype: str,
-    parts: Mapping[str, Cached],
-    identities: Mapping[str, ObjectIdentity],
-) -> None:
-    """Queue an entry per computed object whose fetched identity is known."""
-    for key, part in parts.items():
-        identity = identities.get(key)
-        if identity is None:
-            continue
-        entry = encode_entry(part.features, dtype, part.labels, part.keys, part.samples_meta)
-        cache.store(identity, manifest, split, dtype, entry)
-
-
-def merge(
-    keys: Sequence[str], parts: Mapping[str, Cached], empty_shape: tuple[int, ...]
-) -> tuple[np.ndarray, list[Sample]]:
-    """Features and samples of ``keys`` in order (keys without a part contribute none)."""
-    arrays: list[np.ndarray] = []
-    samples: list[Sample] = []
-    nothing = np.zeros(0, np.float32)
-    for key in keys:
-        part = parts.get(key)
-        if part is None:
-            continue
-        arrays.append(np.asarray(part.features, np.float32))
-        for index, name in enumerate(part.keys):
-            label = None if part.labels is None else int(part.labels[index])
-            meta = part.samples_meta[index] if part.samples_meta else {}
-            samples.append(
-                Sample(key=name, array=nothing, label=None if label == -1 else label, meta=meta)
-            )
-    if not arrays:
-        return np.zeros((0, *empty_shape), np.float32), samples
-    return np.concatenate(arrays), samples
+        meta = [s.meta for s in samples] if any(s.meta for s in samples) else None
+        entry = encode_entry(np.stack(rows), self._dtype, labels, [s.key for s in samples], meta)
+        self._cache.store(self._identities[owner], self._manifest, self._split, self._dtype, entry)

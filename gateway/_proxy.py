@@ -213,7 +213,8 @@ class Proxy:
             and "hapi-batch" in _query_names(query)
         ):
             body = await self._read_body(scope, receive, verified)
-            await pushdown.batch(send, receive, target.bucket, body)
+            headers = dict(_decoded_headers(scope))
+            await pushdown.batch(send, receive, target.bucket, body, headers=headers, query=query)
             return True
         return False
 

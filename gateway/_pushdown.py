@@ -2,148 +2,97 @@
 
 ``GET /{bucket}/{key}`` with ``x-hapi-model`` / ``x-hapi-split`` (or ``hapi-*`` query
 parameters) on an image or a WebDataset tar shard, and ``POST /{bucket}?hapi-batch`` with
-a JSON list of keys. The gateway fetches the objects from the backend, decodes and
-preprocesses them in a worker pool (off the event loop), runs blocks ``[0, split)``
-through the shared batcher, and answers with safetensors (or a JSON summary).
+a JSON list of keys. A request goes in two steps:
+
+1. fetch the objects (bounded together by ``max_object_bytes``) and list their samples,
+   counting them against ``max_request_samples`` and reading each image's header, without
+   decoding any pixels; per-key failures of a batch are known here;
+2. decode, run and send the samples in windows sized from ``max_decoded_bytes``: one
+   window decodes (in a worker pool, off the event loop) while the previous one runs
+   through blocks ``[0, split)`` on the shared batcher, and its rows go out as soon as they
+   are done (:mod:`._pushdown_stream`).
+
+So what one request holds is bounded by settings, whatever the objects hold. A client
+that goes away cancels its request: decoding stops at the next sample, and its queued
+samples leave the batcher.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
-import json
+import threading
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
-from urllib.parse import parse_qsl
+from typing import TypeVar
 from xml.etree import ElementTree
 
 import httpx
 import numpy as np
 
 from hapi import planner
-from hapi.models import WIRE_DTYPES as DTYPES
-from hapi.models import Manifest, ObjectIdentity, Sample, UndecodableObject, decode_object
-from hapi.models import encode_features as encode
+from hapi.models import (
+    Manifest,
+    ObjectIdentity,
+    PendingSample,
+    TooManySamples,
+    UndecodableObject,
+    list_samples,
+)
 
 from ._addressing import object_path
-from ._cache import FeatureCache, identity_from, parse_mode
-from ._cached import lookup_all, merge, per_key, store_all
+from ._batcher import Batcher
+from ._cache import Cached, FeatureCache, identity_from
+from ._cached import CachedSample, EntryWriter, cached_samples, lookup_all, merge_rows
 from ._errors import (
     BackendError,
     InsufficientMemory,
     InvalidArgument,
+    InvalidRequest,
     S3Error,
     ServiceUnavailable,
     UnprocessableObject,
 )
 from ._metrics import Metrics
+from ._pushdown_params import Params, parse_batch, parse_params
+from ._pushdown_stream import Answer, open_stream
 from ._settings import GatewaySettings
 from ._sigv4 import sign_request
-from ._tenants import Tenants
+from ._tenants import RequestStats, Tenants, per_sample_bytes
 from ._types import ASGIReceive, ASGISend
 
+__all__ = ["Params", "Pushdown", "parse_params"]
+
 T = TypeVar("T")
-FORMATS = ("safetensors", "json")
-_MAX_BATCH_BODY = 1024 * 1024
 _FETCH_CONCURRENCY = 32
-
-
-@dataclass(frozen=True)
-class Params:
-    """What a pushdown request asks for."""
-
-    model: str
-    split: int | None  # None: ``auto``, the planner chooses
-    dtype: str = "float32"
-    format: str = "safetensors"
-    bandwidth_bps: float | None = None  # the client's link, for ``auto``
-    cache: str = "use"  # ``use``, ``bypass`` or ``refresh`` the feature cache
-
-
-def parse_params(headers: Mapping[str, str], raw_query: str) -> Params | None:
-    """Pushdown parameters from ``x-hapi-*`` headers or ``hapi-*`` query parameters.
-
-    Returns:
-        None when the request names no model (a plain read).
-
-    Raises:
-        InvalidArgument: A parameter is missing or invalid.
-    """
-    query = dict(parse_qsl(raw_query, keep_blank_values=True))
-
-    def get(name: str) -> str | None:
-        return headers.get(f"x-{name}") or query.get(name)
-
-    model = get("hapi-model")
-    if not model:
-        return None
-    return make_params(
-        model,
-        get("hapi-split"),
-        get("hapi-dtype"),
-        get("hapi-format"),
-        get("hapi-bandwidth"),
-        get("hapi-cache"),
-    )
-
-
-def make_params(
-    model: str, split: Any, dtype: Any, fmt: Any, bandwidth: Any = None, cache: Any = None
-) -> Params:
-    """Validate pushdown parameters (from headers, query or a batch body)."""
-    if split is None:
-        raise InvalidArgument(
-            "a pushdown request needs x-hapi-split (an integer 0..freeze, or auto)"
-        )
-    try:
-        mode = parse_mode(cache)
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
-    if split == "auto":
-        return Params(model, None, *_dtype_format(dtype, fmt), _bandwidth(bandwidth), mode)
-    try:
-        index = int(split)
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"x-hapi-split must be an integer, not {split!r}") from None
-    if index < 0:
-        raise InvalidArgument(f"x-hapi-split must be >= 0, not {index}")
-    return Params(model, index, *_dtype_format(dtype, fmt), None, mode)
-
-
-def _dtype_format(dtype: Any, fmt: Any) -> tuple[str, str]:
-    dtype = dtype or "float32"
-    if dtype not in DTYPES:
-        raise InvalidArgument(f"x-hapi-dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    fmt = fmt or "safetensors"
-    if fmt not in FORMATS:
-        raise InvalidArgument(f"x-hapi-format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    return dtype, fmt
-
-
-def _bandwidth(text: Any) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(planner.parse_bandwidth(str(text)))
-    except ValueError as exc:
-        raise InvalidArgument(f"x-hapi-bandwidth: {exc}") from exc
+_REASONS_SHOWN = 20  # per-key reasons in the message of an all-failed batch
 
 
 @dataclass
-class _Result:
-    manifest: Manifest
-    params: Params
-    samples: list[Sample]
-    features: np.ndarray
-    errors: dict[str, str] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    batch_size: int = 0
-    counts: dict[str, int] = field(default_factory=dict)  # samples per object key
+class _Listing:
+    """What step 1 found for one request."""
+
+    samples: dict[str, list[PendingSample]] = field(default_factory=dict)
+    errors: dict[str, S3Error] = field(default_factory=dict)
     identities: dict[str, ObjectIdentity] = field(default_factory=dict)  # as fetched
-    cache: str = "bypass"  # the x-hapi-cache answer: hit, miss or bypass
+    held: int = 0  # object bytes fetched
+    counted: int = 0  # samples listed
+    fetch_ms: float = 0.0
+
+
+class _Progress:
+    """Samples of one request whose decoding started (counted in the worker threads)."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            self.started += 1
 
 
 class Pushdown:
@@ -161,75 +110,126 @@ class Pushdown:
     def __init__(
         self,
         settings: GatewaySettings,
-        client: Any,
+        client: Callable[[], httpx.AsyncClient],
         tenants: Tenants,
         decode_pool: Executor,
         cache: FeatureCache | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
-        self._metrics = metrics
         self._client = client
         self.tenants = tenants
         self._decode_pool = decode_pool
         self.cache = cache
+        self._metrics = metrics
         self._signed = True
 
     def unsigned(self) -> Pushdown:
         """This pushdown fetching objects unsigned, for an anonymous caller: the store's
-        ACLs and bucket policies judge each fetch as they would the caller's own GET."""
+        ACLs and bucket policies judge each fetch (and each cache lookup's HEAD) as they
+        would the caller's own GET."""
         view = copy.copy(self)
         view._signed = False
         return view
+
+    @property
+    def stats(self) -> RequestStats:
+        return self.tenants.requests
 
     async def get(
         self, send: ASGISend, receive: ASGIReceive, bucket: str, key: str, params: Params
     ) -> None:
         """Features of one object (an image, or every sample of a shard)."""
-        result = await _cancel_on_disconnect(
-            self._serve(bucket, [key], params, per_key_errors=False), receive
-        )
-        await _respond(send, result)
+        await _cancel_on_disconnect(self._serve(send, bucket, [key], params, batch=False), receive)
 
-    async def batch(self, send: ASGISend, receive: ASGIReceive, bucket: str, body: bytes) -> None:
+    async def batch(
+        self,
+        send: ASGISend,
+        receive: ASGIReceive,
+        bucket: str,
+        body: bytes,
+        *,
+        headers: dict[str, str] | None = None,
+        query: str = "",
+    ) -> None:
         """Features of several objects, stacked in key order; failures listed per key."""
-        keys, params = _parse_batch(body)
-        result = await _cancel_on_disconnect(
-            self._serve(bucket, keys, params, per_key_errors=True), receive
+        keys, params = parse_batch(
+            body, headers or {}, query, max_keys=self._settings.max_batch_keys
         )
-        await _respond(send, result)
+        await _cancel_on_disconnect(self._serve(send, bucket, keys, params, batch=True), receive)
 
     async def _serve(
-        self, bucket: str, keys: Sequence[str], params: Params, *, per_key_errors: bool
-    ) -> _Result:
-        """The features of ``keys``: cached entries where there are, computed otherwise
-        (and then written to the cache in the background)."""
+        self, send: ASGISend, bucket: str, keys: Sequence[str], params: Params, *, batch: bool
+    ) -> None:
+        manifest, params = await self._resolve(params)
+        assert params.split is not None
+        hits, timings, cache = await self._lookup(bucket, keys, manifest, params)
+        missing = [key for key in keys if key not in hits]
+        split = params.split
+        batcher = await self.tenants.batcher(manifest, split) if split and missing else None
+        if batcher is not None:
+            batcher.announce()  # samples are on their way: worth a short wait for company
+        try:
+            listing = await self._list_all(bucket, missing, manifest, batch)
+        except BaseException as exc:
+            if batcher is not None:
+                batcher.withdraw()
+            if isinstance(exc, asyncio.CancelledError):
+                self.stats.requests_cancelled += 1
+            raise
+        samples: list[PendingSample | CachedSample] = []
+        owners: list[str | None] = []
+        for key in keys:
+            found = cached_samples(hits[key]) if key in hits else listing.samples.get(key, [])
+            samples += found
+            owners += [None if key in hits else key] * len(found)
+        if not samples:
+            if batcher is not None:
+                batcher.withdraw()
+            raise _all_failed(listing.errors)
+        if missing:
+            timings.update({"fetch": listing.fetch_ms, "decode": 0.0, "infer": 0.0})
+        answer = Answer(
+            manifest,
+            params,
+            samples,
+            _output_shape(manifest, split),
+            errors={k: f"{e.code}: {e.message}" for k, e in listing.errors.items()},
+            timings=timings,
+            cache="bypass" if cache is None else ("miss" if missing else "hit"),
+        )
+        writer = None
+        if cache is not None and missing:
+            row_bytes = 4 * int(np.prod(answer.row_shape))
+            writer = EntryWriter(
+                cache, manifest, split, params.dtype, owners, listing.identities, row_bytes
+            )
+        await self._run(send, answer, batcher, writer)
+
+    async def _lookup(
+        self, bucket: str, keys: Sequence[str], manifest: Manifest, params: Params
+    ) -> tuple[dict[str, Cached], dict[str, float], FeatureCache | None]:
+        """Cached entries of ``keys``, the lookup's timing, and the cache in use (``None``
+        when there is none, it is off, or the request bypasses it)."""
         cache = self.cache
         if cache is None or not cache.enabled or params.cache == "bypass":
-            return await self._features(bucket, keys, params, per_key_errors=per_key_errors)
-        manifest = await self.tenants.manifest(params.model)
-        params = self._resolved(manifest, params)
+            return {}, {}, None
         assert params.split is not None
-        split, dtype = params.split, params.dtype
         started = time.perf_counter()
-        parts = await lookup_all(
-            cache, bucket, keys, manifest, split, dtype, params.cache, signed=self._signed
+        hits = await lookup_all(
+            cache,
+            bucket,
+            keys,
+            manifest,
+            params.split,
+            params.dtype,
+            params.cache,
+            signed=self._signed,
         )
-        lookup_ms = (time.perf_counter() - started) * 1000
-        missing = [key for key in keys if key not in parts]
-        result = _Result(manifest, params, [], np.zeros(0))
-        if missing:
-            result = await self._features(bucket, missing, params, per_key_errors=per_key_errors)
-            fresh = per_key(missing, result.features, result.samples, result.counts)
-            store_all(cache, manifest, split, dtype, fresh, result.identities)
-            parts = {**parts, **fresh}
-        result.features, result.samples = merge(keys, parts, _output_shape(manifest, split))
-        result.params = params
-        result.cache = "miss" if missing else "hit"
-        result.timings = {"cache": lookup_ms, **result.timings}
-        return result
+        return hits, {"cache": (time.perf_counter() - started) * 1000}, cache
 
-    def _resolved(self, manifest: Manifest, params: Params) -> Params:
+    async def _resolve(self, params: Params) -> tuple[Manifest, Params]:
+        manifest = await self.tenants.manifest(params.model)
         if params.split is None:
             params = replace(params, split=self.choose_split(manifest, params))
         assert params.split is not None
@@ -237,47 +237,7 @@ class Pushdown:
             raise InvalidArgument(
                 f"x-hapi-split must be in 0..{manifest.freeze} for {manifest.ref}, not {params.split}"
             )
-        return params
-
-    async def _features(
-        self, bucket: str, keys: Sequence[str], params: Params, *, per_key_errors: bool
-    ) -> _Result:
-        manifest = await self.tenants.manifest(params.model)
-        params = self._resolved(manifest, params)
-        assert params.split is not None
-        batcher = await self.tenants.batcher(manifest, params.split) if params.split else None
-        result = _Result(manifest, params, [], np.zeros(0))
-        started = time.perf_counter()
-        if batcher is not None:
-            batcher.announce()
-        try:
-            samples = await self._load_all(bucket, keys, manifest, result, per_key_errors)
-        except BaseException:
-            if batcher is not None:
-                batcher.withdraw()
-            raise
-        result.samples = samples
-        result.timings["decode"] = (time.perf_counter() - started) * 1000 - result.timings.get(
-            "fetch", 0.0
-        )
-        inputs = (
-            np.stack([s.array for s in samples])
-            if samples
-            else np.zeros((0, *manifest.input.shape), np.float32)
-        )
-        started = time.perf_counter()
-        if batcher is not None and len(inputs):
-            result.features, result.batch_size = await batcher.submit(inputs, announced=True)
-        else:
-            if batcher is not None:
-                batcher.withdraw()
-            result.features = (
-                inputs
-                if batcher is None
-                else np.zeros((0, *_output_shape(manifest, params.split)), np.float32)
-            )
-        result.timings["infer"] = (time.perf_counter() - started) * 1000
-        return result
+        return manifest, params
 
     def choose_split(self, manifest: Manifest, params: Params) -> int:
         """``split=auto``: the planner's best split on the gateway's view (its memory share
@@ -305,43 +265,38 @@ class Pushdown:
         assert best is not None
         return int(best)
 
-    async def _load_all(
-        self,
-        bucket: str,
-        keys: Sequence[str],
-        manifest: Manifest,
-        result: _Result,
-        per_key_errors: bool,
-    ) -> list[Sample]:
-        limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
-        fetch_ms: list[float] = []
+    # -- step 1: fetch and list ----------------------------------------------------------
 
-        async def one(key: str) -> list[Sample]:
+    async def _list_all(
+        self, bucket: str, keys: Sequence[str], manifest: Manifest, batch: bool
+    ) -> _Listing:
+        listing = _Listing()
+        limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
+
+        async def one(key: str) -> None:
             async with limit:
                 started = time.perf_counter()
-                data, identity = await self._fetch(bucket, key)
-                fetch_ms.append((time.perf_counter() - started) * 1000)
-            samples = await self._decode(data, manifest, f"{bucket}/{key}", key)
-            result.counts[key] = len(samples)
-            if identity is not None:
-                result.identities[key] = identity
-            return samples
+                data = await self._fetch(bucket, key, listing, batch)
+                listing.fetch_ms = max(listing.fetch_ms, (time.perf_counter() - started) * 1000)
+            try:
+                listing.samples[key] = await self._list(data, bucket, key, manifest, listing)
+            except S3Error:
+                listing.held -= len(data)  # a failed key's bytes are dropped now
+                raise
 
         outcomes = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
-        result.timings["fetch"] = max(fetch_ms, default=0.0)
-        samples: list[Sample] = []
         for key, outcome in zip(keys, outcomes, strict=True):
-            if isinstance(outcome, S3Error) and per_key_errors:
-                result.errors[key] = f"{outcome.code}: {outcome.message}"
-            elif isinstance(outcome, BaseException):
-                raise outcome
+            if not isinstance(outcome, BaseException):
+                continue
+            if batch and isinstance(outcome, S3Error) and not isinstance(outcome, InvalidRequest):
+                listing.errors[key] = outcome
             else:
-                samples.extend(outcome)
-        return samples
+                raise outcome
+        return listing
 
-    async def _fetch(self, bucket: str, key: str) -> tuple[bytes, ObjectIdentity | None]:
-        # The whole object is needed before decoding can start (image codecs and tar
-        # indexes want random access); objects are capped at max_object_bytes.
+    async def _fetch(self, bucket: str, key: str, listing: _Listing, batch: bool) -> bytes:
+        # The whole object is needed before listing can start (image headers and tar
+        # indexes want random access); the objects of a request are capped together.
         url = self._settings.backend_url + object_path(bucket, key)
         if self._metrics is not None:
             self._metrics.object_fetches.inc()
@@ -360,57 +315,201 @@ class Pushdown:
             async with self._client().stream("GET", url, headers=headers) as reply:
                 if reply.status_code != 200:
                     raise _backend_error(reply.status_code, await reply.aread(), f"/{bucket}/{key}")
-                size = int(reply.headers.get("content-length", "0"))
-                if size > self._settings.max_object_bytes:
-                    raise UnprocessableObject(
-                        f"object is {size} bytes, over the pushdown limit of {self._settings.max_object_bytes}",
-                        resource=f"/{bucket}/{key}",
-                    )
-                return bytes(await reply.aread()), identity_from(bucket, key, reply.headers)
+                identity = identity_from(bucket, key, reply.headers)
+                if identity is not None:
+                    listing.identities[key] = identity
+                return await self._read_capped(reply, bucket, key, listing, batch)
         except httpx.TransportError as exc:
             raise ServiceUnavailable(
                 f"the backend store cannot be reached: {exc!r}", retry_after=1
             ) from exc
 
-    async def _decode(self, data: bytes, manifest: Manifest, name: str, key: str) -> list[Sample]:
+    async def _read_capped(
+        self, reply: httpx.Response, bucket: str, key: str, listing: _Listing, batch: bool
+    ) -> bytes:
+        declared = int(reply.headers.get("content-length", "0"))
+        self._hold(declared, bucket, key, listing, batch)
+        parts, size = [], 0
+        async for chunk in reply.aiter_bytes():
+            size += len(chunk)
+            if size > declared:  # no or a wrong length: hold what arrives, as it arrives
+                self._hold(size - max(declared, size - len(chunk)), bucket, key, listing, batch)
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def _hold(self, size: int, bucket: str, key: str, listing: _Listing, batch: bool) -> None:
+        limit = self._settings.max_object_bytes
+        listing.held += size
+        if listing.held <= limit:
+            return
+        if batch and listing.held - size > 0:
+            raise InvalidRequest(
+                f"the objects of this batch total more than {limit} bytes, the limit of one "
+                "pushdown request (HAPI_MAX_OBJECT_BYTES); ask for fewer keys per batch",
+                resource=f"/{bucket}",
+            )
+        listing.held -= size  # refused unread
+        raise UnprocessableObject(
+            f"object is over the pushdown limit of {limit} bytes (HAPI_MAX_OBJECT_BYTES)",
+            resource=f"/{bucket}/{key}",
+        )
+
+    async def _list(
+        self, data: bytes, bucket: str, key: str, manifest: Manifest, listing: _Listing
+    ) -> list[PendingSample]:
+        cap = self._settings.max_request_samples
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(
+            found: list[PendingSample] = await loop.run_in_executor(
                 self._decode_pool,
-                lambda: decode_object(
-                    data, manifest.preprocess, key=key, max_pixels=self._settings.max_image_pixels
+                lambda: list_samples(
+                    data,
+                    key=key,
+                    max_samples=max(0, cap - listing.counted),
+                    max_pixels=self._settings.max_image_pixels,
                 ),
             )
+        except TooManySamples as exc:
+            raise _too_many(cap, bucket, key) from exc
         except UndecodableObject as exc:
             raise UnprocessableObject(
-                f"{exc} (model {manifest.ref} needs an image or a tar shard)", resource=f"/{name}"
+                f"{exc} (model {manifest.ref} needs an image or a tar shard)",
+                resource=f"/{bucket}/{key}",
             ) from exc
+        listing.counted += len(found)
+        if listing.counted > cap:
+            raise _too_many(cap, bucket, key)
+        return found
 
+    # -- step 2: decode, run and send in windows -----------------------------------------
 
-def _parse_batch(body: bytes) -> tuple[list[str], Params]:
-    if len(body) > _MAX_BATCH_BODY:
-        raise InvalidArgument(f"a batch body is limited to {_MAX_BATCH_BODY} bytes")
-    try:
-        spec = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"the batch body is not JSON: {exc}") from exc
-    if not isinstance(spec, dict) or not isinstance(spec.get("keys"), list) or not spec["keys"]:
-        raise InvalidArgument(
-            'a batch body is {"keys": [...], "model": ..., "split": ..., "dtype": ...}'
+    async def _run(
+        self,
+        send: ASGISend,
+        answer: Answer,
+        batcher: Batcher | None,
+        writer: EntryWriter | None = None,
+    ) -> None:
+        samples, stream = answer.samples, open_stream(send, answer)
+        assert answer.params.split is not None
+        size = self.window(answer.manifest, answer.params.split, batcher)
+        progress = _Progress()
+        pending = sum(not isinstance(s, CachedSample) for s in samples)
+        self.stats.samples_listed += pending
+        windows = [samples[i : i + size] for i in range(0, len(samples), size)]
+        decoding: asyncio.Future[np.ndarray] = asyncio.ensure_future(
+            self._decode(windows[0], answer, progress)
         )
-    keys = spec["keys"]
-    if not all(isinstance(k, str) and k for k in keys):
-        raise InvalidArgument("batch keys must be non-empty strings")
-    if not isinstance(spec.get("model"), str):
-        raise InvalidArgument("the batch body needs a model name")
-    return keys, make_params(
-        spec["model"],
-        spec.get("split"),
-        spec.get("dtype"),
-        spec.get("format"),
-        spec.get("bandwidth"),
-        spec.get("cache"),
+        announced = batcher  # until the first computed window is submitted
+        try:
+            for index in range(len(windows)):
+                inputs = await decoding
+                if index + 1 < len(windows):  # the next window decodes while this one runs
+                    decoding = asyncio.ensure_future(
+                        self._decode(windows[index + 1], answer, progress)
+                    )
+                first = announced is not None and len(inputs) > 0
+                if len(inputs):
+                    announced = None
+                outputs = await self._infer(inputs, answer, batcher, first=first)
+                del inputs
+                rows = merge_rows(windows[index], outputs, answer.row_shape)
+                if writer is not None:
+                    writer.add(windows[index], rows)
+                await stream.rows(rows)
+            await stream.finish()
+        except BaseException as exc:
+            if announced is not None:
+                announced.withdraw()
+            decoding.cancel()
+            with contextlib.suppress(BaseException):
+                await decoding
+            if isinstance(exc, asyncio.CancelledError):
+                self.stats.requests_cancelled += 1
+                self.stats.samples_abandoned += pending - progress.started
+            raise
+
+    def window(self, manifest: Manifest, split: int, batcher: Batcher | None) -> int:
+        """Samples per window: two windows (one decoding, one running) of inputs,
+        activations and outputs fit in ``max_decoded_bytes``."""
+        inputs = 4 * int(np.prod(manifest.input.shape))
+        outputs = 4 * int(np.prod(_output_shape(manifest, split)))
+        activations = per_sample_bytes(manifest, split) if split else 0
+        each = inputs + activations + 2 * outputs  # outputs: float32, then their wire bytes
+        size = max(1, self._settings.max_decoded_bytes // (2 * each))
+        return size if batcher is None else min(size, batcher.max_queue)
+
+    async def _decode(
+        self,
+        samples: Sequence[PendingSample | CachedSample],
+        answer: Answer,
+        progress: _Progress,
+    ) -> np.ndarray:
+        """Decode the window's samples that the cache did not answer."""
+        started = time.perf_counter()
+        manifest = answer.manifest
+        window = [s for s in samples if isinstance(s, PendingSample)]
+        inputs = np.empty((len(window), *manifest.input.shape), np.float32)
+        max_pixels = self._settings.max_image_pixels
+
+        def one(index: int, sample: PendingSample) -> None:
+            progress.start()
+            inputs[index] = sample.decode(manifest.preprocess, max_pixels=max_pixels)
+            self.stats.count_decoded()
+
+        loop = asyncio.get_running_loop()
+        jobs = [loop.run_in_executor(self._decode_pool, one, i, s) for i, s in enumerate(window)]
+        try:
+            await asyncio.gather(*jobs)
+        except UndecodableObject as exc:
+            raise UnprocessableObject(
+                f"{exc} (model {manifest.ref} needs an image or a tar shard)"
+            ) from exc
+        finally:
+            for job in jobs:
+                job.cancel()  # those not started yet never start
+        _add(answer.timings, "decode", started)
+        return inputs
+
+    async def _infer(
+        self, inputs: np.ndarray, answer: Answer, batcher: Batcher | None, *, first: bool
+    ) -> np.ndarray:
+        if batcher is None:
+            return inputs
+        started = time.perf_counter()
+        # The first window may be told to slow down (nothing is sent yet); later ones
+        # wait for room in the queue, since their response has started.
+        outputs, used = await batcher.submit(inputs, announced=first, wait=not first)
+        answer.batch_size = max(answer.batch_size, used)
+        _add(answer.timings, "infer", started)
+        return outputs
+
+
+def _add(timings: dict[str, float], name: str, started: float) -> None:
+    timings[name] = timings.get(name, 0.0) + (time.perf_counter() - started) * 1000
+
+
+def _too_many(cap: int, bucket: str, key: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"more than {cap} samples in one pushdown request (HAPI_MAX_REQUEST_SAMPLES); "
+        "ask for fewer keys or smaller shards",
+        resource=f"/{bucket}/{key}",
     )
+
+
+def _all_failed(errors: dict[str, S3Error]) -> S3Error:
+    """No key of a batch could be served: one error, with every key's reason."""
+    reasons = "; ".join(
+        f"{key}: {e.code}: {e.message}" for key, e in list(errors.items())[:_REASONS_SHOWN]
+    )
+    if len(errors) > _REASONS_SHOWN:
+        reasons += f"; and {len(errors) - _REASONS_SHOWN} more"
+    message = f"no key of the batch could be served: {reasons}"
+    kinds = {(e.code, e.status) for e in errors.values()}
+    if len(kinds) == 1:
+        code, status = kinds.pop()
+        return BackendError(code, status, message)
+    return UnprocessableObject(message)
 
 
 def _backend_error(status: int, body: bytes, resource: str) -> S3Error:
@@ -433,13 +532,16 @@ def _output_shape(manifest: Manifest, split: int) -> tuple[int, ...]:
 
 
 async def _cancel_on_disconnect(work: Awaitable[T], receive: ASGIReceive) -> T:
-    """Run ``work`` but cancel it if the client goes away (its queued samples are dropped)."""
+    """Run ``work``, but cancel it if the client goes away (and wait until it has let go
+    of its samples: decoding stopped, queued samples dropped)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(receive))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task not in done:
             task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
             raise ConnectionAbortedError("client disconnected during pushdown")
         return task.result()
     finally:
@@ -449,77 +551,3 @@ async def _cancel_on_disconnect(work: Awaitable[T], receive: ASGIReceive) -> T:
 async def _disconnected(receive: ASGIReceive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def _respond(send: ASGISend, result: _Result) -> None:
-    manifest, params = result.manifest, result.params
-    shape = ",".join(str(n) for n in result.features.shape)
-    timing = ", ".join(f"{name};dur={ms:.2f}" for name, ms in result.timings.items())
-    if params.format == "json":
-        body, content_type = json.dumps(_summary(result), indent=1).encode(), b"application/json"
-    else:
-        body, content_type = _safetensors(result), b"application/octet-stream"
-    headers = [
-        (b"content-type", content_type),
-        (b"content-length", str(len(body)).encode()),
-        (b"x-hapi-model", manifest.ref.encode()),
-        (b"x-hapi-split", str(params.split).encode()),
-        (b"x-hapi-shape", shape.encode()),
-        (b"x-hapi-dtype", params.dtype.encode()),
-        (b"x-hapi-batch-size", str(result.batch_size).encode()),
-        (b"x-hapi-cache", result.cache.encode()),
-        (b"server-timing", timing.encode()),
-    ]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _labels(samples: list[Sample]) -> np.ndarray | None:
-    if not any(s.label is not None for s in samples):
-        return None
-    return np.array([-1 if s.label is None else s.label for s in samples], dtype=np.int64)
-
-
-def _metadata(result: _Result) -> dict[str, str]:
-    meta = {
-        "model": result.manifest.name,
-        "version": str(result.manifest.version),
-        "split": str(result.params.split),
-        "keys": json.dumps([s.key for s in result.samples]),
-    }
-    if result.errors:
-        meta["errors"] = json.dumps(result.errors)
-    if any(s.meta for s in result.samples):
-        meta["samples"] = json.dumps([s.meta for s in result.samples])
-    return meta
-
-
-def _safetensors(result: _Result) -> bytes:
-    return bytes(
-        encode(
-            result.features,
-            dtype=result.params.dtype,
-            labels=_labels(result.samples),
-            metadata=_metadata(result),
-        )
-    )
-
-
-def _summary(result: _Result) -> dict[str, Any]:
-    f = result.features
-    labels = _labels(result.samples)
-    return {
-        **_metadata(result),
-        "keys": [s.key for s in result.samples],
-        "errors": result.errors,
-        "shape": list(f.shape),
-        "dtype": result.params.dtype,
-        "min": float(f.min()) if f.size else None,
-        "max": float(f.max()) if f.size else None,
-        "mean": float(f.mean()) if f.size else None,
-        "first_values": [float(v) for v in f.reshape(-1)[:8]],
-        "labels": None if labels is None else labels.tolist(),
-        "storage_batch_size": result.batch_size,
-        "timings_ms": {k: round(v, 2) for k, v in result.timings.items()},
-        "bytes_as_safetensors": len(_safetensors(result)),
-    }

@@ -58,7 +58,14 @@ class GatewaySettings:
         memory_budget_bytes: Inference memory on CPU, e.g. 2GiB (on a GPU, its free memory).
         max_queue_delay_ms: Longest a sample waits for a fuller storage-side batch, in ms.
         max_queue_samples: Queued samples per model beyond which requests get SlowDown.
-        max_object_bytes: Largest object pushdown fetches and decodes, e.g. 256MiB.
+        max_object_bytes: Most object bytes one pushdown request fetches and holds (one
+            object, or a batch's objects together), e.g. 256MiB.
+        max_request_samples: Most samples one pushdown request may have (a shard's image
+            members, or all samples of a batch); counted before decoding, 400 over it.
+        max_batch_keys: Most keys in one batch request (POST ?hapi-batch).
+        max_decoded_bytes: Decoded-bytes budget per pushdown request, e.g. 128MiB: its
+            samples are decoded, run and sent in windows whose inputs, activations and
+            outputs fit in it.
         max_image_pixels: Largest image (width x height) decoded; bombs are refused.
         decode_workers: Threads decoding and preprocessing (0: one per core).
         device: Where blocks run: auto (CUDA when usable), cpu or cuda.
@@ -125,6 +132,9 @@ class GatewaySettings:
     max_queue_delay_ms: float = 4.0
     max_queue_samples: int = 4096
     max_object_bytes: int = field(default=256 * 1024**2, metadata=knob(shown_default="256MiB"))
+    max_request_samples: int = 4096
+    max_batch_keys: int = 4096
+    max_decoded_bytes: int = field(default=128 * 1024**2, metadata=knob(shown_default="128MiB"))
     max_image_pixels: int = 64_000_000
     decode_workers: int = 0
     device: Device = "auto"
@@ -161,8 +171,19 @@ class GatewaySettings:
         object.__setattr__(self, "client_secrets", MappingProxyType(dict(self.client_secrets)))
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
-        if min(self.memory_budget_bytes, self.max_queue_samples, self.max_object_bytes) <= 0:
-            raise ValueError("memory budget, queue bound and object limit must be positive")
+        limits = (
+            self.memory_budget_bytes,
+            self.max_queue_samples,
+            self.max_object_bytes,
+            self.max_request_samples,
+            self.max_batch_keys,
+            self.max_decoded_bytes,
+        )
+        if min(limits) <= 0:
+            raise ValueError(
+                "memory budget, queue bound and the per-request limits "
+                "(object bytes, samples, batch keys, decoded bytes) must be positive"
+            )
         if min(self.max_probe_bytes, self.probe_bytes_per_minute, self.max_skew_s) <= 0:
             raise ValueError("probe limits and the clock skew must be positive")
         edge = (self.max_header_bytes, self.header_timeout_s, self.keep_alive_timeout_s)

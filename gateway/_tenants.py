@@ -11,24 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hapi.models import (
     GatewayStats,
+    InvalidModelSpec,
     Manifest,
     MemoryBudgetStats,
     ModelError,
     RegistryReader,
+    RequestCounters,
     RuntimeSettings,
     ServedSplit,
     TenantStats,
     create_session,
+    parse_ref,
 )
 from hapi.models import NoSuchModel as RegistryNoSuchModel
 
@@ -42,6 +46,31 @@ _OOM_MARKERS = (
     "bad_alloc",
 )
 SessionFactory = Callable[[Manifest, int], Callable[[np.ndarray], np.ndarray]]
+
+
+@dataclass
+class RequestStats:
+    """Pushdown requests' sample counters, for ``/_hapi/stats``: what was listed, what was
+    decoded, and what requests whose client went away left undecoded."""
+
+    samples_listed: int = 0
+    samples_decoded: int = 0
+    samples_abandoned: int = 0
+    requests_cancelled: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count_decoded(self) -> None:
+        """One more sample decoded (called from the decoding threads)."""
+        with self._lock:
+            self.samples_decoded += 1
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "samples_listed": self.samples_listed,
+            "samples_decoded": self.samples_decoded,
+            "samples_abandoned": self.samples_abandoned,
+            "requests_cancelled": self.requests_cancelled,
+        }
 
 
 @dataclass
@@ -128,13 +157,19 @@ class Tenants:
         self._latest: dict[str, tuple[float, Manifest]] = {}
         self._tenants: collections.OrderedDict[tuple[str, ...], _Tenant] = collections.OrderedDict()
         self._creating: dict[tuple[str, ...], asyncio.Task[_Tenant]] = {}
+        self.requests = RequestStats()
 
     async def manifest(self, ref: str) -> Manifest:
         """Resolve ``NAME`` or ``NAME@VERSION``.
 
         Raises:
+            InvalidArgument: ``ref`` cannot name a model (it can never succeed).
             NoSuchModel: The registry has no such model.
         """
+        try:
+            parse_ref(ref)
+        except InvalidModelSpec as exc:
+            raise InvalidArgument(f"x-hapi-model: {exc}") from exc
         if ref in self._pinned:
             return self._pinned[ref]
         cached = self._latest.get(ref)
@@ -238,7 +273,9 @@ class Tenants:
             share_bytes=self.budget.share(),
         )
         return GatewayStats(
-            memory_budget=budget, tenants=[_stats(t) for t in self._tenants.values()]
+            requests=RequestCounters(**self.requests.as_dict()),
+            memory_budget=budget,
+            tenants=[_stats(t) for t in self._tenants.values()],
         )
 
 

@@ -35,7 +35,14 @@ from ._cache import (
 )
 from ._cli import UserError, cli_errors, open_registry, store_options
 from ._cuts import MIN_BLOCK_SHARE, cut_points
-from ._decode import Sample, UndecodableObject, decode_object
+from ._decode import (
+    PendingSample,
+    Sample,
+    TooManySamples,
+    UndecodableObject,
+    decode_object,
+    list_samples,
+)
 from ._errors import (
     CorruptBlock,
     ExportError,
@@ -69,12 +76,14 @@ from ._schema import (
     MemoryBudgetStats,
     ModelProfile,
     ModelSummary,
+    RequestCounters,
     ServedSplit,
     TenantStats,
 )
 from ._wire import DTYPES as WIRE_DTYPES
 from ._wire import decode as decode_features
 from ._wire import encode as encode_features
+from ._wire import to_wire_dtype
 
 __all__ = [
     "DEFAULT_BUCKET",
@@ -107,17 +116,20 @@ __all__ = [
     "ModelSummary",
     "NoSuchModel",
     "ObjectIdentity",
+    "PendingSample",
     "Preset",
     "RandomWeightsWarning",
     "Registry",
     "RegistryError",
     "RegistryReader",
     "Removal",
+    "RequestCounters",
     "RuntimeSettings",
     "Sample",
     "ServedSplit",
     "SessionError",
     "TenantStats",
+    "TooManySamples",
     "UndecodableObject",
     "UserError",
     "VersionConflict",
@@ -143,6 +155,7 @@ __all__ = [
     "import_onnx",
     "is_entry",
     "list_entries",
+    "list_samples",
     "open_registry",
     "parse_ref",
     "preprocess",
@@ -150,4 +163,5 @@ __all__ = [
     "register_default_model",
     "sample_images",
     "store_options",
+    "to_wire_dtype",
 ]

@@ -10,10 +10,12 @@ member becomes the input, ``.cls`` an integer label, ``.txt`` and ``.json`` meta
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import tarfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,7 @@ from ._preprocess import Preset, preprocess
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp"})
 DEFAULT_MAX_PIXELS = 64_000_000  # a 8000 x 8000 photo; decompression bombs are far larger
+_MEMBERS_PER_SAMPLE = 16  # a shard with more members than this per allowed sample is refused
 
 
 class UndecodableObject(ModelError, ValueError):
@@ -51,9 +54,79 @@ class Sample:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def is_tar(data: bytes) -> bool:
+class TooManySamples(ModelError, ValueError):
+    """An object holds more samples (or tar members) than the caller allows.
+
+    Found while listing, before any image is decoded.
+
+    Args:
+        key: The object.
+        limit: The most samples allowed.
+        what: What was counted (``samples`` or ``tar members``).
+    """
+
+    def __init__(self, key: str, limit: int, what: str = "samples") -> None:
+        super().__init__(f"{key}: more than {limit} {what}")
+        self.key = key
+        self.limit = limit
+        self.what = what
+
+
+@dataclass(frozen=True)
+class PendingSample:
+    """One sample found in an object and not decoded yet.
+
+    ``image`` is a view into the object's bytes (no copy), so listing a shard costs
+    memory for its member index only; :meth:`decode` turns one sample into a model input.
+    """
+
+    key: str
+    image: bytes | memoryview
+    label: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    member: str = ""  # the image member, for errors (``shard#dir/0001.jpg``)
+
+    def decode(self, preset: Preset, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+        """Decode and preprocess this sample.
+
+        Raises:
+            UndecodableObject: Corrupt image data.
+        """
+        return decode_image(self.image, preset, key=self.member or self.key, max_pixels=max_pixels)
+
+
+def is_tar(data: bytes | memoryview) -> bool:
     """Whether bytes look like a (ustar or GNU) tar archive."""
-    return len(data) >= 262 and data[257:262] == b"ustar"
+    return len(data) >= 262 and bytes(data[257:262]) == b"ustar"
+
+
+def list_samples(
+    data: bytes,
+    *,
+    key: str,
+    max_samples: int | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> list[PendingSample]:
+    """The samples of one object, counted and checked but not decoded.
+
+    Each image's header is read (format and size, not pixels), so an object that is not an
+    image, or an image over ``max_pixels``, is refused here, before any decoding.
+
+    Args:
+        data: The object's bytes.
+        key: Its name (samples of a shard are named ``key#member``).
+        max_samples: Refuse objects with more samples than this, while counting.
+        max_pixels: Refuse images with more pixels than this.
+
+    Raises:
+        TooManySamples: More than ``max_samples`` samples (or a tar with far more members).
+        UndecodableObject: Not an image or tar, an image over ``max_pixels``, or a shard
+            without any image member.
+    """
+    if is_tar(data):
+        return _list_shard(data, key, max_samples, max_pixels)
+    check_image(data, key=key, max_pixels=max_pixels)
+    return [PendingSample(key, data, member=key)]
 
 
 def decode_object(
@@ -65,13 +138,30 @@ def decode_object(
         UndecodableObject: Not an image or tar, an image over ``max_pixels``, or a shard
             without any image member.
     """
-    if is_tar(data):
-        return decode_shard(data, preset, key=key, max_pixels=max_pixels)
-    return [Sample(key, decode_image(data, preset, key=key, max_pixels=max_pixels))]
+    pending = list_samples(data, key=key, max_pixels=max_pixels)
+    return [
+        Sample(p.key, p.decode(preset, max_pixels=max_pixels), p.label, p.meta) for p in pending
+    ]
+
+
+def check_image(
+    data: bytes | memoryview, *, key: str, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> None:
+    """Read an image's header (format, size) without decoding its pixels.
+
+    Raises:
+        UndecodableObject: Not an image Pillow knows, or larger than ``max_pixels``.
+    """
+    with _image_errors(key), Image.open(io.BytesIO(data)) as image:
+        _check_size(image, key, max_pixels)
 
 
 def decode_image(
-    data: bytes, preset: Preset, *, key: str, max_pixels: int = DEFAULT_MAX_PIXELS
+    data: bytes | memoryview,
+    preset: Preset,
+    *,
+    key: str,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> np.ndarray:
     """Decode and preprocess one image; the size is checked before pixels are decoded.
 
@@ -79,17 +169,29 @@ def decode_image(
         UndecodableObject: Not a JPEG/PNG/WebP (or other Pillow format), corrupt, or
             larger than ``max_pixels``.
     """
+    with _image_errors(key):
+        image = Image.open(io.BytesIO(data))  # reads the header only
+        _check_size(image, key, max_pixels)
+        image.load()
+        return preprocess(image, preset)
+    raise AssertionError("unreachable")  # _image_errors re-raises everything it catches
+
+
+def _check_size(image: Image.Image, key: str, max_pixels: int) -> None:
+    width, height = image.size
+    if width * height > max_pixels:
+        raise UndecodableObject(
+            key, f"image of {width}x{height} pixels exceeds the limit of {max_pixels}"
+        )
+
+
+@contextlib.contextmanager
+def _image_errors(key: str) -> Iterator[None]:
+    """Pillow's many errors as :class:`UndecodableObject`; bomb warnings as errors."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))  # reads the header only
-            width, height = image.size
-            if width * height > max_pixels:
-                raise UndecodableObject(
-                    key, f"image of {width}x{height} pixels exceeds the limit of {max_pixels}"
-                )
-            image.load()
-            return preprocess(image, preset)
+            yield
     except UndecodableObject:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -112,56 +214,89 @@ def decode_shard(
     Raises:
         UndecodableObject: A corrupt archive or image member, or no image member at all.
     """
-    groups = _group_members(data, key)
+    pending = _list_shard(data, key, None, max_pixels)
+    return [
+        Sample(p.key, p.decode(preset, max_pixels=max_pixels), p.label, p.meta) for p in pending
+    ]
+
+
+def _list_shard(
+    data: bytes, key: str, max_samples: int | None, max_pixels: int
+) -> list[PendingSample]:
+    groups = _group_members(data, key, max_samples)
     samples = []
     for name, members in groups.items():
         image_ext = next((ext for ext in members if ext in IMAGE_EXTENSIONS), None)
         if image_ext is None:
             continue
-        array = decode_image(
-            members[image_ext], preset, key=f"{key}#{name}.{image_ext}", max_pixels=max_pixels
+        member = f"{key}#{name}.{image_ext}"
+        check_image(members[image_ext], key=member, max_pixels=max_pixels)
+        samples.append(
+            PendingSample(
+                f"{key}#{name}",
+                members[image_ext],
+                _label(members, key, name),
+                _meta(members),
+                member=member,
+            )
         )
-        samples.append(Sample(f"{key}#{name}", array, _label(members, key, name), _meta(members)))
     if not samples:
         raise UndecodableObject(key, "tar shard has no image member (.jpg, .jpeg, .png, .webp)")
     return samples
 
 
-def _group_members(data: bytes, key: str) -> dict[str, dict[str, bytes]]:
-    groups: dict[str, dict[str, bytes]] = {}
+def _group_members(
+    data: bytes, key: str, max_samples: int | None
+) -> dict[str, dict[str, memoryview]]:
+    """Members by sample name and extension, as views into ``data``; counting samples as
+    they are found, so that a shard over ``max_samples`` is refused before it is read on."""
+    view = memoryview(data)
+    groups: dict[str, dict[str, memoryview]] = {}
+    images = 0
+    members_limit = None if max_samples is None else _MEMBERS_PER_SAMPLE * max_samples
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
-            for member in archive:
-                if not member.isfile():
+            for count, member in enumerate(archive, start=1):
+                if members_limit is not None and count > members_limit:
+                    raise TooManySamples(key, members_limit, "tar members")
+                if not member.isfile() or member.issparse():
                     continue
                 folder, _, base = member.name.rpartition("/")
                 stem, _, ext = base.partition(".")
-                extracted = archive.extractfile(member)
-                if extracted is not None and ext:
-                    name = f"{folder}/{stem}" if folder else stem
-                    groups.setdefault(name, {})[ext.lower()] = extracted.read()
+                if not ext:
+                    continue
+                name = f"{folder}/{stem}" if folder else stem
+                group = groups.setdefault(name, {})
+                ext = ext.lower()
+                if ext in IMAGE_EXTENSIONS and not IMAGE_EXTENSIONS & group.keys():
+                    images += 1
+                    if max_samples is not None and images > max_samples:
+                        raise TooManySamples(key, max_samples)
+                start = member.offset_data
+                group[ext] = view[start : start + member.size]
     except (tarfile.TarError, OSError) as exc:
         raise UndecodableObject(key, f"corrupt tar shard ({exc})") from exc
     return groups
 
 
-def _label(members: dict[str, bytes], key: str, name: str) -> int | None:
+def _label(members: dict[str, memoryview], key: str, name: str) -> int | None:
     raw = members.get("cls")
     if raw is None:
         return None
     try:
-        return int(raw.decode().strip())
+        return int(bytes(raw).decode().strip())
     except (UnicodeDecodeError, ValueError) as exc:
         raise UndecodableObject(f"{key}#{name}.cls", "label is not an integer") from exc
 
 
-def _meta(members: dict[str, bytes]) -> dict[str, Any]:
+def _meta(members: dict[str, memoryview]) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     if "txt" in members:
-        meta["txt"] = members["txt"].decode(errors="replace")
+        meta["txt"] = bytes(members["txt"]).decode(errors="replace")
     if "json" in members:
+        raw = bytes(members["json"])
         try:
-            meta["json"] = json.loads(members["json"])
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            meta["json"] = members["json"].decode(errors="replace")
+            meta["json"] = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            meta["json"] = raw.decode(errors="replace")
     return meta

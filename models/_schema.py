@@ -58,10 +58,22 @@ class TenantStats(_Schema):
     ms_per_sample: float | None
     recent_batch_sizes: list[int]
     mean_batch_size: float | None
+    samples_dropped: int = 0
+    requests_cancelled: int = 0
 
     def serves(self, ref: str) -> list[int]:
         """The splits of model version ``ref`` this tenant runs."""
         return [served.split for served in self.served_as if served.model == ref]
+
+
+class RequestCounters(_Schema):
+    """Pushdown requests' sample counters: listed, decoded, and left undecoded by requests
+    whose client went away."""
+
+    samples_listed: int = 0
+    samples_decoded: int = 0
+    samples_abandoned: int = 0
+    requests_cancelled: int = 0
 
 
 class GatewayStats(_Schema):
@@ -69,6 +81,7 @@ class GatewayStats(_Schema):
 
     memory_budget: MemoryBudgetStats
     tenants: list[TenantStats]
+    requests: RequestCounters = RequestCounters()
 
 
 class BlockProfile(_Schema):

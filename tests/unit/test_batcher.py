@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hapi.gateway._batcher import Batcher, MemoryBudget, OutOfMemory
-from hapi.gateway._errors import InsufficientMemory, SlowDown
+from hapi.gateway._errors import InsufficientMemory, InvalidRequest, SlowDown
 
 SAMPLE = 1000  # bytes per sample in these tests
 
@@ -208,3 +208,57 @@ def test_withdrawn_announcement_releases_the_wait():
         return out
 
     assert asyncio.run(main()).tolist() == [[0.0]]
+
+
+def test_a_partially_taken_cancelled_request_is_not_grown():
+    device = FakeDevice()
+    device.gate.clear()
+
+    async def main():
+        batcher = _batcher(device, budget=4 * SAMPLE, max_delay_s=0.001)
+        gone = asyncio.create_task(batcher.submit(_samples(12)))
+        await asyncio.sleep(0.02)  # its first 4 are on the (blocked) device
+        other = asyncio.create_task(batcher.submit(_samples(2, 100)))
+        await asyncio.sleep(0.01)
+        gone.cancel()  # the client disconnected mid-request
+        device.gate.set()
+        kept, _ = await other
+        await batcher.close()
+        return batcher, kept
+
+    batcher, kept = asyncio.run(main())
+    assert kept.tolist() == (_samples(2, 100) * 2).tolist()
+    assert device.sizes == [4, 2]  # the other 8 of the cancelled 12 never ran
+    figures = batcher.stats.as_dict()
+    assert figures["samples_dropped"] == 8 and figures["requests_cancelled"] == 1
+    assert batcher.queued == 0
+
+
+def test_a_request_larger_than_the_queue_can_never_fit_and_says_so():
+    async def main():
+        batcher = _batcher(FakeDevice(), max_queue_samples=10)
+        with pytest.raises(InvalidRequest, match="10"):
+            await batcher.submit(_samples(11))
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_a_waiting_submit_gets_room_instead_of_slowdown():
+    device = FakeDevice()
+    device.gate.clear()
+
+    async def main():
+        batcher = _batcher(device, budget=4 * SAMPLE, max_queue_samples=6, max_delay_s=0.001)
+        first = asyncio.create_task(batcher.submit(_samples(6)))
+        await asyncio.sleep(0.02)  # 4 taken, 2 queued
+        waiting = asyncio.create_task(batcher.submit(_samples(5, 50), wait=True))
+        await asyncio.sleep(0.02)
+        assert not waiting.done()
+        device.gate.set()
+        results = await asyncio.gather(first, waiting)
+        await batcher.close()
+        return results
+
+    (_, _), (out, _) = asyncio.run(main())
+    assert out.tolist() == (_samples(5, 50) * 2).tolist()

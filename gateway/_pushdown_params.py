@@ -1,0 +1,231 @@
+"""Pushdown parameters, validated as a set, from headers, the query or a batch body.
+
+A request that names any ``x-hapi-*`` header or ``hapi-*`` query parameter is a pushdown
+request: every name must be a known one and the set must make sense (a split needs a
+model), so that a misspelling is an error rather than a silent plain read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+from hapi import planner
+from hapi.models import WIRE_DTYPES as DTYPES
+from hapi.models import InvalidModelSpec, parse_ref
+
+from ._errors import InvalidArgument, InvalidRequest
+
+PARAMETERS = ("model", "split", "dtype", "format", "bandwidth", "cache")
+FORMATS = ("safetensors", "json")
+MAX_BATCH_BODY = 1024 * 1024
+_BATCH_FIELDS = ("keys", *PARAMETERS)
+_BATCH_QUERY = ("batch", "format", "cache")  # what ``POST ?hapi-batch`` takes besides its body
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+@dataclass(frozen=True)
+class Params:
+    """What a pushdown request asks for."""
+
+    model: str
+    split: int | None  # None: ``auto``, the planner chooses
+    dtype: str = "float32"
+    format: str = "safetensors"
+    bandwidth_bps: float | None = None  # the client's link, for ``auto``
+    cache: str = "use"  # the feature cache: ``use``, ``bypass`` or ``refresh``
+
+
+def known_parameters(names: tuple[str, ...] = PARAMETERS) -> str:
+    """The known names, as a client may spell them (headers, then query parameters)."""
+    headers = ", ".join(f"x-hapi-{n}" for n in names)
+    return f"{headers} (or the query parameters {', '.join(f'hapi-{n}' for n in names)})"
+
+
+def parse_params(headers: Mapping[str, str], raw_query: str) -> Params | None:
+    """Pushdown parameters from ``x-hapi-*`` headers or ``hapi-*`` query parameters
+    (a header wins over the same query parameter).
+
+    Returns:
+        None when the request names no pushdown parameter at all (a plain read).
+
+    Raises:
+        InvalidArgument: An unknown name, a parameter without a model, or a bad value.
+    """
+    given = _given(headers, raw_query, PARAMETERS)
+    if not given:
+        return None
+    model = given.get("model")
+    if model is None or not model[1]:
+        named = ", ".join(sorted(spelled for spelled, _ in given.values()))
+        raise InvalidArgument(
+            f"{named}: a pushdown request needs x-hapi-model (NAME or NAME@VERSION); "
+            f"known parameters: {known_parameters()}"
+        )
+
+    def value(name: str) -> str | None:
+        return given[name][1] if name in given else None
+
+    return make_params(
+        model[1],
+        _text_split(value("split")),
+        value("dtype"),
+        value("format"),
+        value("bandwidth"),
+        value("cache"),
+    )
+
+
+def _given(
+    headers: Mapping[str, str], raw_query: str, allowed: tuple[str, ...]
+) -> dict[str, tuple[str, str]]:
+    """``{short name: (name as spelled, value)}`` of every ``hapi`` parameter given.
+
+    Raises:
+        InvalidArgument: A name outside ``allowed``.
+    """
+    given: dict[str, tuple[str, str]] = {}
+    for name, value in parse_qsl(raw_query, keep_blank_values=True):
+        if name.lower().startswith("hapi-"):
+            given[name.lower().removeprefix("hapi-")] = (name, value)
+    for name, value in headers.items():
+        if name.lower().startswith("x-hapi-"):
+            given[name.lower().removeprefix("x-hapi-")] = (name, value)
+    unknown = sorted(spelled for short, (spelled, _) in given.items() if short not in allowed)
+    if unknown:
+        raise InvalidArgument(
+            f"unknown pushdown parameter {', '.join(unknown)}; "
+            f"known parameters: {known_parameters(allowed)}"
+        )
+    return given
+
+
+def _text_split(text: str | None) -> int | str | None:
+    """A split as written in a header or query: an integer or ``auto``."""
+    if text is None or text == "auto":
+        return text
+    if not _INTEGER.fullmatch(text.strip()):
+        raise InvalidArgument(f"x-hapi-split must be an integer or auto, not {text!r}")
+    return int(text)
+
+
+def make_params(
+    model: Any, split: Any, dtype: Any, fmt: Any, bandwidth: Any = None, cache: Any = None
+) -> Params:
+    """Validate pushdown parameters; ``split`` is an ``int``, ``"auto"`` or None.
+
+    Raises:
+        InvalidArgument: A missing or invalid parameter.
+    """
+    model = _model(model)
+    dtype, fmt = _dtype_format(dtype, fmt)
+    mode = _cache_mode(cache)
+    if split is None:
+        raise InvalidArgument(
+            "a pushdown request needs x-hapi-split (an integer 0..freeze, or auto)"
+        )
+    if split == "auto":
+        return Params(model, None, dtype, fmt, _bandwidth(bandwidth), mode)
+    if isinstance(split, bool) or not isinstance(split, int):
+        raise InvalidArgument(f"split must be an integer or auto, not {split!r}")
+    if split < 0:
+        raise InvalidArgument(f"x-hapi-split must be >= 0, not {split}")
+    return Params(model, split, dtype, fmt, cache=mode)
+
+
+def _cache_mode(value: Any) -> str:
+    if value is None or value == "":
+        return "use"
+    if value not in ("bypass", "refresh"):
+        raise InvalidArgument(f"x-hapi-cache must be bypass or refresh, not {value!r}")
+    return str(value)
+
+
+def _model(model: Any) -> str:
+    if not isinstance(model, str):
+        raise InvalidArgument(f"the model must be NAME or NAME@VERSION, not {model!r}")
+    try:
+        parse_ref(model)
+    except InvalidModelSpec as exc:
+        raise InvalidArgument(f"x-hapi-model: {exc}") from exc
+    return model
+
+
+def _dtype_format(dtype: Any, fmt: Any) -> tuple[str, str]:
+    dtype = "float32" if dtype is None else dtype
+    if dtype not in DTYPES or not isinstance(dtype, str):
+        raise InvalidArgument(f"x-hapi-dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    fmt = "safetensors" if fmt is None else fmt
+    if fmt not in FORMATS or not isinstance(fmt, str):
+        raise InvalidArgument(f"x-hapi-format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    return dtype, fmt
+
+
+def _bandwidth(text: Any) -> float | None:
+    if text is None:
+        return None
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise InvalidArgument(f"x-hapi-bandwidth must be a rate such as 100mbit, not {text!r}")
+    try:
+        return float(planner.parse_bandwidth(str(text)))
+    except ValueError as exc:
+        raise InvalidArgument(f"x-hapi-bandwidth: {exc}") from exc
+
+
+def parse_batch(
+    body: bytes, headers: Mapping[str, str], raw_query: str, *, max_keys: int
+) -> tuple[list[str], Params]:
+    """The keys and parameters of ``POST /{bucket}?hapi-batch``.
+
+    The body is ``{"keys": [...], "model": ..., "split": ..., "dtype": ..., "format": ...,
+    "bandwidth": ...}``; ``format`` may also come as ``x-hapi-format`` or ``hapi-format``.
+
+    Raises:
+        InvalidArgument: Not such a JSON object, an unknown field, or a bad value.
+        InvalidRequest: More than ``max_keys`` keys, or a body over 1 MiB.
+    """
+    given = _given(headers, raw_query, _BATCH_QUERY)
+    spec = _batch_json(body)
+    unknown = sorted(set(spec) - set(_BATCH_FIELDS))
+    if unknown:
+        raise InvalidArgument(
+            f"unknown batch field {', '.join(map(repr, unknown))}; "
+            f"known fields: {', '.join(_BATCH_FIELDS)}"
+        )
+    keys = spec.get("keys")
+    if not isinstance(keys, list) or not keys:
+        raise InvalidArgument('a batch body needs "keys": a non-empty list of object keys')
+    if len(keys) > max_keys:
+        raise InvalidRequest(
+            f"a batch may name at most {max_keys} keys (HAPI_MAX_BATCH_KEYS), not {len(keys)}"
+        )
+    if not all(isinstance(k, str) and k for k in keys):
+        raise InvalidArgument("batch keys must be non-empty strings")
+    if "model" not in spec:
+        raise InvalidArgument("the batch body needs a model (NAME or NAME@VERSION)")
+    fmt = spec.get("format", given["format"][1] if "format" in given else None)
+    cache = spec.get("cache", given["cache"][1] if "cache" in given else None)
+    params = make_params(
+        spec["model"], spec.get("split"), spec.get("dtype"), fmt, spec.get("bandwidth"), cache
+    )
+    return keys, params
+
+
+def _batch_json(body: bytes) -> dict[str, Any]:
+    if len(body) > MAX_BATCH_BODY:
+        raise InvalidRequest(f"a batch body is limited to {MAX_BATCH_BODY} bytes")
+    try:
+        spec = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"the batch body is not JSON: {exc}") from exc
+    except RecursionError:
+        raise InvalidArgument("the batch body is nested too deeply to be a batch") from None
+    if not isinstance(spec, dict):
+        raise InvalidArgument(
+            'a batch body is {"keys": [...], "model": ..., "split": ..., "dtype": ...}'
+        )
+    return spec

@@ -1,0 +1,190 @@
+"""Pushdown responses, sent as windows of samples complete: the whole tensor is never held.
+
+safetensors puts one JSON header before the raw bytes, naming each tensor's shape and
+byte range; everything it needs (the number of samples, their keys and labels) is known
+once the objects are listed, before any sample is decoded. So the header goes first, then
+the feature rows window by window, then the labels. The JSON summary (``hapi-format=json``)
+keeps running figures instead of the rows and is sent whole at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hapi.models import Manifest, to_wire_dtype
+
+from ._pushdown_params import Params
+from ._types import ASGISend
+
+_CODES = {"float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2)}
+
+
+@dataclass
+class Answer:
+    """What one pushdown request answers: which samples, which failed, how long it took."""
+
+    manifest: Manifest
+    params: Params
+    samples: Sequence[Any]  # PendingSample, or CachedSample (key, label, meta)
+    row_shape: tuple[int, ...]
+    errors: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    batch_size: int = 0
+    cache: str = "bypass"  # the x-hapi-cache answer: hit, miss or bypass
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.samples), *self.row_shape)
+
+    def labels(self) -> np.ndarray | None:
+        if not any(s.label is not None for s in self.samples):
+            return None
+        return np.array([-1 if s.label is None else s.label for s in self.samples], np.int64)
+
+    def metadata(self) -> dict[str, str]:
+        meta = {
+            "model": self.manifest.name,
+            "version": str(self.manifest.version),
+            "split": str(self.params.split),
+            "keys": json.dumps([s.key for s in self.samples]),
+        }
+        if self.errors:
+            meta["errors"] = json.dumps(self.errors)
+        if any(s.meta for s in self.samples):
+            meta["samples"] = json.dumps([s.meta for s in self.samples])
+        return meta
+
+    def safetensors_head(self) -> tuple[bytes, int]:
+        """The safetensors header (length prefix included) and the whole payload's size."""
+        code, itemsize = _CODES[self.params.dtype]
+        features = itemsize * int(np.prod(self.shape))
+        header: dict[str, Any] = {
+            "__metadata__": self.metadata(),
+            "features": {"dtype": code, "shape": list(self.shape), "data_offsets": [0, features]},
+        }
+        if self.labels() is not None:
+            size = 8 * len(self.samples)
+            header["labels"] = {
+                "dtype": "I64",
+                "shape": [len(self.samples)],
+                "data_offsets": [features, features + size],
+            }
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does
+        head = struct.pack("<Q", len(raw)) + raw
+        total = len(head) + features + (8 * len(self.samples) if "labels" in header else 0)
+        return head, total
+
+    def response_headers(self, content_type: bytes, length: int) -> list[tuple[bytes, bytes]]:
+        timing = ", ".join(f"{name};dur={ms:.2f}" for name, ms in self.timings.items())
+        return [
+            (b"content-type", content_type),
+            (b"content-length", str(length).encode()),
+            (b"x-hapi-model", self.manifest.ref.encode()),
+            (b"x-hapi-split", str(self.params.split).encode()),
+            (b"x-hapi-shape", ",".join(str(n) for n in self.shape).encode()),
+            (b"x-hapi-dtype", self.params.dtype.encode()),
+            (b"x-hapi-batch-size", str(self.batch_size).encode()),
+            (b"x-hapi-cache", self.cache.encode()),
+            (b"server-timing", timing.encode()),
+        ]
+
+
+class FeatureStream:
+    """Sends an :class:`Answer`'s rows as they come (``safetensors``).
+
+    The response starts with the first rows, so that an error in the first window is
+    still an S3 XML error; an error after that can only cut the body short (its
+    ``Content-Length`` tells the client).
+    """
+
+    def __init__(self, send: ASGISend, answer: Answer) -> None:
+        self._send = send
+        self._answer = answer
+        self._started = False
+
+    async def rows(self, outputs: np.ndarray) -> None:
+        """Send the next rows ``[n, ...]`` (float32; converted to the wire dtype here)."""
+        if not self._started:
+            await self._start()
+        _, data = to_wire_dtype(outputs, self._answer.params.dtype)
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def finish(self) -> None:
+        """Send the labels and end the body."""
+        if not self._started:
+            await self._start()
+        labels = self._answer.labels()
+        tail = b"" if labels is None else np.ascontiguousarray(labels, "<i8").tobytes()
+        await self._send({"type": "http.response.body", "body": tail})
+
+    async def _start(self) -> None:
+        self._started = True
+        head, total = self._answer.safetensors_head()
+        headers = self._answer.response_headers(b"application/octet-stream", total)
+        await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self._send({"type": "http.response.body", "body": head, "more_body": True})
+
+
+class SummaryStream:
+    """Keeps running figures of the rows and sends a JSON summary at the end (``json``)."""
+
+    def __init__(self, send: ASGISend, answer: Answer) -> None:
+        self._send = send
+        self._answer = answer
+        self._count = 0
+        self._sum = 0.0
+        self._min: float | None = None
+        self._max: float | None = None
+        self._first: list[float] = []
+
+    async def rows(self, outputs: np.ndarray) -> None:
+        """Fold the next rows into the figures."""
+        if not outputs.size:
+            return
+        self._count += outputs.size
+        self._sum += float(outputs.sum(dtype=np.float64))
+        low, high = float(outputs.min()), float(outputs.max())
+        self._min = low if self._min is None else min(self._min, low)
+        self._max = high if self._max is None else max(self._max, high)
+        if len(self._first) < 8:
+            self._first += [float(v) for v in outputs.reshape(-1)[: 8 - len(self._first)]]
+
+    async def finish(self) -> None:
+        """Send the summary."""
+        body = json.dumps(self.summary(), indent=1).encode()
+        headers = self._answer.response_headers(b"application/json", len(body))
+        await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body})
+
+    def summary(self) -> dict[str, Any]:
+        answer = self._answer
+        labels = answer.labels()
+        return {
+            **answer.metadata(),
+            "keys": [s.key for s in answer.samples],
+            "errors": answer.errors,
+            "shape": list(answer.shape),
+            "dtype": answer.params.dtype,
+            "min": self._min,
+            "max": self._max,
+            "mean": self._sum / self._count if self._count else None,
+            "first_values": self._first,
+            "labels": None if labels is None else labels.tolist(),
+            "storage_batch_size": answer.batch_size,
+            "timings_ms": {k: round(v, 2) for k, v in answer.timings.items()},
+            "bytes_as_safetensors": answer.safetensors_head()[1],
+        }
+
+
+def open_stream(send: ASGISend, answer: Answer) -> FeatureStream | SummaryStream:
+    """The writer for the format the request asked for."""
+    if answer.params.format == "json":
+        return SummaryStream(send, answer)
+    return FeatureStream(send, answer)
