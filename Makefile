@@ -20,8 +20,9 @@ $(AWSCLI):
 	$(PYTHON) -m venv .venv-awscli
 	.venv-awscli/bin/pip install -q awscli
 
+# Flags for hapi up: make run ARGS='--port 9080 --store-port 9333'
 run: $(STAMP)
-	$(VENV)/bin/hapi up
+	$(VENV)/bin/hapi up $(ARGS)
 
 test: $(STAMP) $(AWSCLI)
 	HAPI_AWS_CLI=$(abspath $(AWSCLI)) $(PY) -m pytest -q

@@ -6,8 +6,9 @@
 from __future__ import annotations
 
 from ._app import Gateway, create_app
-from ._cli import run_gateway, serve
+from ._cli import serve
 from ._errors import S3Error
+from ._server import listen, run_gateway
 from ._settings import GatewaySettings
 from ._sigv4 import Credentials, sign_request
 
@@ -17,6 +18,7 @@ __all__ = [
     "GatewaySettings",
     "S3Error",
     "create_app",
+    "listen",
     "run_gateway",
     "serve",
     "sign_request",

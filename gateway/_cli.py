@@ -1,6 +1,8 @@
 """``hapi serve``: the gateway in front of an existing S3 store, under uvicorn.
 
-Bad input ends with one line on stderr and exit code 2 (click's usage-error convention).
+Bad input, and a port already in use, end with one line on stderr and exit code 2 (click's
+usage-error convention). On start it writes one block to stderr: where it listens, the
+backend and whether it answers, the registry bucket, device, memory budget and limits.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import click
 
 from hapi.models import UserError
 
+from ._server import listen, print_startup_block, run_gateway
 from ._settings import GatewaySettings
 
 
@@ -88,22 +91,8 @@ def serve(
         )
     except ValueError as exc:
         raise UserError(str(exc)) from exc
-    run_gateway(settings, host, port)
-
-
-def run_gateway(settings: GatewaySettings, host: str, port: int) -> None:
-    """Serve the gateway with uvicorn until interrupted."""
-    import uvicorn
-
-    from ._app import create_app
-
-    uvicorn.run(
-        create_app(settings),
-        host=host,
-        port=port,
-        log_level="warning",
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        server_header=False,
+    sock = listen(host, port)  # a busy port is one line and exit 2, before any start-up work
+    url = f"http://{host}:{port}"
+    run_gateway(
+        settings, host, port, sock=sock, on_started=lambda: print_startup_block(settings, url)
     )
