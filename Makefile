@@ -30,7 +30,7 @@ test: $(STAMP) $(AWSCLI)
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy gateway planner models sdk store cli bench
+	$(VENV)/bin/mypy gateway planner models sdk store cli bench examples
 	$(VENV)/bin/lint-imports
 
 format: $(STAMP)

@@ -10,6 +10,7 @@ import click
 
 from hapi.models import UserError
 
+from ._demo import demo
 from ._up import DEFAULT_STATE_DIR, up
 
 
@@ -79,6 +80,7 @@ def store(
 
 
 cli.add_command(up)
+cli.add_command(demo)
 
 
 def main() -> None:

@@ -90,7 +90,9 @@ def _creds(banner: str) -> tuple[str, str]:
 
 
 def _weed_pids(state) -> list[int]:
-    found = subprocess.run(["pgrep", "-f", "--", f"-dir={state}/store"], capture_output=True, text=True)
+    found = subprocess.run(
+        ["pgrep", "-f", "--", f"-dir={state}/store"], capture_output=True, text=True
+    )
     return [int(pid) for pid in found.stdout.split()]
 
 
