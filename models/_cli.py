@@ -122,14 +122,34 @@ def export(
         parent_ref = registry.get_manifest(parent).ref if parent else None
         decomposition = build(family, weights=weights)
         decomposition.check_freeze(decomposition.freeze if freeze is None else freeze)
+        if decomposition.weights.startswith("random"):
+            click.echo(_random_warning(family, decomposition.weights), err=True)
         exported = export_model(decomposition, freeze=freeze, fp16=fp16, progress=True)
         new = {b.info.hash: b.info.size for b in exported.blocks}
         new = {h: size for h, size in new.items() if not registry.has_block(h)}
+        before = _latest_ref(registry, name)
         manifest = registry.register(name, exported, parent=parent_ref)
+    if manifest.ref == before:
+        click.echo(f"{manifest.ref} is already registered with identical blocks; nothing uploaded")
+        return
     click.echo(
         f"registered {manifest.ref}: {len(manifest.blocks)} blocks, {_size(manifest.size)}, "
         f"freeze {manifest.freeze}; uploaded {len(new)} new blocks ({_size(sum(new.values()))})"
     )
+
+
+def _random_warning(family: str, weights: str) -> str:
+    return (
+        f"warning: the weights of {family} are {weights}: its features mean nothing; "
+        "give --weights FILE for trained ones"
+    )
+
+
+def _latest_ref(registry: Registry, name: str) -> str | None:
+    try:
+        return registry.get_manifest(name).ref
+    except NoSuchModel:
+        return None
 
 
 @models.command(name="ls")
@@ -138,7 +158,7 @@ def list_models(endpoint: str | None, bucket: str) -> None:
     """List the registered models (latest versions)."""
     with _translated():
         manifests = _registry(endpoint, bucket).list_models()
-    table = Table("model", "family", "blocks", "freeze", "size", "parent", box=None)
+    table = Table("model", "family", "blocks", "freeze", "size", "weights", "parent", box=None)
     for manifest in manifests:
         table.add_row(
             manifest.ref,
@@ -146,16 +166,23 @@ def list_models(endpoint: str | None, bucket: str) -> None:
             str(len(manifest.blocks)),
             str(manifest.freeze),
             _size(manifest.size),
+            _weights(manifest.weights),
             manifest.parent or "",
         )
-    Console(soft_wrap=True).print(table if manifests else "no models registered")
+    Console(soft_wrap=True, width=200).print(table if manifests else "no models registered")
+
+
+def _weights(origin: str) -> str:
+    """A weights origin short enough for a table column (digests cut to 12 hex digits)."""
+    return origin[: len("sha256:") + 12] if origin.startswith("sha256:") else origin
 
 
 def _blocks_table(manifest: Manifest) -> Table:
     table = Table("#", "block", "output", "out/sample", "peak act", "params", "cpu ms", "sha256")
     table.title = (
         f"{manifest.ref}  family {manifest.family}  freeze {manifest.freeze}  "
-        f"preprocess {manifest.preprocess.name}  parent {manifest.parent or '-'}"
+        f"preprocess {manifest.preprocess.name}  parent {manifest.parent or '-'}  "
+        f"weights {manifest.weights}"
     )
     for index, block in enumerate(manifest.blocks):
         table.add_row(

@@ -282,6 +282,7 @@ def export_model(
         input=InputSpec(shape=tuple(batch.shape[1:]), dtype="float16" if fp16 else "float32"),
         blocks=_export_blocks(decomposition, first, settings, progress),
         exporter={"torch": torch.__version__, "onnx": onnx.__version__, "opset": str(OPSET)},
+        weights=decomposition.weights,
     )
 
 

@@ -17,6 +17,7 @@ from ._errors import RegistryError
 from ._preprocess import Preset
 
 FORMAT_VERSION = 1
+UNKNOWN_WEIGHTS = "unknown"  # what manifests written before the field was added read as
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +86,7 @@ class ExportedModel:
     input: InputSpec
     blocks: tuple[ExportedBlock, ...]
     exporter: Mapping[str, str] = field(default_factory=dict)
+    weights: str = UNKNOWN_WEIGHTS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +104,9 @@ class Manifest:
         parent: ``NAME@VERSION`` of the model this one was derived from, if any.
         created: ISO 8601 UTC time of registration.
         exporter: Versions of the tools that exported the blocks.
+        weights: Where the weights came from: ``random(seed=N)``, ``sha256:<hex>`` of a
+            weights file, a package as ``NAME==VERSION``, or ``unknown`` (user modules,
+            and manifests written before hapi recorded it).
     """
 
     name: str
@@ -114,6 +119,7 @@ class Manifest:
     parent: str | None = None
     created: str = ""
     exporter: Mapping[str, str] = field(default_factory=dict)
+    weights: str = UNKNOWN_WEIGHTS
 
     def __str__(self) -> str:
         return self.ref
@@ -132,6 +138,27 @@ class Manifest:
     def size(self) -> int:
         """Total bytes of the blocks (shared blocks counted once per model)."""
         return sum(block.size for block in self.blocks)
+
+    @property
+    def random_weights(self) -> bool:
+        """Whether the weights are random: features that mean nothing yet."""
+        return self.weights.startswith("random")
+
+    def same_content(self, other: Manifest) -> bool:
+        """Whether ``other`` is the same model: the same blocks (by hash), freeze, input,
+        preprocessing, parent and weights' origin. Measured times may differ."""
+        return self._content() == other._content()
+
+    def _content(self) -> tuple[object, ...]:
+        return (
+            self.hashes,
+            self.family,
+            self.freeze,
+            self.preprocess,
+            self.input,
+            self.parent,
+            self.weights,
+        )
 
     def to_json(self) -> str:
         """Serialize, with sorted keys and a trailing newline."""
