@@ -64,6 +64,9 @@ def store(
 
     try:
         locate_weed()
+    except StoreError as exc:  # the store extra is missing: not the user's input
+        raise click.ClickException(str(exc)) from exc
+    try:
         creds = load_or_create_credentials(data_dir, access_key_id, secret_access_key)
         settings = StoreSettings(
             data_dir=data_dir,
