@@ -165,8 +165,8 @@ def _banner(console: Console, url: str, client: Any, model: Manifest | None) -> 
        {url}/data/photo.jpg -o copy.jpg
 {pushdown}
   curl {url}/_hapi/health
-  curl {url}/_hapi/models
-  curl {url}/metrics
+  curl {sig} {url}/_hapi/models
+  curl {sig} {url}/metrics
 
 Ctrl-C stops the gateway and the store."""
     console.print(text, soft_wrap=True, markup=False)

@@ -151,6 +151,39 @@ def _bucket(s3, name: str) -> str:
     return name
 
 
+def test_the_banners_commands_run_and_its_pushdown_sends_fewer_bytes(stack, reader):
+    (banner,) = BANNERS
+    assert "hapi-model=efficientnet_lite0&hapi-split=19&hapi-dtype=float16" in banner
+    assert "(pooled, float16: 2,560 bytes)" in banner
+    lines = banner.split("export AWS_DEFAULT_REGION=us-east-1\n")[1].split("Ctrl-C stops")[0]
+    workdir, env = reader
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", STRICT_CURL + lines],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"{lines}\n--- stderr\n{done.stderr[-3000:]}"
+    assert (workdir / "copy.jpg").read_bytes() == (workdir / "photo.jpg").read_bytes()
+    assert '"float16"' in done.stdout and "1280" in done.stdout, done.stdout[-3000:]
+    _clear_bucket(stack, "data")  # the README's reader starts from an empty store
+
+
+def _clear_bucket(stack: dict[str, str], name: str) -> None:
+    s3 = boto3.resource(
+        "s3",
+        endpoint_url=stack["AWS_ENDPOINT_URL"],
+        region_name=stack["AWS_DEFAULT_REGION"],
+        aws_access_key_id=stack["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=stack["AWS_SECRET_ACCESS_KEY"],
+    )
+    bucket = s3.Bucket(name)
+    bucket.objects.all().delete()
+    bucket.delete()
+
+
 # An HTTP error must fail the example, as it would fail the reader.
 STRICT_CURL = 'curl() { command curl --fail-with-body --silent --show-error "$@"; }\n'
 
@@ -176,9 +209,3 @@ def test_readme_examples_run_in_order(stack, reader):
     photo = (workdir / "photo.jpg").stat().st_size
     assert (workdir / "copy.jpg").stat().st_size == photo
     assert (workdir / "features.safetensors").stat().st_size < photo / 10
-
-
-def test_the_banner_shows_a_split_that_sends_fewer_bytes(stack):
-    (banner,) = BANNERS
-    assert "hapi-model=efficientnet_lite0&hapi-split=19&hapi-dtype=float16" in banner
-    assert "(pooled, float16: 2,560 bytes)" in banner
