@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 AWSCLI := .venv-awscli/bin/aws
-PACKAGES := gateway planner models sdk store cli bench
+PACKAGES := gateway planner models sdk store cli bench examples
 # mypy cannot follow the editable install's package-dir mapping (a path hook), so `hapi.*`
 # imports would be Any to it. It checks a tree of links build/mypy/hapi/<pkg> -> <pkg>
 # instead, where every `hapi.*` import resolves to the real sources (mypy_path).
@@ -25,8 +25,9 @@ $(AWSCLI):
 	$(PYTHON) -m venv .venv-awscli
 	.venv-awscli/bin/pip install -q awscli
 
+# Flags for hapi up: make run ARGS='--port 9080 --store-port 9333'
 run: $(STAMP)
-	$(VENV)/bin/hapi up
+	$(VENV)/bin/hapi up $(ARGS)
 
 test: $(STAMP) $(AWSCLI)
 	HAPI_AWS_CLI=$(abspath $(AWSCLI)) $(PY) -m pytest -q

@@ -10,6 +10,7 @@ import click
 
 from hapi.models import UserError
 
+from ._demo import demo
 from ._up import DEFAULT_STATE_DIR, up
 
 
@@ -32,7 +33,7 @@ def cli(verbose: bool) -> None:
 @click.option(
     "--dir",
     "data_dir",
-    type=click.Path(path_type=Path),
+    type=click.Path(file_okay=False, path_type=Path, resolve_path=True),
     default=Path(DEFAULT_STATE_DIR) / "store",
     show_default=True,
     help="Where the store keeps its data.",
@@ -53,23 +54,36 @@ def store(
     data_dir: Path, port: int, access_key_id: str | None, secret_access_key: str | None
 ) -> None:
     """Run the embedded S3 store (SeaweedFS) in the foreground until Ctrl-C."""
-    from hapi.store import StoreSettings, load_or_create_credentials, run_store
+    from hapi.store import (
+        StoreError,
+        StoreSettings,
+        load_or_create_credentials,
+        locate_weed,
+        run_store,
+    )
 
     try:
+        locate_weed()
+    except StoreError as exc:  # the store extra is missing: not the user's input
+        raise click.ClickException(str(exc)) from exc
+    try:
         creds = load_or_create_credentials(data_dir, access_key_id, secret_access_key)
-    except ValueError as exc:
-        raise UserError(str(exc)) from exc
-    run_store(
-        StoreSettings(
+        settings = StoreSettings(
             data_dir=data_dir,
             port=port,
             access_key_id=creds.access_key_id,
             secret_access_key=creds.secret_access_key,
         )
-    )
+    except (ValueError, StoreError) as exc:
+        raise UserError(str(exc)) from exc
+    try:
+        run_store(settings)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 cli.add_command(up)
+cli.add_command(demo)
 
 
 def main() -> None:

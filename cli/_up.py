@@ -1,24 +1,36 @@
-"""``hapi up``: the embedded store and the gateway together, for a first run."""
+"""``hapi up``: the embedded store and the gateway together, for a first run.
+
+One ``hapi up`` per state directory (a second one says who runs and changes nothing). The
+gateway's port is bound first, then the store starts, then the gateway serves. SIGINT
+(Ctrl-C) and SIGTERM stop both at any point, and the command ends with one clean line and
+exit status 0. The store's weed dies with ``hapi up`` even on ``kill -9``, and whatever a
+killed run left is cleaned up by the next one.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import click
 from rich.console import Console
 
-from hapi.gateway import Credentials, GatewaySettings, create_app
-from hapi.models import UserError
+from hapi.gateway import Credentials, GatewaySettings, listen, run_gateway
+from hapi.models import Manifest, UserError
+
+from ._state import AlreadyRunning, RunLock, RunRecord, clean_stale
 
 DEFAULT_STATE_DIR = ".state"
+STOPPED = "hapi stopped: the gateway and the store are down."
 
 
 @click.command()
 @click.option(
     "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(file_okay=False, path_type=Path, resolve_path=True),
     default=Path(DEFAULT_STATE_DIR),
     show_default=True,
     help="Store data, generated credentials and logs live here.",
@@ -33,44 +45,81 @@ DEFAULT_STATE_DIR = ".state"
 def up(state_dir: Path, port: int, store_port: int, no_demo_model: bool) -> None:
     """Start the embedded store and the gateway on loopback, print how to use them.
 
-    Serves until Ctrl-C, then stops both. Credentials are generated on first start and
-    kept in STATE_DIR, so later starts reuse them.
+    Serves until Ctrl-C (or SIGTERM), then stops both. Credentials are generated on first
+    start and kept in STATE_DIR, so later starts reuse them. A second `hapi up` on the same
+    STATE_DIR says which one runs and changes nothing.
     """
-    from hapi.store import EmbeddedStore, StoreError, StoreSettings, load_or_create_credentials
+    from hapi.store import StoreError, locate_weed
 
-    console = Console(stderr=False, highlight=False)
-    backend = load_or_create_credentials(state_dir / "store", None, None)
+    console = Console(highlight=False)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        locate_weed()  # before anything else: a missing extra is one line
+        lock = RunLock.acquire(state_dir)
+    except (StoreError, AlreadyRunning) as exc:
+        signal.signal(signal.SIGTERM, previous)
+        raise click.ClickException(str(exc)) from exc
+    try:
+        _run(console, lock, state_dir, port, store_port, not no_demo_model)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C or SIGTERM while starting: the context managers have stopped everything
+    except StoreError as exc:
+        raise UserError(str(exc)) from exc
+    finally:
+        lock.release()
+        signal.signal(signal.SIGTERM, previous)
+    console.print(STOPPED)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM stops ``hapi up`` the way Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+def _run(
+    console: Console, lock: RunLock, state_dir: Path, port: int, store_port: int, demo: bool
+) -> None:
+    from hapi.store import EmbeddedStore, StoreSettings, load_or_create_credentials
+
+    store_dir = state_dir / "store"
+    if stale := clean_stale(state_dir, store_dir):
+        console.print(stale)
+    sock = listen("127.0.0.1", port)  # a busy port is one line, before the store starts
+    url = f"http://127.0.0.1:{port}"
+    backend = load_or_create_credentials(store_dir, None, None)
     client = load_or_create_credentials(state_dir / "gateway", None, None)
     store_settings = StoreSettings(
-        data_dir=state_dir / "store",
+        data_dir=store_dir,
         port=store_port,
         access_key_id=backend.access_key_id,
         secret_access_key=backend.secret_access_key,
     )
-    try:
-        with EmbeddedStore(store_settings) as store:
-            console.print(
-                f"[green]store[/] up at {store.endpoint_url} (data in {state_dir / 'store'})"
-            )
-            settings = GatewaySettings(
-                backend_url=store.endpoint_url,
-                backend_credentials=Credentials(backend.access_key_id, backend.secret_access_key),
-                client_secrets={client.access_key_id: client.secret_access_key},
-            )
-            model = None
-            if not no_demo_model:
-                model = _ensure_demo_model(
-                    console, store.endpoint_url, backend, settings.registry_bucket
-                )
-            _serve(settings, port, banner=lambda: _banner(console, port, client, model))
-    except StoreError as exc:
-        raise UserError(str(exc)) from exc
+    with sock, EmbeddedStore(store_settings) as store:
+        lock.write(RunRecord(os.getpid(), url, store.endpoint_url, store.pid))
+        console.print(f"[green]store[/] up at {store.endpoint_url} (data in {store_dir})")
+        settings = GatewaySettings(
+            backend_url=store.endpoint_url,
+            backend_credentials=Credentials(backend.access_key_id, backend.secret_access_key),
+            client_secrets={client.access_key_id: client.secret_access_key},
+        )
+        model = None
+        if demo:
+            model = _ensure_demo_model(console, store.endpoint_url, backend, settings)
+        run_gateway(
+            settings,
+            "127.0.0.1",
+            port,
+            sock=sock,
+            on_started=lambda: _banner(console, url, client, model),
+        )
 
 
-def _ensure_demo_model(console: Console, endpoint: str, creds: Any, bucket: str) -> str:
+def _ensure_demo_model(
+    console: Console, endpoint: str, creds: Any, settings: GatewaySettings
+) -> Manifest | None:
     import boto3
 
-    from hapi.models import register_default_model
+    from hapi.models import ExportError, register_default_model
 
     s3 = boto3.client(
         "s3",
@@ -79,50 +128,30 @@ def _ensure_demo_model(console: Console, endpoint: str, creds: Any, bucket: str)
         aws_access_key_id=creds.access_key_id,
         aws_secret_access_key=creds.secret_access_key,
     )
-    with console.status("registering the demo model (EfficientNet-Lite0) on first start..."):
-        name = register_default_model(s3, bucket)
-    console.print(f"[green]model[/] {name} is in the registry")
-    return str(name.name)
+    try:
+        with console.status("registering the demo model (EfficientNet-Lite0) on first start..."):
+            manifest = register_default_model(s3, settings.registry_bucket)
+    except ExportError as exc:  # no torch here: the gateway still serves plain S3
+        console.print(f"[yellow]no demo model[/]: {exc}")
+        return None
+    console.print(f"[green]model[/] {manifest.ref} is in the registry")
+    return manifest
 
 
-def _serve(settings: GatewaySettings, port: int, banner: Any) -> None:
-    import uvicorn
-
-    class _Server(uvicorn.Server):
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets)
-            if self.started:
-                banner()
-
-    # uvicorn re-raises the signal that stopped it once it has shut down; SIGTERM's default
-    # action would then kill the process before the store is stopped, so make it an exit.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    config = uvicorn.Config(
-        create_app(settings),
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        loop="uvloop",
-        http="httptools",
-        server_header=False,
-    )
-    _Server(config).run()
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _banner(console: Console, port: int, client: Any, model: str | None) -> None:
-    url = f"http://127.0.0.1:{port}"
+def _banner(console: Console, url: str, client: Any, model: Manifest | None) -> None:
     key, secret = client.access_key_id, client.secret_access_key
     sig = '--aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY"'
-    pushdown = (
-        f"\n  # features instead of the image (model {model}, split 5), as a readable summary\n"
-        f'  curl {sig} \\\n       "{url}/data/photo.jpg?hapi-model={model}&hapi-split=5&hapi-format=json"\n'
-        if model
-        else ""
-    )
+    pushdown = ""
+    if model is not None:
+        # The pooled features at the freeze point, in float16: a few KB where a photo is
+        # tens of KB. Early splits send more bytes than the JPEG, not fewer.
+        split, sent = model.freeze, model.blocks[model.freeze - 1].output_bytes // 2
+        pushdown = (
+            f"\n  # features instead of the image: {model.name} split {split} "
+            f"(pooled, float16: {sent:,} bytes), as a readable summary\n"
+            f'  curl {sig} \\\n       "{url}/data/photo.jpg?hapi-model={model.name}'
+            f'&hapi-split={split}&hapi-dtype=float16&hapi-format=json"\n'
+        )
     text = f"""hapi gateway up at {url}
 
   export AWS_ENDPOINT_URL={url}

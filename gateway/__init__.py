@@ -6,10 +6,11 @@
 from __future__ import annotations
 
 from ._app import Gateway, create_app
-from ._cli import run_gateway, serve, settings_options
+from ._cli import serve, settings_options
 from ._control import ProbeMeter
 from ._errors import S3Error
 from ._knobs import Knob, markdown_table
+from ._server import listen, run_gateway
 from ._settings import GatewaySettings, environment_variables, settings_knobs
 from ._sigv4 import Credentials, sign_request
 from ._tenants import SessionFactory
@@ -24,6 +25,7 @@ __all__ = [
     "SessionFactory",
     "create_app",
     "environment_variables",
+    "listen",
     "markdown_table",
     "run_gateway",
     "serve",

@@ -1,6 +1,8 @@
 """``hapi serve``: the gateway in front of an existing S3 store, under uvicorn.
 
-Bad input ends with one line on stderr and exit code 2 (click's usage-error convention).
+Bad input, and a port already in use, end with one line on stderr and exit code 2 (click's
+usage-error convention). On start it writes one block to stderr: where it listens, the
+backend and whether it answers, the registry bucket, device, memory budget and limits.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import click
 from hapi.models import UserError
 
 from ._knobs import Knob
+from ._server import listen, print_startup_block, run_gateway
 from ._settings import GatewaySettings, settings_knobs
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -79,7 +82,11 @@ def serve(host: str, port: int, **flags: Any) -> None:
         settings = GatewaySettings.from_env(os.environ, **values)
     except ValueError as exc:
         raise UserError(str(exc)) from exc
-    run_gateway(settings, host, port)
+    sock = listen(host, port)  # a busy port is one line and exit 2, before any start-up work
+    url = f"http://{host}:{port}"
+    run_gateway(
+        settings, host, port, sock=sock, on_started=lambda: print_startup_block(settings, url)
+    )
 
 
 def _joined(value: Any) -> Any:
@@ -87,10 +94,3 @@ def _joined(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(item for part in value for item in part) or None
     return value
-
-
-def run_gateway(settings: GatewaySettings, host: str, port: int) -> None:
-    """Serve the gateway with uvicorn until interrupted (``settings.workers`` processes)."""
-    from ._edge import serve_gateway
-
-    serve_gateway(settings, host, port)

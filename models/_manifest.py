@@ -17,6 +17,7 @@ from ._errors import RegistryError
 from ._preprocess import Preset
 
 FORMAT_VERSION = 1
+UNKNOWN_WEIGHTS = "unknown"  # what manifests written before the field was added read as
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +87,7 @@ class ExportedModel:
     blocks: tuple[ExportedBlock, ...]
     exporter: Mapping[str, str] = field(default_factory=dict)
     source: str | None = None
+    weights: str = UNKNOWN_WEIGHTS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +108,9 @@ class Manifest:
         source: Where the network came from: a family name, ``timm:NAME``,
             ``torchvision:NAME`` or ``onnx:<sha256 of the file>``; ``None`` when unknown
             (custom modules, and manifests written before hapi recorded it).
+        weights: Where the weights came from: ``random(seed=N)``, ``sha256:<hex>`` of a
+            weights file, a package as ``NAME==VERSION``, or ``unknown`` (user modules,
+            and manifests written before hapi recorded it).
     """
 
     name: str
@@ -119,6 +124,7 @@ class Manifest:
     created: str = ""
     exporter: Mapping[str, str] = field(default_factory=dict)
     source: str | None = None
+    weights: str = UNKNOWN_WEIGHTS
 
     def __str__(self) -> str:
         return self.ref
@@ -137,6 +143,27 @@ class Manifest:
     def size(self) -> int:
         """Total bytes of the blocks (shared blocks counted once per model)."""
         return sum(block.size for block in self.blocks)
+
+    @property
+    def random_weights(self) -> bool:
+        """Whether the weights are random: features that mean nothing yet."""
+        return self.weights.startswith("random")
+
+    def same_content(self, other: Manifest) -> bool:
+        """Whether ``other`` is the same model: the same blocks (by hash), freeze, input,
+        preprocessing, parent and weights' origin. Measured times may differ."""
+        return self._content() == other._content()
+
+    def _content(self) -> tuple[object, ...]:
+        return (
+            self.hashes,
+            self.family,
+            self.freeze,
+            self.preprocess,
+            self.input,
+            self.parent,
+            self.weights,
+        )
 
     def to_json(self) -> str:
         """Serialize, with sorted keys and a trailing newline."""

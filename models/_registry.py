@@ -111,6 +111,23 @@ def _latest_key(name: str) -> str:
     return f"models/{name}/latest"
 
 
+def _manifest(name: str, version: int, model: ExportedModel, parent: str | None) -> Manifest:
+    return Manifest(
+        name=name,
+        version=version,
+        family=model.family,
+        freeze=model.freeze,
+        preprocess=model.preprocess,
+        input=model.input,
+        blocks=tuple(block.info for block in model.blocks),
+        parent=parent,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        exporter=model.exporter,
+        weights=model.weights,
+        source=model.source,
+    )
+
+
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
@@ -235,7 +252,9 @@ class Registry:
         """Store an exported model as the next version of ``name``.
 
         Blocks already stored (by any model) are not uploaded again, so a model derived
-        from another costs only the bytes of the blocks that changed.
+        from another costs only the bytes of the blocks that changed. When the latest
+        version of ``name`` already holds the same content (blocks, freeze, preprocessing,
+        parent, weights' origin), that version is returned and nothing new is written.
 
         Args:
             name: Model name (see :func:`check_name`).
@@ -255,6 +274,9 @@ class Registry:
         for index, block in enumerate(model.blocks):
             if sha256(block.data) != block.info.hash:
                 raise InvalidModelSpec(f"block {index} of {name}: bytes do not match its hash")
+        if (existing := self._identical_latest(name, model, parent_ref)) is not None:
+            self._upload(model.blocks)  # a concurrent remove() may have collected one
+            return existing
         self.ensure_bucket()
         self._upload(model.blocks)
         manifest = self._create_manifest(name, model, parent_ref)
@@ -264,21 +286,18 @@ class Registry:
         self._put(_latest_key(name), str(max(self.versions(name))).encode())
         return manifest
 
+    def _identical_latest(
+        self, name: str, model: ExportedModel, parent: str | None
+    ) -> Manifest | None:
+        try:
+            latest = self.get_manifest(name)
+        except NoSuchModel:
+            return None
+        return latest if latest.same_content(_manifest(name, 1, model, parent)) else None
+
     def _create_manifest(self, name: str, model: ExportedModel, parent: str | None) -> Manifest:
         for _ in range(_REGISTER_ATTEMPTS):
-            manifest = Manifest(
-                name=name,
-                version=max(self.versions(name), default=0) + 1,
-                family=model.family,
-                freeze=model.freeze,
-                preprocess=model.preprocess,
-                input=model.input,
-                blocks=tuple(block.info for block in model.blocks),
-                parent=parent,
-                created=datetime.now(UTC).isoformat(timespec="seconds"),
-                exporter=model.exporter,
-                source=model.source,
-            )
+            manifest = _manifest(name, max(self.versions(name), default=0) + 1, model, parent)
             try:
                 key = _manifest_key(name, manifest.version)
                 self._put(key, manifest.to_json().encode(), create_only=True)

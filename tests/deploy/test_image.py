@@ -144,3 +144,11 @@ def test_cuda_base_matches_the_cuda_onnxruntime_gpu_links() -> None:
     assert int(tag.split(".", 1)[0]) == major, (
         f"onnxruntime-gpu links CUDA {major}, the image's base is {tag}"
     )
+
+
+def test_installs_the_lean_profile() -> None:
+    runs = [i.argument for i in s.dockerfile_instructions() if i.keyword == "RUN"]
+    installs = [run for run in runs if "pip install" in run]
+    assert installs, runs
+    for run in installs:
+        assert "--extra" not in run and "--all-extras" not in run and "[" not in run, run

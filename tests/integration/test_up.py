@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import time
 
@@ -69,7 +70,10 @@ def test_up_serves_and_stops_cleanly(tmp_path, stop):
     s3.put_object(Bucket="data", Key="k", Body=b"v")
     assert s3.get_object(Bucket="data", Key="k")["Body"].read() == b"v"
     proc.send_signal(stop)
-    assert proc.wait(30) in (0, 1, 130, 128 + stop)
+    rest, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, rest
+    assert "Aborted" not in rest
+    assert rest.strip().splitlines()[-1] == "hapi stopped: the gateway and the store are down."
     assert _weeds(str(tmp_path / "state")) == 0  # the store went down with it
 
     again = _start(tmp_path, port)  # credentials and data survive a restart
@@ -78,3 +82,79 @@ def test_up_serves_and_stops_cleanly(tmp_path, stop):
     assert s3.get_object(Bucket="data", Key="k")["Body"].read() == b"v"
     again.send_signal(signal.SIGINT)
     again.wait(30)
+
+
+def _creds(banner: str) -> tuple[str, str]:
+    key = banner.split("AWS_ACCESS_KEY_ID=")[1].split()[0]
+    return key, banner.split("AWS_SECRET_ACCESS_KEY=")[1].split()[0]
+
+
+def _weed_pids(state) -> list[int]:
+    found = subprocess.run(
+        ["pgrep", "-f", "--", f"-dir={state}/store"], capture_output=True, text=True
+    )
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def test_a_second_up_says_who_runs_and_changes_nothing(tmp_path):
+    port = free_port()
+    first = _start(tmp_path, port)
+    try:
+        _banner(first)
+        state = tmp_path / "state"
+        log = (state / "store" / "weed.log").stat()
+        second = _start(tmp_path, free_port())
+        out, _ = second.communicate(timeout=60)
+        assert second.returncode == 1, out
+        assert out.strip().splitlines() == [
+            f"Error: hapi is already running (pid {first.pid}, http://127.0.0.1:{port}); "
+            "nothing was changed. Use that one, or stop it first (Ctrl-C in its terminal, "
+            f"or kill {first.pid})."
+        ]
+        assert (state / "store" / "weed.log").stat().st_ino == log.st_ino  # not renamed away
+        assert not (state / "store" / "weed.log.1").exists()
+        assert httpx.get(f"http://127.0.0.1:{port}/_hapi/health").json()["status"] == "ok"
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=30)
+    assert first.returncode == 0
+
+
+def test_weed_dies_with_a_killed_up_and_the_next_run_cleans_up(tmp_path):
+    state = tmp_path / "state"
+    proc = _start(tmp_path, free_port())
+    _banner(proc)
+    (weed,) = _weed_pids(state)
+    proc.kill()  # kill -9: no chance to stop the store itself
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while _weed_pids(state) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _weed_pids(state) == []  # the parent-death signal took weed down
+    assert (state / "hapi.json").exists()  # what the killed run left
+
+    port = free_port()
+    again = _start(tmp_path, port)
+    banner = _banner(again)
+    assert f"cleaned up after a hapi up that did not stop cleanly (pid {proc.pid})" in banner
+    assert httpx.get(f"http://127.0.0.1:{port}/_hapi/health").json()["status"] == "ok"
+    again.send_signal(signal.SIGTERM)
+    rest, _ = again.communicate(timeout=30)
+    assert again.returncode == 0, rest
+    assert not (state / "hapi.json").exists()
+    assert weed not in _weed_pids(state)
+
+
+def test_up_on_a_busy_port_is_one_line_and_starts_no_store(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _start(tmp_path, port)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out
+    assert out.strip().splitlines() == [
+        f"Error: port {port} on 127.0.0.1 is already in use (another hapi?); "
+        "stop that process or choose another port with --port"
+    ]
+    assert not (tmp_path / "state" / "store" / "weed.log").exists()

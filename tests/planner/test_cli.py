@@ -108,10 +108,22 @@ def test_bad_input_is_one_line_and_exit_2(invoke, args, message) -> None:
     assert done.stderr.count("\n") == 1 and done.stdout == ""
 
 
-def test_unknown_model_is_bad_input(invoke) -> None:
+def test_unknown_model_lists_the_registered_ones_and_how_to_export(invoke) -> None:
     done = invoke("--model", "nope", "--bandwidth", "1gbit")
     assert done.exit_code == 2
-    assert done.stderr.strip() == "Error: no such model: nope"
+    assert done.stderr == (
+        "Error: no such model: nope; registered: r18@1. "
+        "Export one with `hapi models export FAMILY` (e.g. resnet18, efficientnet_lite0)\n"
+    )
+
+
+def test_bandwidth_without_a_unit_is_refused(invoke) -> None:
+    done = invoke("--model", "r18", "--bandwidth", "100")
+    assert done.exit_code == 2
+    assert done.stderr == (
+        "Error: --bandwidth 100 has no unit: say 100mbit (bits per second) "
+        "or 100MB/s (bytes per second)\n"
+    )
 
 
 def test_auto_bandwidth_needs_an_endpoint(invoke) -> None:

@@ -1,0 +1,159 @@
+"""Running the gateway under uvicorn: the listening socket, the start-up block, clean stops.
+
+The socket is bound before anything else starts, so a busy port is one clear error instead
+of uvicorn's bind traceback. SIGINT and SIGTERM stop the server gracefully and
+:func:`run_gateway` then returns, instead of re-raising the signal as uvicorn does (which
+ends a click command with ``Aborted!`` and exit status 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+
+from hapi.models import UserError, cuda_usable
+
+from ._edge import edge_config
+from ._settings import GatewaySettings
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind and listen on ``host:port``; a port in use is one line for the user.
+
+    Raises:
+        UserError: The address is in use, or cannot be bound (exit code 2).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(
+                f"port {port} on {host} is already in use (another hapi?); "
+                "stop that process or choose another port with --port"
+            ) from None
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def run_gateway(
+    settings: GatewaySettings,
+    host: str,
+    port: int,
+    *,
+    sock: socket.socket | None = None,
+    on_started: Callable[[], None] | None = None,
+) -> None:
+    """Serve the gateway with uvicorn until SIGINT or SIGTERM, then return.
+
+    Args:
+        settings: The gateway's settings.
+        host: The address to listen on (also what the start-up block names).
+        port: The port.
+        sock: An already listening socket (from :func:`listen`); bound here when omitted.
+        on_started: Called once the server accepts connections.
+
+    With ``settings.workers`` above 1, that many processes serve the one socket (each
+    with ``1/workers`` of the memory budget; see :func:`edge_config`).
+
+    Raises:
+        UserError: The port is in use.
+    """
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    config = edge_config(settings, host, port)
+    listener = sock or listen(host, port)
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and on_started is not None:
+                on_started()
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    with listener:
+        if config.workers > 1:  # the supervisor handles the signals and its workers
+            if on_started is not None:
+                on_started()
+            with contextlib.suppress(KeyboardInterrupt):
+                Multiprocess(config, sockets=[listener]).run()
+            return
+        server = _Server(config)
+        server.run(sockets=[listener])
+        if not server.started:
+            raise SystemExit(STARTUP_FAILURE)
+
+
+def startup_block(settings: GatewaySettings, url: str) -> str:
+    """What ``hapi serve`` says when it starts: where it listens and what it runs with."""
+    device: str = settings.device
+    if device == "auto":
+        device = "auto (cuda)" if cuda_usable() else "auto (cpu: no usable CUDA device)"
+    limits = (
+        f"objects up to {_size(settings.max_object_bytes)} for pushdown, "
+        f"{settings.max_image_pixels:,} pixels per image, "
+        f"{settings.max_queue_samples} queued samples, "
+        f"{settings.max_upstream_connections} upstream connections"
+    )
+    return "\n".join(
+        [
+            f"hapi gateway listening on {url}",
+            f"  backend:         {settings.backend_url} ({backend_status(settings.backend_url)})",
+            f"  registry bucket: {settings.registry_bucket}",
+            f"  device:          {device}",
+            f"  memory budget:   {_size(settings.memory_budget_bytes)} (on CPU; GPU: free memory)",
+            f"  limits:          {limits}",
+            f"  clients:         {_clients(settings)}",
+        ]
+    )
+
+
+def backend_status(url: str) -> str:
+    """Whether the store at ``url`` answers HTTP at all (any status counts), in words."""
+    try:
+        response = httpx.get(url, timeout=2.0, trust_env=False)
+    except httpx.HTTPError as exc:
+        return f"does not answer: {type(exc).__name__}"
+    return f"answers, HTTP {response.status_code}"
+
+
+def print_startup_block(settings: GatewaySettings, url: str) -> None:
+    """Write :func:`startup_block` to stderr, where logs go."""
+    print(startup_block(settings, url), file=sys.stderr, flush=True)
+
+
+def _clients(settings: GatewaySettings) -> str:
+    count = len(settings.client_secrets)
+    anonymous = "; anonymous requests forwarded" if settings.allow_anonymous else ""
+    return f"{count} credential{'s' if count != 1 else ''}{anonymous}"
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
