@@ -50,12 +50,15 @@ class MemoryRegistry:
 def fake_runner(
     seen: list[tuple[int, tuple[int, ...]]],
 ) -> Callable[..., Callable[..., np.ndarray]]:
-    """Runs blocks ``[0, split)`` as: four features per sample, all equal to ``split``."""
+    """Runs blocks ``[0, split)`` as: block ``split - 1``'s output shape, every value equal
+    to ``split`` (a streamed answer's header names that shape before any row is run)."""
 
     def make(manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray]:
+        shape = tuple(manifest.blocks[split - 1].output_shape)
+
         def run(batch: np.ndarray) -> np.ndarray:
             seen.append((split, batch.shape))
-            return np.full((len(batch), 4), float(split), dtype=np.float32)
+            return np.full((len(batch), *shape), float(split), dtype=np.float32)
 
         return run
 
@@ -132,7 +135,7 @@ async def test_pushdown_get_returns_the_runners_features(client, seen) -> None:
     assert reply.status_code == 200, reply.text
     assert reply.headers["x-hapi-model"] == "synthetic@1" and reply.headers["x-hapi-split"] == "2"
     tensors, _meta = decode_features(reply.content)
-    assert tensors["features"].shape == (1, 4) and np.all(tensors["features"] == 2.0)
+    assert tensors["features"].shape == (1, 200_704) and np.all(tensors["features"] == 2.0)
     assert seen == [(2, (1, 3, 224, 224))]  # the preprocessed image went to the runner
 
 
@@ -142,7 +145,8 @@ async def test_split_auto_plans_for_the_clients_link(client, seen) -> None:
     assert reply.status_code == 200, reply.text
     # On a slow link the planner sends the smallest output among the frozen blocks [0, 4).
     assert reply.headers["x-hapi-split"] == "4"
-    assert decode_features(reply.content)[0]["features"].tolist() == [[4.0] * 4]
+    features = decode_features(reply.content)[0]["features"]
+    assert features.shape == (1, 100_352) and np.all(features == 4.0)
 
 
 @pytest.mark.anyio
