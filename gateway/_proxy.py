@@ -8,6 +8,8 @@ chunk, with ASGI back-pressure bounding what is held in memory.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import ipaddress
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -204,6 +206,7 @@ class Proxy:
             if params is None:
                 return False
             state["operation"] = "GetFeatures"
+            params = dataclasses.replace(params, colocated=_loopback_client(scope))
             await pushdown.get(send, receive, target.bucket, target.key, params)
             return True
         if (
@@ -214,7 +217,15 @@ class Proxy:
         ):
             body = await self._read_body(scope, receive, verified)
             headers = dict(_decoded_headers(scope))
-            await pushdown.batch(send, receive, target.bucket, body, headers=headers, query=query)
+            await pushdown.batch(
+                send,
+                receive,
+                target.bucket,
+                body,
+                headers=headers,
+                query=query,
+                colocated=_loopback_client(scope),
+            )
             return True
         return False
 
@@ -357,6 +368,17 @@ async def _primed(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes] | None:
             yield piece
 
     return chained()
+
+
+def _loopback_client(scope: Scope) -> bool:
+    """Whether the client connected from this machine (then it shares our cores)."""
+    client = scope.get("client")
+    if not client:
+        return False
+    try:
+        return ipaddress.ip_address(str(client[0]).split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 async def _relay(response: httpx.Response, send: ASGISend) -> None:

@@ -151,11 +151,13 @@ class Pushdown:
         *,
         headers: dict[str, str] | None = None,
         query: str = "",
+        colocated: bool = False,
     ) -> None:
         """Features of several objects, stacked in key order; failures listed per key."""
         keys, params = parse_batch(
             body, headers or {}, query, max_keys=self._settings.max_batch_keys
         )
+        params = replace(params, colocated=colocated)
         await _cancel_on_disconnect(self._serve(send, bucket, keys, params, batch=True), receive)
 
     async def _serve(
@@ -242,7 +244,9 @@ class Pushdown:
     def choose_split(self, manifest: Manifest, params: Params) -> int:
         """``split=auto``: the planner's best split on the gateway's view (its memory share
         and load; the client's bandwidth from ``x-hapi-bandwidth``, else the configured
-        assumption). Raw objects are not an option here: the client asked for features.
+        assumption; a client on this machine shares its cores). Raw objects are not an
+        option here: the client asked for features. As in the planner, a split sending
+        more bytes than a raw object must be clearly faster than one that does not.
         """
         budget = self.tenants.budget
         profile = planner.profile_from_manifest(
@@ -250,6 +254,7 @@ class Pushdown:
             storage_memory_bytes=budget.share(),
             storage_load=float(max(1, budget.active_tenants)),
             wire_dtype=params.dtype,
+            shared_compute=params.colocated,
         )
         bandwidth = params.bandwidth_bps or self._settings.assumed_bandwidth_bps
         options = [
@@ -261,9 +266,14 @@ class Pushdown:
             raise InsufficientMemory(
                 f"no split of {manifest.ref} fits the storage side's memory budget"
             )
-        best = min(options, key=lambda c: c.epoch_s).split
-        assert best is not None
-        return int(best)
+        best = min(options, key=lambda c: (c.epoch_s, c.bytes_per_sample))
+        lean = [c for c in options if c.bytes_per_sample <= profile.raw_bytes]
+        if best.bytes_per_sample > profile.raw_bytes and lean:
+            fallback = min(lean, key=lambda c: (c.epoch_s, c.bytes_per_sample))
+            if fallback.epoch_s <= best.epoch_s * (1 + planner.DEFAULT_BYTE_MARGIN):
+                best = fallback
+        assert best.split is not None
+        return int(best.split)
 
     # -- step 1: fetch and list ----------------------------------------------------------
 

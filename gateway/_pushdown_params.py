@@ -38,6 +38,7 @@ class Params:
     format: str = "safetensors"
     bandwidth_bps: float | None = None  # the client's link, for ``auto``
     cache: str = "use"  # the feature cache: ``use``, ``bypass`` or ``refresh``
+    colocated: bool = False  # the client is on the gateway's machine (for ``auto``)
 
 
 def known_parameters(names: tuple[str, ...] = PARAMETERS) -> str:

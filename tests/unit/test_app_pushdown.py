@@ -19,7 +19,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 from PIL import Image
 
-from hapi import models
+from hapi import models, planner
 from hapi.gateway import Credentials, GatewaySettings, create_app
 from hapi.models import GatewayStats, Manifest, ModelProfile, decode_features
 from tests.planner.synthetic import manifest as synthetic_manifest
@@ -195,3 +195,33 @@ async def test_control_plane_refuses_unsigned_calls_in_process(client) -> None:
         reply = await client.get(GATEWAY + path)
         assert (reply.status_code, _code(reply)) == (403, "AccessDenied"), path
     assert (await client.get(GATEWAY + "/_hapi/live")).json() == {"status": "alive"}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("address", ["127.0.0.1", "192.0.2.5"])
+async def test_split_auto_for_a_client_on_this_machine_saves_bytes(address, seen) -> None:
+    # The same request at loopback speed: a client on this machine shares the gateway's
+    # cores, so nothing is gained by an early split that sends more than a raw object;
+    # a client elsewhere gets the split that balances the two machines' work.
+    settings = GatewaySettings(
+        backend_url="http://store.internal:8333",
+        backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
+        client_secrets={CLIENT[0]: CLIENT[1]},
+        device="cpu",
+    )
+    app = create_app(
+        settings,
+        upstream=httpx.AsyncClient(transport=httpx.MockTransport(_store)),
+        registry=MemoryRegistry(synthetic_manifest(freeze=10)),
+        runner=fake_runner(seen),
+    )
+    transport = httpx.ASGITransport(app=app, client=(address, 40000))
+    async with LifespanManager(app), httpx.AsyncClient(transport=transport) as http:
+        reply = await _get(
+            http, "/data/cat.png", model="synthetic", split="auto", bandwidth="100gbit"
+        )
+    assert reply.status_code == 200, reply.text
+    split = int(reply.headers["x-hapi-split"])
+    sent = synthetic_manifest().blocks[split - 1].output_bytes
+    raw = planner.DEFAULT_RAW_BYTES
+    assert (sent <= raw) if address == "127.0.0.1" else (sent > raw)
