@@ -10,7 +10,7 @@ PACKAGES := gateway planner models sdk store cli bench examples
 # instead, where every `hapi.*` import resolves to the real sources (mypy_path).
 MYPY_TREE := build/mypy/hapi
 
-.PHONY: run test check lint format bench-proxy bench-pushdown bench-load bench clean venv
+.PHONY: run test test-slow check lint format bench-proxy bench-pushdown bench-load bench clean venv
 
 venv: $(STAMP)
 
@@ -29,8 +29,13 @@ $(AWSCLI):
 run: $(STAMP)
 	$(VENV)/bin/hapi up $(ARGS)
 
+# The suite without the tests marked slow (minutes each: memory bounds, the demo, the
+# testbed, exports of whole networks); `make test-slow` runs those, CI runs both.
 test: $(STAMP) $(AWSCLI)
-	HAPI_AWS_CLI=$(abspath $(AWSCLI)) $(PY) -m pytest -q
+	HAPI_AWS_CLI=$(abspath $(AWSCLI)) $(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP) $(AWSCLI)
+	HAPI_AWS_CLI=$(abspath $(AWSCLI)) $(PY) -m pytest -q -m slow
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -22,6 +22,8 @@ from hapi.gateway._sigv4 import sign_request
 from tests.support import RunningGateway, gateway_process
 
 from ._pushdown_support import (
+
+pytestmark = pytest.mark.slow  # minutes of real work: `make test-slow`
     MIB,
     batch_body,
     credentials,

@@ -60,9 +60,7 @@ def test_readme_has_the_generated_configuration_table() -> None:
 def _served(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str]) -> Any:
     captured: list[GatewaySettings] = []
     monkeypatch.setattr(gateway_cli, "listen", lambda host, port: None)  # no real port
-    monkeypatch.setattr(
-        gateway_cli, "run_gateway", lambda s, host, port, **_: captured.append(s)
-    )
+    monkeypatch.setattr(gateway_cli, "run_gateway", lambda s, host, port, **_: captured.append(s))
     for name in environment_variables() | {k.env for k in settings_knobs()}:
         monkeypatch.delenv(name, raising=False)
     done = CliRunner().invoke(serve, args, env={**BASE_ENV, **env})
