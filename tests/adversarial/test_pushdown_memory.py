@@ -22,8 +22,6 @@ from hapi.gateway._sigv4 import sign_request
 from tests.support import RunningGateway, gateway_process
 
 from ._pushdown_support import (
-
-pytestmark = pytest.mark.slow  # minutes of real work: `make test-slow`
     MIB,
     batch_body,
     credentials,
@@ -34,6 +32,9 @@ pytestmark = pytest.mark.slow  # minutes of real work: `make test-slow`
     stats,
     tiny_png,
 )
+
+pytestmark = pytest.mark.slow  # minutes of real work: `make test-slow`
+
 
 BUCKET = "adversarial-memory"
 GOAL = 512 * MIB  # the bound with default settings (issue 12)

@@ -15,6 +15,7 @@ from tests.support import HAPI
 
 pytestmark = pytest.mark.slow  # minutes of real work: `make test-slow`
 
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "transfer_learning.py"
 SMALL = ["--train-per-class", "6", "--test-per-class", "3", "--epochs", "2"]
 
