@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,14 +61,24 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
+def _serving(gateway: RunningGateway, port: int, path: str) -> list[int]:
+    """The worker pids holding one of 40 connections opened and answered at once."""
+    with contextlib.ExitStack() as stack:
+        for _ in range(40):
+            sock = stack.enter_context(connection(gateway))
+            sock.sendall(encode_request("GET", path, signed_headers(gateway, "GET", path)))
+            assert read_reply(sock).status == 200
+        established = _established_inodes(port)
+        return [pid for pid in _children(gateway.pid) if _socket_inodes(pid) & established]
+
+
 def test_two_worker_processes_serve_the_port(two_workers, bucket):
     port = int(two_workers.endpoint_url.rsplit(":", 1)[1])
     path = f"/{bucket}?list-type=2"
-    with contextlib.ExitStack() as stack:
-        for _ in range(40):
-            sock = stack.enter_context(connection(two_workers))
-            sock.sendall(encode_request("GET", path, signed_headers(two_workers, "GET", path)))
-            assert read_reply(sock).status == 200
-        established = _established_inodes(port)
-        serving = [pid for pid in _children(two_workers.pid) if _socket_inodes(pid) & established]
+    # A worker still importing the gateway accepts nothing yet: give both a bounded while.
+    deadline = time.monotonic() + 60
+    serving = _serving(two_workers, port, path)
+    while len(serving) < 2 and time.monotonic() < deadline:
+        time.sleep(1)
+        serving = _serving(two_workers, port, path)
     assert len(serving) == 2, serving
