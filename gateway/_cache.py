@@ -47,7 +47,6 @@ from ._settings import GatewaySettings
 from ._sigv4 import UNSIGNED_PAYLOAD, sign_request
 
 logger = logging.getLogger("hapi.gateway.cache")
-MODES = ("use", "bypass", "refresh")
 _S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
@@ -61,19 +60,6 @@ class Cached:
     keys: list[str]
     samples_meta: list[dict[str, Any]] | None
     nbytes: int
-
-
-def parse_mode(value: str | None) -> str:
-    """``x-hapi-cache`` (``bypass``, ``refresh``; absent: use the cache).
-
-    Raises:
-        ValueError: Another value.
-    """
-    if value is None or value == "":
-        return "use"
-    if value not in ("bypass", "refresh"):
-        raise ValueError(f"x-hapi-cache must be bypass or refresh, not {value!r}")
-    return value
 
 
 class FeatureCache:

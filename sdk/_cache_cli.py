@@ -29,7 +29,7 @@ from hapi.models import (
 
 from ._client import client
 from ._errors import SDKError
-from ._sources import IMAGE_SUFFIXES
+from ._sources import IMAGE_SUFFIXES, SHARD_SUFFIXES, list_objects, parse_uri
 
 _ENDPOINT_HELP = (
     "S3 endpoint: the gateway or the store [env AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]."
@@ -192,11 +192,18 @@ def materialize(
     """
     if batch < 1 or split < 0:
         raise UserError("--batch must be >= 1 and --split >= 0")
-    bucket, prefix = _parse_uri(uri)
+    try:
+        bucket, prefix = parse_uri(uri)
+    except ValueError:
+        raise UserError(f"expected s3://BUCKET/PREFIX, not {uri!r}") from None
     s3 = client(endpoint)
-    objects = _objects(s3, bucket, prefix)
-    if not objects:
-        raise UserError(f"no images or tar shards under {uri}")
+    try:
+        listed = list_objects(s3, bucket, prefix, (*IMAGE_SUFFIXES, *SHARD_SUFFIXES))
+    except ValueError:
+        raise UserError(f"no images or tar shards under {uri}") from None
+    except SDKError as exc:
+        raise click.ClickException(f"cannot list {uri}: {exc}") from exc
+    objects = [(key, size) for key, size, _etag in listed]
     summary, started = _Summary(), time.perf_counter()
     with tqdm(total=len(objects), unit="obj", desc="materialize") as bar:
         for start in range(0, len(objects), batch):
@@ -236,24 +243,3 @@ def _materialize_chunk(
     summary.hits += len(keys) if answer.cache == "hit" else 0
     summary.bytes_in += sum(size for _, size in chunk)
     summary.bytes_out += answer.nbytes
-
-
-def _parse_uri(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://") or not uri[5:].split("/", 1)[0]:
-        raise UserError(f"expected s3://BUCKET/PREFIX, not {uri!r}")
-    bucket, _, prefix = uri[5:].partition("/")
-    return bucket, prefix
-
-
-def _objects(s3: Any, bucket: str, prefix: str) -> list[tuple[str, int]]:
-    suffixes = (*IMAGE_SUFFIXES, ".tar")
-    try:
-        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-        return [
-            (item["Key"], int(item["Size"]))
-            for page in pages
-            for item in page.get("Contents", [])
-            if item["Key"].lower().endswith(suffixes)
-        ]
-    except (ClientError, BotoCoreError) as exc:
-        raise click.ClickException(f"cannot list s3://{bucket}/{prefix}: {exc}") from exc

@@ -124,6 +124,7 @@ class Engine:
         self.registry = Registry(self.s3, spec.registry_bucket)
         self.pushdown = spec.split is not None
         self._sessions: dict[tuple[int, int], Any] = {}
+        self._local_caches: dict[int | None, LocalCache] = {}
         self._lock = threading.Lock()
 
     @property
@@ -143,9 +144,7 @@ class Engine:
         spec = self.spec
         if spec.local_cache is None:
             return self._fetch(bucket, keys)
-        cache = LocalCache(
-            spec.local_cache, spec.manifest, spec.freeze, self.split, spec.dtype, spec.etags
-        )
+        cache = self._local_cache(spec.local_cache)
         parts = {key: cache.get(bucket, key) for key in keys}
         missing = [key for key, part in parts.items() if part is None]
         fetched = self._fetch(bucket, missing) if missing else None
@@ -154,6 +153,16 @@ class Engine:
                 cache.put(bucket, key, *part)
                 parts[key] = part
         return _assemble(keys, parts, fetched)
+
+    def _local_cache(self, root: str) -> LocalCache:
+        """The local cache for the split in use now (one per split: it keys the entries)."""
+        split = self.split
+        cache = self._local_caches.get(split)
+        if cache is None:
+            spec = self.spec
+            cache = LocalCache(root, spec.manifest, spec.freeze, split, spec.dtype, spec.etags)
+            self._local_caches[split] = cache
+        return cache
 
     def _fetch(self, bucket: str, keys: Sequence[str]) -> Batch:
         if self.pushdown:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -24,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from hapi.models import Manifest, block_prefix, decode_features, encode_features
+
+logger = logging.getLogger("hapi.sdk")
 
 
 class LocalCache:
@@ -50,6 +53,7 @@ class LocalCache:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._etags = etags or {}
+        self._warned = False
         self._scope = json.dumps(
             {
                 "preprocess": asdict(manifest.preprocess),
@@ -86,5 +90,7 @@ class LocalCache:
             with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
                 tmp.write(body)
             os.replace(tmp.name, path)
-        except OSError:
-            return
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                logger.warning("the local feature cache %s cannot be written: %s", self.root, exc)

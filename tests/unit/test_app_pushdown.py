@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -99,22 +100,26 @@ def seen() -> list[tuple[int, tuple[int, ...]]]:
     return []
 
 
-@pytest.fixture
-async def client(seen: list[tuple[int, tuple[int, ...]]]) -> AsyncIterator[httpx.AsyncClient]:
+def _app(seen: list[tuple[int, tuple[int, ...]]], *, freeze: int) -> Any:
+    """The gateway over the mock store, a one-model registry and the fake runner."""
     settings = GatewaySettings(
         backend_url="http://store.internal:8333",
         backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
         client_secrets={CLIENT[0]: CLIENT[1]},
         device="cpu",
     )
-    app = create_app(
+    return create_app(
         settings,
         upstream=httpx.AsyncClient(transport=httpx.MockTransport(_store)),
-        registry=MemoryRegistry(synthetic_manifest(freeze=4)),
+        registry=MemoryRegistry(synthetic_manifest(freeze=freeze)),
         runner=fake_runner(seen),
     )
+
+
+@pytest.fixture
+async def client(seen: list[tuple[int, tuple[int, ...]]]) -> AsyncIterator[httpx.AsyncClient]:
     async with (
-        LifespanManager(app) as manager,
+        LifespanManager(_app(seen, freeze=4)) as manager,
         httpx.AsyncClient(transport=httpx.ASGITransport(app=manager.app)) as http,
     ):
         yield http
@@ -203,18 +208,7 @@ async def test_split_auto_for_a_client_on_this_machine_saves_bytes(address, seen
     # The same request at loopback speed: a client on this machine shares the gateway's
     # cores, so nothing is gained by an early split that sends more than a raw object;
     # a client elsewhere gets the split that balances the two machines' work.
-    settings = GatewaySettings(
-        backend_url="http://store.internal:8333",
-        backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
-        client_secrets={CLIENT[0]: CLIENT[1]},
-        device="cpu",
-    )
-    app = create_app(
-        settings,
-        upstream=httpx.AsyncClient(transport=httpx.MockTransport(_store)),
-        registry=MemoryRegistry(synthetic_manifest(freeze=10)),
-        runner=fake_runner(seen),
-    )
+    app = _app(seen, freeze=10)
     transport = httpx.ASGITransport(app=app, client=(address, 40000))
     async with LifespanManager(app), httpx.AsyncClient(transport=transport) as http:
         reply = await _get(
