@@ -171,12 +171,19 @@ class FeatureCache:
             return False
         path = entry_path(cache_key(identity, manifest, split, dtype))
         model = manifest.name
-        try:
-            self._queue.put_nowait((path, lambda: self._put(path, entry, model)))
-        except asyncio.QueueFull:
+        if not self._enqueue(path, lambda: self._put(path, entry, model)):
             self.skipped_writes += 1
             self._count_write(model, "skipped")
             return False
+        return True
+
+    def _enqueue(self, path: str, job: Callable[[], Any]) -> bool:
+        try:
+            self._queue.put_nowait((path, job))
+        except asyncio.QueueFull:
+            return False
+        if self._metrics is not None:
+            self._metrics.cache_writes_pending.inc()
         return True
 
     async def _writer(self) -> None:
@@ -188,6 +195,8 @@ class FeatureCache:
                 self._warn("write", f"a feature cache write failed: {exc!r}")
             finally:
                 self._queue.task_done()
+                if self._metrics is not None:
+                    self._metrics.cache_writes_pending.dec()
 
     async def _put(self, path: str, body: bytes, model: str) -> None:
         await self._ensure_bucket()
@@ -231,8 +240,7 @@ class FeatureCache:
             return
         if age < self._settings.cache_touch_s:
             return
-        with contextlib.suppress(asyncio.QueueFull):
-            self._queue.put_nowait((path, lambda: self._touch(path)))
+        self._enqueue(path, lambda: self._touch(path))  # a full queue skips the record
 
     async def _touch(self, path: str) -> None:
         url = self._entry_url(path)

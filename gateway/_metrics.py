@@ -75,6 +75,11 @@ class Metrics:
             ("model", "outcome"),
             registry=self.registry,
         )
+        self.cache_writes_pending = Gauge(
+            "hapi_cache_writes_pending",
+            "Feature cache writes and access records queued or being written now.",
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "hapi_requests_in_flight", "Requests being handled now.", registry=self.registry
         )

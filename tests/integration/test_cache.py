@@ -73,6 +73,20 @@ def _wait_for(condition, what: str, timeout: float = 20.0) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _settled(gateway) -> None:
+    """Wait until the gateway has no cache write queued or running, so a listing of the
+    cache bucket holds every entry requested so far (earlier tests' included)."""
+    url = f"{gateway.endpoint_url}/metrics"
+
+    def idle() -> bool:
+        text = httpx.get(url, headers=_signed(gateway, "GET", url), timeout=30).text
+        found = re.search(r"^hapi_cache_writes_pending (\S+)$", text, re.M)
+        assert found, "the gateway exposes no pending-writes gauge"
+        return float(found.group(1)) == 0
+
+    _wait_for(idle, "the cache writes to finish")
+
+
 def _fetches(gateway) -> float:
     url = f"{gateway.endpoint_url}/metrics"
     text = httpx.get(url, headers=_signed(gateway, "GET", url), timeout=30).text
@@ -250,10 +264,12 @@ def test_materialize_bad_input_is_one_line_and_exit_2(gateway):
 
 def test_cache_du_ls_prune_and_rm(gateway, registered, backend_s3, photos):
     bucket, _ = photos
+    before = set(_entries(backend_s3))
     for split in (1, 2, 3):
-        _get(gateway, bucket, "cat.jpg", model="r18", split=split)
-    _wait_for(lambda: len(_entries(backend_s3)) >= 3, "three entries")
+        assert _get(gateway, bucket, "cat.jpg", model="r18", split=split).status_code == 200
+    _settled(gateway)
     entries = _entries(backend_s3)
+    assert len(set(entries) - before) == 3
     du = _hapi(gateway, "cache", "du")
     assert du.returncode == 0 and du.stdout.startswith(f"{len(entries)} entries")
     listed = _hapi(gateway, "cache", "ls", "--limit", "1000")

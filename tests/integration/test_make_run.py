@@ -56,7 +56,13 @@ def _processes_mentioning(text: str) -> list[str]:
 
 def test_make_run_on_a_fresh_clone(tmp_path):
     clone = _clone(tmp_path)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "HAPI_"))}
+    # as at a terminal: no AWS or hapi settings, and no parent make (CI runs this suite
+    # from `make test`, whose MAKELEVEL makes the child print "Leaving directory" lines)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AWS_", "HAPI_")) and k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")
+    }
     args = f"--port {free_port()} --store-port {free_port()} --no-demo-model"
     make = subprocess.Popen(
         ["make", "run", f"ARGS={args}"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import secrets
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -222,6 +224,9 @@ def test_a_gateway_killed_mid_epoch_costs_only_retries(cluster, images, referenc
             delivered.extend(zip(labels.tolist(), features.numpy(), strict=True))
             if step == 1:  # the training loop's hook
                 killer.start()
+            # a training step: prefetching stays at most `prefetch` requests ahead, so the
+            # epoch still has requests to send when the gateway is frozen
+            time.sleep(0.1)
     killer.join()
     _check(delivered, reference)
     assert killer.in_flight, "the gateway had no request in flight when it was killed"
@@ -233,7 +238,9 @@ def test_a_gateway_killed_mid_epoch_costs_only_retries(cluster, images, referenc
 
 
 class _Killer(threading.Thread):
-    """SIGKILLs a gateway the moment its /metrics show a request in flight."""
+    """Freezes a gateway (SIGSTOP), waits until a request sits unanswered on one of its
+    connections, then SIGKILLs it, so a request is in flight when it dies however fast
+    the machine answers."""
 
     def __init__(self, gateway: RunningGateway, delivered: list[Any]) -> None:
         super().__init__(name="gateway-killer")
@@ -241,10 +248,34 @@ class _Killer(threading.Thread):
         self.served, self.in_flight, self.delivered = 0.0, False, 0
 
     def run(self) -> None:
+        self.served, _ = _scrape(self.gateway)
+        port = urlsplit(self.gateway.endpoint_url).port
+        assert port is not None
+        self.gateway.process.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 20
         while not self.in_flight and time.monotonic() < deadline:
-            self.served, in_flight = _scrape(self.gateway)
-            self.in_flight = in_flight > 0
+            self.in_flight = _requests_awaiting_answer(port) > 0
+            time.sleep(0.002)
         self.gateway.process.kill()
         self.delivered = len(self._delivered)
         self.gateway.process.wait()
+
+
+def _requests_awaiting_answer(port: int) -> int:
+    """Connections to ``port`` holding a request the server has not answered: bytes it has
+    not read, or bytes received and none sent since (``ss -ti``: nothing sent yet, or
+    lastrcv < lastsnd, both in milliseconds ago)."""
+    listing = subprocess.run(
+        ["ss", "-Htin", "state", "established", f"( sport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    waiting = 0
+    for head, info in zip(*[iter(listing.splitlines())] * 2, strict=False):
+        fields = dict(re.findall(r"(\w+):(\d+)", info))
+        unread, received = int(head.split()[0]), int(fields.get("bytes_received", 0))
+        asked_since_answer = int(fields["lastrcv"]) < int(fields["lastsnd"])
+        if unread or (received and (not int(fields.get("bytes_sent", 0)) or asked_since_answer)):
+            waiting += 1
+    return waiting
