@@ -62,7 +62,7 @@ def gateway_process(
     backend_secret: str,
     log_dir: Path,
     extra_args: tuple[str, ...] = (),
-    start_timeout: float = 30.0,
+    start_timeout: float = 90.0,  # three starting at once on a loaded 2-core machine
 ) -> Iterator[RunningGateway]:
     """Run ``hapi serve`` on a free loopback port; stop it afterwards, whatever happens."""
     port = free_port()
