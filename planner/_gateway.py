@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -103,6 +103,7 @@ def probe_bandwidth(
     client: httpx.Client | None = None,
     timeout: float = 60.0,
     auth: httpx.Auth | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> float:
     """Measure the bandwidth from the gateway to here, in bits per second.
 
@@ -120,6 +121,7 @@ def probe_bandwidth(
         client: The httpx client to use; one is created and closed if omitted.
         timeout: Per-request timeout of a created client, in seconds.
         auth: Signs the requests; :meth:`GatewayAuth.from_environment` if omitted.
+        clock: The seconds counter the transfers are timed with.
 
     Raises:
         ProbeError: A request failed, or the stream was cut short.
@@ -135,12 +137,12 @@ def probe_bandwidth(
         ThreadPoolExecutor(streams) as pool,
     ):
         get = _Downloader(http, url, signer)
-        _timed(pool, get, streams, streams)  # opens the connections
+        _timed(pool, get, streams, streams, clock)  # opens the connections
         if bytes is None:
-            rough = _timed(pool, get, _FIRST_PROBE_BYTES, streams)
+            rough = _timed(pool, get, _FIRST_PROBE_BYTES, streams, clock)
             wanted = int(rough / 8 * seconds)
             bytes = min(max(wanted, _FIRST_PROBE_BYTES), _MAX_PROBE_BYTES)
-        return _timed(pool, get, bytes, streams)
+        return _timed(pool, get, bytes, streams, clock)
 
 
 @dataclass(frozen=True)
@@ -153,12 +155,18 @@ class _Downloader:
         return _download(self.http, self.url, size, self.auth)
 
 
-def _timed(pool: ThreadPoolExecutor, get: _Downloader, total: int, streams: int) -> float:
+def _timed(
+    pool: ThreadPoolExecutor,
+    get: _Downloader,
+    total: int,
+    streams: int,
+    clock: Callable[[], float],
+) -> float:
     """Bits per second of ``total`` bytes downloaded over ``streams`` parallel requests."""
     share = max(1, total // streams)
-    start = time.perf_counter()
+    start = clock()
     received = sum(pool.map(lambda _: get(share), range(streams)))
-    return received * 8 / max(time.perf_counter() - start, 1e-9)
+    return received * 8 / max(clock() - start, 1e-9)
 
 
 def _download(http: httpx.Client, url: str, size: int, auth: httpx.Auth | None) -> int:

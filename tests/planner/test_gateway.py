@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -22,54 +21,65 @@ from tests.planner.synthetic import manifest, r18
 GATEWAY = "http://gateway.test"
 
 
-def _slow_zeros(size: int, seconds: float) -> Iterator[bytes]:
-    chunks = 10
-    for index in range(chunks):
-        time.sleep(seconds / chunks)
-        yield bytes(size // chunks + (size % chunks if index == chunks - 1 else 0))
+class _Link:
+    """A virtual link of ``bytes_per_s`` shared by every stream: each chunk served moves
+    the clock on by its transfer time, so the probe's figures do not depend on how busy
+    the machine running the test is."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.bytes_per_s, self.now = bytes_per_s, 0.0
+        self._lock = threading.Lock()
+
+    def clock(self) -> float:
+        with self._lock:
+            return self.now
+
+    def carry(self, size: int) -> Iterator[bytes]:
+        step = 64 * 1024
+        for offset in range(0, size, step):
+            chunk = min(step, size - offset)
+            with self._lock:
+                self.now += chunk / self.bytes_per_s
+            yield bytes(chunk)
 
 
-def test_probe_times_parallel_streams() -> None:
+def test_probe_runs_its_streams_in_parallel() -> None:
     seen: list[int] = []
     lock = threading.Lock()
+    # every big stream waits here until all four are open: one after another, it breaks
+    together = threading.Barrier(4, timeout=30)
 
     def handler(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/_hapi/probe"
         size = int(request.url.params["bytes"])
         with lock:
             seen.append(size)
-        # 1 MB per stream in 0.2 s: 4 streams in parallel carry 4 MB in 0.2 s = 160 Mbit/s.
-        body = _slow_zeros(size, 0.2 if size > 1 else 0.0)
-        return httpx.Response(200, content=body)
+        if size > 1:
+            together.wait()
+        return httpx.Response(200, content=link.carry(size))
 
+    link = _Link(20e6)
     with httpx.Client(transport=httpx.MockTransport(handler)) as client:
-        bits = probe_bandwidth(GATEWAY, bytes=4_000_000, streams=4, client=client)
+        bits = probe_bandwidth(GATEWAY, bytes=4_000_000, streams=4, client=client, clock=link.clock)
     assert sorted(seen) == [1, 1, 1, 1, 1_000_000, 1_000_000, 1_000_000, 1_000_000]
-    assert 60e6 < bits < 170e6  # one stream after another would be 40 Mbit/s
-
-
-def _paced(size: int, bytes_per_s: float) -> Iterator[bytes]:
-    step = 64 * 1024
-    for offset in range(0, size, step):
-        chunk = min(step, size - offset)
-        time.sleep(chunk / bytes_per_s)
-        yield bytes(chunk)
+    assert bits == pytest.approx(160e6)  # 4 MB over a 20 MB/s link
 
 
 def test_probe_sizes_itself_to_the_link() -> None:
     sizes: list[int] = []
+    link = _Link(20e6)  # 160 Mbit/s
 
     def handler(request: httpx.Request) -> httpx.Response:
         size = int(request.url.params["bytes"])
         sizes.append(size)
-        return httpx.Response(200, content=_paced(size, 5e6))  # 5 MB/s per stream
+        return httpx.Response(200, content=link.carry(size))
 
     with httpx.Client(transport=httpx.MockTransport(handler)) as client:
-        bits = probe_bandwidth(GATEWAY, client=client, seconds=0.25)
-    # Connections, then 512 KiB to size the real probe of about 0.25 s at 4 x 5 MB/s.
+        bits = probe_bandwidth(GATEWAY, client=client, seconds=0.25, clock=link.clock)
+    # Connections, then 512 KiB to size the real probe: 0.25 s at 20 MB/s is 5 MB.
     assert sizes[:4] == [1] * 4 and sizes[4:8] == [128 * 1024] * 4
-    assert 2e6 / 4 < sizes[8] < 6e6 / 4 and len(sizes) == 12
-    assert 80e6 < bits < 170e6
+    assert sizes[8:] == [5_000_000 // 4] * 4
+    assert bits == pytest.approx(160e6)
 
 
 def test_probe_cut_short_is_an_error() -> None:
