@@ -41,6 +41,7 @@ from ._sigv4 import sign_request
 __all__ = ["AsyncRegistry", "StoreRegistry"]
 
 _S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+_LIST_CONCURRENCY = 8  # manifests read at once when listing every model
 
 
 class AsyncRegistry(Protocol):
@@ -92,7 +93,13 @@ class StoreRegistry:
     async def list_models(self) -> list[Manifest]:
         """The latest manifest of every model, sorted by name."""
         names = model_names(await self._keys(MODELS_PREFIX))
-        found = await asyncio.gather(*(self.get_manifest(n) for n in names), return_exceptions=True)
+        limit = asyncio.Semaphore(_LIST_CONCURRENCY)  # leave the pool to the data plane
+
+        async def one(name: str) -> Manifest:
+            async with limit:
+                return await self.get_manifest(name)
+
+        found = await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
         manifests = []
         for outcome in found:
             if isinstance(outcome, Manifest):
