@@ -10,12 +10,14 @@ from ._cli import serve, settings_options
 from ._control import ProbeMeter
 from ._errors import S3Error
 from ._knobs import Knob, markdown_table
+from ._registry import AsyncRegistry, StoreRegistry
 from ._server import listen, run_gateway
 from ._settings import GatewaySettings, environment_variables, settings_knobs
 from ._sigv4 import Credentials, sign_request
 from ._tenants import SessionFactory
 
 __all__ = [
+    "AsyncRegistry",
     "Credentials",
     "Gateway",
     "GatewaySettings",
@@ -23,6 +25,7 @@ __all__ = [
     "ProbeMeter",
     "S3Error",
     "SessionFactory",
+    "StoreRegistry",
     "create_app",
     "environment_variables",
     "listen",

@@ -9,12 +9,11 @@ from typing import Any
 
 import httpx
 
-from hapi.models import RegistryReader
-
 from ._control import ControlPlane
 from ._metrics import Metrics
 from ._observe import Observe
 from ._proxy import Proxy
+from ._registry import AsyncRegistry
 from ._resources import open_pushdown
 from ._settings import GatewaySettings
 from ._tenants import SessionFactory
@@ -97,7 +96,7 @@ class Gateway:
         settings: GatewaySettings,
         upstream: httpx.AsyncClient | None = None,
         *,
-        registry: RegistryReader | None = None,
+        registry: AsyncRegistry | None = None,
         runner: SessionFactory | None = None,
     ) -> None:
         self.settings = settings
@@ -145,7 +144,7 @@ def create_app(
     settings: GatewaySettings,
     *,
     upstream: httpx.AsyncClient | None = None,
-    registry: RegistryReader | None = None,
+    registry: AsyncRegistry | None = None,
     runner: SessionFactory | None = None,
 ) -> Gateway:
     """Build the gateway ASGI app.
@@ -154,8 +153,9 @@ def create_app(
         settings: Validated settings.
         upstream: An HTTP client for the backend (tests pass one with a mock transport);
             when omitted, the app creates its own in its lifespan and closes it there.
-        registry: Where manifests come from (tests pass an in-memory one); by default the
-            registry bucket of the backend, read with the backend credentials.
+        registry: Where manifests and blocks come from (tests pass an in-memory one); by
+            default the registry bucket of the backend, read async over the upstream client
+            with the backend credentials.
         runner: Builds the function that runs one batch through blocks ``[0, split)`` of a
             manifest (tests pass a fake); by default an onnxruntime session of the blocks.
     """

@@ -13,7 +13,6 @@ the data plane), unless the operator made it public (``public_control``,
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -183,7 +182,7 @@ def _model_routes(app: FastAPI, gateway: Gateway) -> None:
         """The latest version of every registered model."""
         registry = _pushdown(gateway).tenants.registry
         try:
-            manifests = await asyncio.to_thread(registry.list_models)
+            manifests = await registry.list_models()
         except ModelError as exc:
             raise ServiceUnavailable(
                 f"the model registry cannot be read: {exc}", retry_after=1

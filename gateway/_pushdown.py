@@ -2,11 +2,13 @@
 
 ``GET /{bucket}/{key}`` with ``x-hapi-model`` / ``x-hapi-split`` (or ``hapi-*`` query
 parameters) on an image or a WebDataset tar shard, and ``POST /{bucket}?hapi-batch`` with
-a JSON list of keys. A request goes in two steps:
+a JSON list of keys (``split=auto`` is planned in :mod:`._pushdown_plan`). A request
+goes in two steps:
 
 1. fetch the objects (bounded together by ``max_object_bytes``) and list their samples,
    counting them against ``max_request_samples`` and reading each image's header, without
-   decoding any pixels; per-key failures of a batch are known here;
+   decoding any pixels; per-key failures of a batch are known here
+   (:mod:`._pushdown_fetch`);
 2. decode, run and send the samples in windows sized from ``max_decoded_bytes``: one
    window decodes (in a worker pool, off the event loop) while the previous one runs
    through blocks ``[0, split)`` on the shared batcher, and its rows go out as soon as they
@@ -26,61 +28,31 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TypeVar
-from xml.etree import ElementTree
 
 import httpx
 import numpy as np
 
-from hapi import planner
-from hapi.models import (
-    Manifest,
-    ObjectIdentity,
-    PendingSample,
-    TooManySamples,
-    UndecodableObject,
-    list_samples,
-)
+from hapi.models import Manifest, PendingSample, UndecodableObject
 
-from ._addressing import object_path
 from ._batcher import Batcher
-from ._cache import Cached, FeatureCache, identity_from
+from ._cache import Cached, FeatureCache
 from ._cached import CachedSample, EntryWriter, cached_samples, lookup_all, merge_rows
-from ._errors import (
-    BackendError,
-    InsufficientMemory,
-    InvalidArgument,
-    InvalidRequest,
-    S3Error,
-    ServiceUnavailable,
-    UnprocessableObject,
-)
+from ._errors import BackendError, InvalidArgument, S3Error, UnprocessableObject
 from ._metrics import Metrics
+from ._pushdown_fetch import ObjectLister
 from ._pushdown_params import Params, parse_batch, parse_params
+from ._pushdown_plan import choose_split
 from ._pushdown_stream import Answer, open_stream
 from ._settings import GatewaySettings
-from ._sigv4 import sign_request
 from ._tenants import RequestStats, Tenants, per_sample_bytes
 from ._types import ASGIReceive, ASGISend
 
 __all__ = ["Params", "Pushdown", "parse_params"]
 
 T = TypeVar("T")
-_FETCH_CONCURRENCY = 32
 _REASONS_SHOWN = 20  # per-key reasons in the message of an all-failed batch
-
-
-@dataclass
-class _Listing:
-    """What step 1 found for one request."""
-
-    samples: dict[str, list[PendingSample]] = field(default_factory=dict)
-    errors: dict[str, S3Error] = field(default_factory=dict)
-    identities: dict[str, ObjectIdentity] = field(default_factory=dict)  # as fetched
-    held: int = 0  # object bytes fetched
-    counted: int = 0  # samples listed
-    fetch_ms: float = 0.0
 
 
 class _Progress:
@@ -117,11 +89,10 @@ class Pushdown:
         metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
-        self._client = client
         self.tenants = tenants
         self._decode_pool = decode_pool
         self.cache = cache
-        self._metrics = metrics
+        self._lister = ObjectLister(settings, client, decode_pool, metrics)
         self._signed = True
 
     def unsigned(self) -> Pushdown:
@@ -172,7 +143,9 @@ class Pushdown:
         if batcher is not None:
             batcher.announce()  # samples are on their way: worth a short wait for company
         try:
-            listing = await self._list_all(bucket, missing, manifest, batch)
+            listing = await self._lister.list_all(
+                bucket, missing, manifest, batch, signed=self._signed
+            )
         except BaseException as exc:
             if batcher is not None:
                 batcher.withdraw()
@@ -242,154 +215,10 @@ class Pushdown:
         return manifest, params
 
     def choose_split(self, manifest: Manifest, params: Params) -> int:
-        """``split=auto``: the planner's best split on the gateway's view (its memory share
-        and load; the client's bandwidth from ``x-hapi-bandwidth``, else the configured
-        assumption; a client on this machine shares its cores). Raw objects are not an
-        option here: the client asked for features. As in the planner, a split sending
-        more bytes than a raw object must be clearly faster than one that does not.
-        """
-        budget = self.tenants.budget
-        profile = planner.profile_from_manifest(
-            manifest,
-            storage_memory_bytes=budget.share(),
-            storage_load=float(max(1, budget.active_tenants)),
-            wire_dtype=params.dtype,
-            shared_compute=params.colocated,
+        """``split=auto`` on the gateway's view (see :func:`._pushdown_plan.choose_split`)."""
+        return choose_split(
+            manifest, params, self.tenants.budget, self._settings.assumed_bandwidth_bps
         )
-        bandwidth = params.bandwidth_bps or self._settings.assumed_bandwidth_bps
-        options = [
-            c
-            for c in planner.plan(manifest, profile, bandwidth).candidates
-            if c.split is not None and c.feasible
-        ]
-        if not options:
-            raise InsufficientMemory(
-                f"no split of {manifest.ref} fits the storage side's memory budget"
-            )
-        best = min(options, key=lambda c: (c.epoch_s, c.bytes_per_sample))
-        lean = [c for c in options if c.bytes_per_sample <= profile.raw_bytes]
-        if best.bytes_per_sample > profile.raw_bytes and lean:
-            fallback = min(lean, key=lambda c: (c.epoch_s, c.bytes_per_sample))
-            if fallback.epoch_s <= best.epoch_s * (1 + planner.DEFAULT_BYTE_MARGIN):
-                best = fallback
-        assert best.split is not None
-        return int(best.split)
-
-    # -- step 1: fetch and list ----------------------------------------------------------
-
-    async def _list_all(
-        self, bucket: str, keys: Sequence[str], manifest: Manifest, batch: bool
-    ) -> _Listing:
-        listing = _Listing()
-        limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
-
-        async def one(key: str) -> None:
-            async with limit:
-                started = time.perf_counter()
-                data = await self._fetch(bucket, key, listing, batch)
-                listing.fetch_ms = max(listing.fetch_ms, (time.perf_counter() - started) * 1000)
-            try:
-                listing.samples[key] = await self._list(data, bucket, key, manifest, listing)
-            except S3Error:
-                listing.held -= len(data)  # a failed key's bytes are dropped now
-                raise
-
-        outcomes = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
-        for key, outcome in zip(keys, outcomes, strict=True):
-            if not isinstance(outcome, BaseException):
-                continue
-            if batch and isinstance(outcome, S3Error) and not isinstance(outcome, InvalidRequest):
-                listing.errors[key] = outcome
-            else:
-                raise outcome
-        return listing
-
-    async def _fetch(self, bucket: str, key: str, listing: _Listing, batch: bool) -> bytes:
-        # The whole object is needed before listing can start (image headers and tar
-        # indexes want random access); the objects of a request are capped together.
-        url = self._settings.backend_url + object_path(bucket, key)
-        if self._metrics is not None:
-            self._metrics.object_fetches.inc()
-        headers = (
-            sign_request(
-                method="GET",
-                url=url,
-                headers={},
-                credentials=self._settings.backend_credentials,
-                region=self._settings.region,
-            )
-            if self._signed
-            else {}
-        )
-        try:
-            async with self._client().stream("GET", url, headers=headers) as reply:
-                if reply.status_code != 200:
-                    raise _backend_error(reply.status_code, await reply.aread(), f"/{bucket}/{key}")
-                identity = identity_from(bucket, key, reply.headers)
-                if identity is not None:
-                    listing.identities[key] = identity
-                return await self._read_capped(reply, bucket, key, listing, batch)
-        except httpx.TransportError as exc:
-            raise ServiceUnavailable(
-                f"the backend store cannot be reached: {exc!r}", retry_after=1
-            ) from exc
-
-    async def _read_capped(
-        self, reply: httpx.Response, bucket: str, key: str, listing: _Listing, batch: bool
-    ) -> bytes:
-        declared = int(reply.headers.get("content-length", "0"))
-        self._hold(declared, bucket, key, listing, batch)
-        parts, size = [], 0
-        async for chunk in reply.aiter_bytes():
-            size += len(chunk)
-            if size > declared:  # no or a wrong length: hold what arrives, as it arrives
-                self._hold(size - max(declared, size - len(chunk)), bucket, key, listing, batch)
-            parts.append(chunk)
-        return b"".join(parts)
-
-    def _hold(self, size: int, bucket: str, key: str, listing: _Listing, batch: bool) -> None:
-        limit = self._settings.max_object_bytes
-        listing.held += size
-        if listing.held <= limit:
-            return
-        if batch and listing.held - size > 0:
-            raise InvalidRequest(
-                f"the objects of this batch total more than {limit} bytes, the limit of one "
-                "pushdown request (HAPI_MAX_OBJECT_BYTES); ask for fewer keys per batch",
-                resource=f"/{bucket}",
-            )
-        listing.held -= size  # refused unread
-        raise UnprocessableObject(
-            f"object is over the pushdown limit of {limit} bytes (HAPI_MAX_OBJECT_BYTES)",
-            resource=f"/{bucket}/{key}",
-        )
-
-    async def _list(
-        self, data: bytes, bucket: str, key: str, manifest: Manifest, listing: _Listing
-    ) -> list[PendingSample]:
-        cap = self._settings.max_request_samples
-        loop = asyncio.get_running_loop()
-        try:
-            found: list[PendingSample] = await loop.run_in_executor(
-                self._decode_pool,
-                lambda: list_samples(
-                    data,
-                    key=key,
-                    max_samples=max(0, cap - listing.counted),
-                    max_pixels=self._settings.max_image_pixels,
-                ),
-            )
-        except TooManySamples as exc:
-            raise _too_many(cap, bucket, key) from exc
-        except UndecodableObject as exc:
-            raise UnprocessableObject(
-                f"{exc} (model {manifest.ref} needs an image or a tar shard)",
-                resource=f"/{bucket}/{key}",
-            ) from exc
-        listing.counted += len(found)
-        if listing.counted > cap:
-            raise _too_many(cap, bucket, key)
-        return found
 
     # -- step 2: decode, run and send in windows -----------------------------------------
 
@@ -499,14 +328,6 @@ def _add(timings: dict[str, float], name: str, started: float) -> None:
     timings[name] = timings.get(name, 0.0) + (time.perf_counter() - started) * 1000
 
 
-def _too_many(cap: int, bucket: str, key: str) -> InvalidRequest:
-    return InvalidRequest(
-        f"more than {cap} samples in one pushdown request (HAPI_MAX_REQUEST_SAMPLES); "
-        "ask for fewer keys or smaller shards",
-        resource=f"/{bucket}/{key}",
-    )
-
-
 def _all_failed(errors: dict[str, S3Error]) -> S3Error:
     """No key of a batch could be served: one error, with every key's reason."""
     reasons = "; ".join(
@@ -520,17 +341,6 @@ def _all_failed(errors: dict[str, S3Error]) -> S3Error:
         code, status = kinds.pop()
         return BackendError(code, status, message)
     return UnprocessableObject(message)
-
-
-def _backend_error(status: int, body: bytes, resource: str) -> S3Error:
-    try:
-        root = ElementTree.fromstring(body)
-        code, message = root.findtext("Code") or "BackendError", root.findtext("Message") or ""
-    except ElementTree.ParseError:
-        code, message = "BackendError", body[:200].decode(errors="replace")
-    return BackendError(
-        code, status, message or f"the backend answered HTTP {status}", resource=resource
-    )
 
 
 def _output_shape(manifest: Manifest, split: int) -> tuple[int, ...]:

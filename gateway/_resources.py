@@ -10,16 +10,15 @@ import subprocess
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import boto3
 import httpx
-from botocore.config import Config
 
-from hapi.models import Registry, RegistryReader, RuntimeSettings, cuda_usable
+from hapi.models import RuntimeSettings, cuda_usable
 
 from ._batcher import MemoryBudget
 from ._cache import FeatureCache
 from ._metrics import Metrics
 from ._pushdown import Pushdown
+from ._registry import AsyncRegistry, StoreRegistry
 from ._settings import GatewaySettings
 from ._tenants import SessionFactory, Tenants
 
@@ -53,28 +52,13 @@ def _gpu_free_bytes() -> int | None:
         return None
 
 
-def registry_client(settings: GatewaySettings) -> Registry:
-    """The registry, reached directly at the backend with the backend credentials."""
-    client = boto3.client(
-        "s3",
-        endpoint_url=settings.backend_url,
-        region_name=settings.region,
-        aws_access_key_id=settings.backend_credentials.access_key_id,
-        aws_secret_access_key=settings.backend_credentials.secret_access_key,
-        config=Config(
-            s3={"addressing_style": "path"}, retries={"max_attempts": 2}, max_pool_connections=16
-        ),
-    )
-    return Registry(client, settings.registry_bucket)
-
-
 @contextlib.asynccontextmanager
 async def open_pushdown(
     settings: GatewaySettings,
     client: Callable[[], httpx.AsyncClient],
     metrics: Metrics | None = None,
     *,
-    registry: RegistryReader | None = None,
+    registry: AsyncRegistry | None = None,
     runner: SessionFactory | None = None,
 ) -> AsyncIterator[Pushdown]:
     """Create pushdown's pools, registry, tenants and feature cache; close them on exit.
@@ -89,7 +73,7 @@ async def open_pushdown(
         ThreadPoolExecutor(1, thread_name_prefix="hapi-infer") as infer_pool,
     ):
         tenants = Tenants(
-            registry or registry_client(settings),
+            registry or StoreRegistry(settings, client),
             memory_budget(settings),
             infer_pool,
             runtime=runtime,

@@ -26,11 +26,11 @@ from hapi.models import (
     Manifest,
     MemoryBudgetStats,
     ModelError,
-    RegistryReader,
     RequestCounters,
     RuntimeSettings,
     ServedSplit,
     TenantStats,
+    assemble_blocks,
     create_session,
     parse_ref,
 )
@@ -38,6 +38,7 @@ from hapi.models import NoSuchModel as RegistryNoSuchModel
 
 from ._batcher import Batcher, MemoryBudget, OutOfMemory
 from ._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
+from ._registry import AsyncRegistry
 
 _OOM_MARKERS = (
     "failed to allocate memory",
@@ -115,7 +116,7 @@ class Tenants:
     """Manifests, sessions and batchers of the models this gateway serves.
 
     Args:
-        registry: The registry (a blocking client; called in worker threads).
+        registry: The registry (read on the event loop; its reads are async).
         budget: The shared memory budget.
         infer_pool: Where inference runs (one thread per device).
         runtime: Session settings (device, threads).
@@ -129,7 +130,7 @@ class Tenants:
 
     def __init__(
         self,
-        registry: RegistryReader,
+        registry: AsyncRegistry,
         budget: MemoryBudget,
         infer_pool: Executor,
         *,
@@ -145,7 +146,7 @@ class Tenants:
         self.budget = budget
         self._pool = infer_pool
         self._runtime = runtime or RuntimeSettings()
-        self._make_run = make_run or self._ort_run
+        self._make_run = make_run
         self._latest_ttl = latest_ttl_s
         self._max_tenants = max_tenants
         self._batcher_options: dict[str, Any] = {
@@ -175,15 +176,15 @@ class Tenants:
         cached = self._latest.get(ref)
         if cached is not None and time.monotonic() - cached[0] < self._latest_ttl:
             return cached[1]
-        manifest = await asyncio.to_thread(self._lookup, ref)
+        manifest = await self._lookup(ref)
         self._pinned[manifest.ref] = manifest
         if "@" not in ref:
             self._latest[ref] = (time.monotonic(), manifest)
         return manifest
 
-    def _lookup(self, ref: str) -> Manifest:
+    async def _lookup(self, ref: str) -> Manifest:
         try:
-            return self.registry.get_manifest(ref)
+            return await self.registry.get_manifest(ref)
         except RegistryNoSuchModel as exc:
             raise NoSuchModel(
                 f"the registry has no model {ref!r}; `hapi models ls` lists them"
@@ -218,7 +219,10 @@ class Tenants:
         return tenant.batcher
 
     async def _create(self, manifest: Manifest, split: int) -> _Tenant:
-        run = await asyncio.to_thread(self._make_run, manifest, split)
+        if self._make_run is None:
+            run = await self._ort_run(manifest, split)
+        else:
+            run = await asyncio.to_thread(self._make_run, manifest, split)
         weights = sum(block.size for block in manifest.blocks[:split])
         name = f"{manifest.ref}[0:{split}]"
         batcher = Batcher(
@@ -235,14 +239,21 @@ class Tenants:
         await self._evict()
         return tenant
 
-    def _ort_run(self, manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray]:
+    async def _ort_run(self, manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray]:
+        """Blocks ``[0, split)`` fetched (async), then verified, composed and loaded into
+        an onnxruntime session in a worker thread (CPU work, not I/O)."""
         try:
-            graph = self.registry.load_blocks(manifest, 0, split)
-            return ort_runner(create_session(graph, self._runtime))
+            blobs = await self.registry.fetch_blocks(manifest, 0, split)
+            return await asyncio.to_thread(self._session, manifest, blobs)
         except ModelError as exc:
             raise ServiceUnavailable(
                 f"cannot load {manifest.ref} blocks [0, {split}): {exc}"
             ) from exc
+
+    def _session(
+        self, manifest: Manifest, blobs: list[bytes | None]
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        return ort_runner(create_session(assemble_blocks(manifest, 0, blobs), self._runtime))
 
     async def _evict(self) -> None:
         while len(self._tenants) > self._max_tenants:

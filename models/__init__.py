@@ -57,6 +57,18 @@ from ._export import DEFAULT_MODEL, export_model, register_default_model, sample
 from ._families import FAMILIES, Decomposition, build
 from ._hub import HUBS, RandomWeightsWarning, build_hub, export_hub
 from ._import import CutPoint, describe_cuts, import_onnx
+from ._layout import (
+    MODELS_PREFIX,
+    assemble_blocks,
+    block_key,
+    check_block,
+    latest_key,
+    manifest_key,
+    model_names,
+    model_prefix,
+    parse_latest,
+    parse_manifest_key,
+)
 from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec, Manifest
 from ._onnx import compose
 from ._preprocess import PRESETS, Preset, get_preset, preprocess, preprocess_batch
@@ -93,6 +105,7 @@ __all__ = [
     "FAMILIES",
     "HUBS",
     "MIN_BLOCK_SHARE",
+    "MODELS_PREFIX",
     "PRESETS",
     "WIRE_DTYPES",
     "BlockInfo",
@@ -133,10 +146,13 @@ __all__ = [
     "UndecodableObject",
     "UserError",
     "VersionConflict",
+    "assemble_blocks",
+    "block_key",
     "block_prefix",
     "build",
     "build_hub",
     "cache_key",
+    "check_block",
     "check_name",
     "cli_errors",
     "compose",
@@ -154,9 +170,15 @@ __all__ = [
     "get_preset",
     "import_onnx",
     "is_entry",
+    "latest_key",
     "list_entries",
     "list_samples",
+    "manifest_key",
+    "model_names",
+    "model_prefix",
     "open_registry",
+    "parse_latest",
+    "parse_manifest_key",
     "parse_ref",
     "preprocess",
     "preprocess_batch",

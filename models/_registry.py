@@ -6,6 +6,8 @@ Layout (DESIGN.md, "Registry layout")::
     models/<name>/<version>.json      a manifest, written after all of its blocks
     models/<name>/latest              the current version, as decimal text
 
+(the keys are built and parsed in :mod:`._layout`, which the gateway's async reader uses
+too).
 Versions are integers per name, 1 for the first, then one more than the highest that
 exists. A manifest is created with ``If-None-Match: *``, so two writers never replace
 each other's version; the loser retries with the next number. Readers go through
@@ -32,13 +34,24 @@ from typing import Any, Protocol
 import onnx
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ._errors import CorruptBlock, InvalidModelSpec, NoSuchModel, RegistryError, VersionConflict
+from ._errors import InvalidModelSpec, NoSuchModel, RegistryError, VersionConflict
+from ._layout import (
+    MODELS_PREFIX,
+    assemble_blocks,
+    block_key,
+    check_block,
+    latest_key,
+    manifest_key,
+    model_names,
+    model_prefix,
+    parse_latest,
+    parse_manifest_key,
+)
 from ._manifest import ExportedBlock, ExportedModel, Manifest
-from ._onnx import compose, sha256
+from ._onnx import sha256
 
 DEFAULT_BUCKET = "hapi-models"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_MANIFEST_KEY = re.compile(r"models/([^/]+)/([1-9][0-9]*)\.json")
 _MISSING = {"404", "NoSuchKey", "NoSuchBucket", "NotFound"}
 _REGISTER_ATTEMPTS = 5
 _FETCH_THREADS = 4
@@ -97,18 +110,6 @@ class Removal:
     removed: tuple[str, ...]
     deleted_blocks: tuple[str, ...]
     freed_bytes: int
-
-
-def _block_key(digest: str) -> str:
-    return f"blocks/sha256/{digest}.onnx"
-
-
-def _manifest_key(name: str, version: int) -> str:
-    return f"models/{name}/{version}.json"
-
-
-def _latest_key(name: str) -> str:
-    return f"models/{name}/latest"
 
 
 def _manifest(name: str, version: int, model: ExportedModel, parent: str | None) -> Manifest:
@@ -241,12 +242,12 @@ class Registry:
 
     def has_block(self, digest: str) -> bool:
         """Whether ``blocks/sha256/<digest>.onnx`` is stored."""
-        return self._exists(_block_key(digest))
+        return self._exists(block_key(digest))
 
     def _upload(self, blocks: Sequence[ExportedBlock]) -> None:
         for digest, data in {b.info.hash: b.data for b in blocks}.items():
             if not self.has_block(digest):
-                self._put(_block_key(digest), data)
+                self._put(block_key(digest), data)
 
     def register(self, name: str, model: ExportedModel, *, parent: str | None = None) -> Manifest:
         """Store an exported model as the next version of ``name``.
@@ -283,7 +284,7 @@ class Registry:
         # A concurrent remove() may have collected a shared block after the check above;
         # put it back before anyone is pointed at this version.
         self._upload(model.blocks)
-        self._put(_latest_key(name), str(max(self.versions(name))).encode())
+        self._put(latest_key(name), str(max(self.versions(name))).encode())
         return manifest
 
     def _identical_latest(
@@ -299,7 +300,7 @@ class Registry:
         for _ in range(_REGISTER_ATTEMPTS):
             manifest = _manifest(name, max(self.versions(name), default=0) + 1, model, parent)
             try:
-                key = _manifest_key(name, manifest.version)
+                key = manifest_key(name, manifest.version)
                 self._put(key, manifest.to_json().encode(), create_only=True)
                 return manifest
             except VersionConflict:
@@ -312,13 +313,13 @@ class Registry:
 
     def versions(self, name: str) -> list[int]:
         """The stored versions of ``name``, ascending (empty if none)."""
-        found = (_MANIFEST_KEY.fullmatch(key) for key in self._keys(f"models/{check_name(name)}/"))
-        return sorted(int(match[2]) for match in found if match and match[1] == name)
+        found = (parse_manifest_key(key) for key in self._keys(model_prefix(check_name(name))))
+        return sorted(parsed[1] for parsed in found if parsed and parsed[0] == name)
 
     def _latest(self, name: str) -> int:
-        pointer = self._get(_latest_key(name))
-        if pointer is not None and pointer.strip().isdigit():
-            return int(pointer)
+        latest = parse_latest(self._get(latest_key(name)))
+        if latest is not None:
+            return latest
         versions = self.versions(name)  # a writer died between manifest and pointer
         if not versions:
             raise NoSuchModel(name)
@@ -334,14 +335,14 @@ class Registry:
         """
         name, version = parse_ref(ref)
         version = self._latest(name) if version is None else version
-        data = self._get(_manifest_key(name, version))
+        data = self._get(manifest_key(name, version))
         if data is None:
             raise NoSuchModel(ref)
         return Manifest.from_json(data)
 
     def list_models(self) -> list[Manifest]:
         """The latest manifest of every model, sorted by name."""
-        names = sorted({key.split("/")[1] for key in self._keys("models/") if key.count("/") == 2})
+        names = model_names(self._keys(MODELS_PREFIX))
         manifests = []
         for name in names:
             try:
@@ -351,10 +352,9 @@ class Registry:
         return manifests
 
     def _all_manifests(self) -> list[Manifest]:
-        matches = (_MANIFEST_KEY.fullmatch(key) for key in self._keys("models/"))
         manifests = []
-        for match in matches:
-            data = self._get(match[0]) if match else None
+        for key in self._keys(MODELS_PREFIX):
+            data = self._get(key) if parse_manifest_key(key) else None
             if data is not None:
                 manifests.append(Manifest.from_json(data))
         return manifests
@@ -408,12 +408,7 @@ class Registry:
         Raises:
             CorruptBlock: The stored bytes are missing or do not hash to the manifest's digest.
         """
-        expected = manifest.blocks[index].hash
-        data = self._get(_block_key(expected))
-        actual = "missing" if data is None else sha256(data)
-        if data is None or actual != expected:
-            raise CorruptBlock(manifest.ref, index, expected, actual)
-        return data
+        return check_block(manifest, index, self._get(block_key(manifest.blocks[index].hash)))
 
     def load_blocks(
         self, manifest: Manifest, start: int = 0, stop: int | None = None
@@ -436,7 +431,7 @@ class Registry:
         indices = range(start, stop)
         with ThreadPoolExecutor(_FETCH_THREADS) as pool:
             blobs = list(pool.map(lambda i: self.fetch_block(manifest, i), indices))
-        return compose([onnx.load_from_string(blob) for blob in blobs])
+        return assemble_blocks(manifest, start, blobs)
 
     # -- removing ---------------------------------------------------------------------
 
@@ -457,16 +452,16 @@ class Registry:
         doomed = [self.get_manifest(f"{name}@{v}") for v in targets]
         remaining = sorted(set(existing) - set(targets))
         if remaining:
-            self._put(_latest_key(name), str(remaining[-1]).encode())
+            self._put(latest_key(name), str(remaining[-1]).encode())
         else:
-            self._delete(_latest_key(name))
+            self._delete(latest_key(name))
         for manifest in doomed:
-            self._delete(_manifest_key(name, manifest.version))
+            self._delete(manifest_key(name, manifest.version))
         referenced = {digest for m in self._all_manifests() for digest in m.hashes}
         sizes = {block.hash: block.size for m in doomed for block in m.blocks}
         unreferenced = sorted(digest for digest in sizes if digest not in referenced)
         for digest in unreferenced:
-            self._delete(_block_key(digest))
+            self._delete(block_key(digest))
         return Removal(
             removed=tuple(m.ref for m in doomed),
             deleted_blocks=tuple(unreferenced),

@@ -35,16 +35,16 @@ class MemoryRegistry:
     def __init__(self, *manifests: Manifest) -> None:
         self._manifests = {m.name: m for m in manifests}
 
-    def get_manifest(self, ref: str) -> Manifest:
+    async def get_manifest(self, ref: str) -> Manifest:
         found = self._manifests.get(ref.split("@")[0])
         if found is None or ("@" in ref and ref != found.ref):
             raise models.NoSuchModel(ref)
         return found
 
-    def list_models(self) -> list[Manifest]:
+    async def list_models(self) -> list[Manifest]:
         return sorted(self._manifests.values(), key=lambda m: m.name)
 
-    def load_blocks(self, manifest: Manifest, start: int, stop: int) -> object:
+    async def fetch_blocks(self, manifest: Manifest, start: int, stop: int) -> list[bytes | None]:
         raise AssertionError("the fake runner needs no blocks")
 
 

@@ -1,0 +1,215 @@
+"""Pushdown's step 1: fetch a request's objects and list their samples.
+
+The objects of one request are bounded together by ``max_object_bytes`` and their samples
+by ``max_request_samples``; listing reads each image's header (in the decode pool) but no
+pixels. A batch keeps per-key failures, so the keys that can be served still are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from xml.etree import ElementTree
+
+import httpx
+
+from hapi.models import (
+    Manifest,
+    ObjectIdentity,
+    PendingSample,
+    TooManySamples,
+    UndecodableObject,
+    list_samples,
+)
+
+from ._addressing import object_path
+from ._cache import identity_from
+from ._errors import (
+    BackendError,
+    InvalidRequest,
+    S3Error,
+    ServiceUnavailable,
+    UnprocessableObject,
+)
+from ._metrics import Metrics
+from ._settings import GatewaySettings
+from ._sigv4 import sign_request
+
+__all__ = ["Listing", "ObjectLister"]
+
+_FETCH_CONCURRENCY = 32
+
+
+@dataclass
+class Listing:
+    """What step 1 found for one request."""
+
+    samples: dict[str, list[PendingSample]] = field(default_factory=dict)
+    errors: dict[str, S3Error] = field(default_factory=dict)
+    identities: dict[str, ObjectIdentity] = field(default_factory=dict)  # as fetched
+    held: int = 0  # object bytes fetched
+    counted: int = 0  # samples listed
+    fetch_ms: float = 0.0
+
+
+class ObjectLister:
+    """Fetches the objects of pushdown requests and lists their samples.
+
+    Args:
+        settings: Gateway settings (backend URL and credentials, limits).
+        client: Getter of the upstream HTTP client.
+        decode_pool: Worker threads where objects are listed.
+        metrics: Where object fetches are counted.
+    """
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        client: Callable[[], httpx.AsyncClient],
+        decode_pool: Executor,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._settings = settings
+        self._client = client
+        self._decode_pool = decode_pool
+        self._metrics = metrics
+
+    async def list_all(
+        self, bucket: str, keys: Sequence[str], manifest: Manifest, batch: bool, *, signed: bool
+    ) -> Listing:
+        """Fetch ``keys`` and list their samples; per-key failures of a batch are kept in
+        the listing's ``errors``, every other failure is raised."""
+        listing = Listing()
+        limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
+
+        async def one(key: str) -> None:
+            async with limit:
+                started = time.perf_counter()
+                data = await self._fetch(bucket, key, listing, batch, signed)
+                listing.fetch_ms = max(listing.fetch_ms, (time.perf_counter() - started) * 1000)
+            try:
+                listing.samples[key] = await self._list(data, bucket, key, manifest, listing)
+            except S3Error:
+                listing.held -= len(data)  # a failed key's bytes are dropped now
+                raise
+
+        outcomes = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
+        for key, outcome in zip(keys, outcomes, strict=True):
+            if not isinstance(outcome, BaseException):
+                continue
+            if batch and isinstance(outcome, S3Error) and not isinstance(outcome, InvalidRequest):
+                listing.errors[key] = outcome
+            else:
+                raise outcome
+        return listing
+
+    async def _fetch(
+        self, bucket: str, key: str, listing: Listing, batch: bool, signed: bool
+    ) -> bytes:
+        # The whole object is needed before listing can start (image headers and tar
+        # indexes want random access); the objects of a request are capped together.
+        url = self._settings.backend_url + object_path(bucket, key)
+        if self._metrics is not None:
+            self._metrics.object_fetches.inc()
+        headers = (
+            sign_request(
+                method="GET",
+                url=url,
+                headers={},
+                credentials=self._settings.backend_credentials,
+                region=self._settings.region,
+            )
+            if signed
+            else {}
+        )
+        try:
+            async with self._client().stream("GET", url, headers=headers) as reply:
+                if reply.status_code != 200:
+                    raise _backend_error(reply.status_code, await reply.aread(), f"/{bucket}/{key}")
+                identity = identity_from(bucket, key, reply.headers)
+                if identity is not None:
+                    listing.identities[key] = identity
+                return await self._read_capped(reply, bucket, key, listing, batch)
+        except httpx.TransportError as exc:
+            raise ServiceUnavailable(
+                f"the backend store cannot be reached: {exc!r}", retry_after=1
+            ) from exc
+
+    async def _read_capped(
+        self, reply: httpx.Response, bucket: str, key: str, listing: Listing, batch: bool
+    ) -> bytes:
+        declared = int(reply.headers.get("content-length", "0"))
+        self._hold(declared, bucket, key, listing, batch)
+        parts, size = [], 0
+        async for chunk in reply.aiter_bytes():
+            size += len(chunk)
+            if size > declared:  # no or a wrong length: hold what arrives, as it arrives
+                self._hold(size - max(declared, size - len(chunk)), bucket, key, listing, batch)
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def _hold(self, size: int, bucket: str, key: str, listing: Listing, batch: bool) -> None:
+        limit = self._settings.max_object_bytes
+        listing.held += size
+        if listing.held <= limit:
+            return
+        if batch and listing.held - size > 0:
+            raise InvalidRequest(
+                f"the objects of this batch total more than {limit} bytes, the limit of one "
+                "pushdown request (HAPI_MAX_OBJECT_BYTES); ask for fewer keys per batch",
+                resource=f"/{bucket}",
+            )
+        listing.held -= size  # refused unread
+        raise UnprocessableObject(
+            f"object is over the pushdown limit of {limit} bytes (HAPI_MAX_OBJECT_BYTES)",
+            resource=f"/{bucket}/{key}",
+        )
+
+    async def _list(
+        self, data: bytes, bucket: str, key: str, manifest: Manifest, listing: Listing
+    ) -> list[PendingSample]:
+        cap = self._settings.max_request_samples
+        loop = asyncio.get_running_loop()
+        try:
+            found: list[PendingSample] = await loop.run_in_executor(
+                self._decode_pool,
+                lambda: list_samples(
+                    data,
+                    key=key,
+                    max_samples=max(0, cap - listing.counted),
+                    max_pixels=self._settings.max_image_pixels,
+                ),
+            )
+        except TooManySamples as exc:
+            raise _too_many(cap, bucket, key) from exc
+        except UndecodableObject as exc:
+            raise UnprocessableObject(
+                f"{exc} (model {manifest.ref} needs an image or a tar shard)",
+                resource=f"/{bucket}/{key}",
+            ) from exc
+        listing.counted += len(found)
+        if listing.counted > cap:
+            raise _too_many(cap, bucket, key)
+        return found
+
+
+def _too_many(cap: int, bucket: str, key: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"more than {cap} samples in one pushdown request (HAPI_MAX_REQUEST_SAMPLES); "
+        "ask for fewer keys or smaller shards",
+        resource=f"/{bucket}/{key}",
+    )
+
+
+def _backend_error(status: int, body: bytes, resource: str) -> S3Error:
+    try:
+        root = ElementTree.fromstring(body)
+        code, message = root.findtext("Code") or "BackendError", root.findtext("Message") or ""
+    except ElementTree.ParseError:
+        code, message = "BackendError", body[:200].decode(errors="replace")
+    return BackendError(
+        code, status, message or f"the backend answered HTTP {status}", resource=resource
+    )

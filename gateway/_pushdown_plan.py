@@ -1,0 +1,48 @@
+"""``split=auto``: where pushdown cuts a model when the client leaves it to the gateway."""
+
+from __future__ import annotations
+
+from hapi import planner
+from hapi.models import Manifest
+
+from ._batcher import MemoryBudget
+from ._errors import InsufficientMemory
+from ._pushdown_params import Params
+
+__all__ = ["choose_split"]
+
+
+def choose_split(
+    manifest: Manifest, params: Params, budget: MemoryBudget, assumed_bandwidth_bps: float
+) -> int:
+    """``split=auto``: the planner's best split on the gateway's view (its memory share
+    and load; the client's bandwidth from ``x-hapi-bandwidth``, else the configured
+    assumption; a client on this machine shares its cores). Raw objects are not an
+    option here: the client asked for features. As in the planner, a split sending
+    more bytes than a raw object must be clearly faster than one that does not.
+    """
+    profile = planner.profile_from_manifest(
+        manifest,
+        storage_memory_bytes=budget.share(),
+        storage_load=float(max(1, budget.active_tenants)),
+        wire_dtype=params.dtype,
+        shared_compute=params.colocated,
+    )
+    bandwidth = params.bandwidth_bps or assumed_bandwidth_bps
+    options = [
+        c
+        for c in planner.plan(manifest, profile, bandwidth).candidates
+        if c.split is not None and c.feasible
+    ]
+    if not options:
+        raise InsufficientMemory(
+            f"no split of {manifest.ref} fits the storage side's memory budget"
+        )
+    best = min(options, key=lambda c: (c.epoch_s, c.bytes_per_sample))
+    lean = [c for c in options if c.bytes_per_sample <= profile.raw_bytes]
+    if best.bytes_per_sample > profile.raw_bytes and lean:
+        fallback = min(lean, key=lambda c: (c.epoch_s, c.bytes_per_sample))
+        if fallback.epoch_s <= best.epoch_s * (1 + planner.DEFAULT_BYTE_MARGIN):
+            best = fallback
+    assert best.split is not None
+    return int(best.split)

@@ -1,0 +1,200 @@
+"""The gateway's own reads of the model registry: async, over the upstream client.
+
+Manifests and blocks are GETs on the registry bucket, signed with the backend's
+credentials like every other upstream request of the gateway (the feature cache's
+included), so no thread waits on a blocking client. The layout is ``hapi.models``'
+contract; this module does only the I/O, and reports failures as ``hapi.models``' errors
+(``NoSuchModel``, ``RegistryError``) exactly as :class:`hapi.models.Registry` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+from urllib.parse import quote, urlencode
+from xml.etree import ElementTree
+
+import httpx
+
+from hapi.models import (
+    MODELS_PREFIX,
+    InvalidModelSpec,
+    Manifest,
+    NoSuchModel,
+    RegistryError,
+    block_key,
+    check_name,
+    latest_key,
+    manifest_key,
+    model_names,
+    model_prefix,
+    parse_latest,
+    parse_manifest_key,
+    parse_ref,
+)
+
+from ._addressing import object_path
+from ._settings import GatewaySettings
+from ._sigv4 import sign_request
+
+__all__ = ["AsyncRegistry", "StoreRegistry"]
+
+_S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+_LIST_CONCURRENCY = 8  # manifests read at once when listing every model
+
+
+class AsyncRegistry(Protocol):
+    """What serving needs of the registry (:class:`StoreRegistry` is one; tests pass an
+    in-memory one)."""
+
+    async def get_manifest(self, ref: str) -> Manifest:
+        """The manifest of ``NAME`` (latest) or ``NAME@VERSION``; raises NoSuchModel."""
+        ...
+
+    async def list_models(self) -> list[Manifest]:
+        """The latest manifest of every model."""
+        ...
+
+    async def fetch_blocks(self, manifest: Manifest, start: int, stop: int) -> list[bytes | None]:
+        """The stored bytes of blocks ``[start, stop)`` (``None`` for a missing one),
+        unverified: :func:`hapi.models.assemble_blocks` checks and composes them."""
+        ...
+
+
+class StoreRegistry:
+    """The registry bucket of the backend, read with the backend's credentials.
+
+    Args:
+        settings: Gateway settings (backend URL, credentials, region, registry bucket).
+        client: Getter of the upstream HTTP client.
+    """
+
+    def __init__(self, settings: GatewaySettings, client: Callable[[], httpx.AsyncClient]) -> None:
+        self._settings = settings
+        self._client = client
+        self.bucket = settings.registry_bucket
+
+    async def get_manifest(self, ref: str) -> Manifest:
+        """The manifest of ``NAME`` (latest version) or ``NAME@VERSION``.
+
+        Raises:
+            NoSuchModel: No such model or version.
+            InvalidModelSpec: ``ref`` is not a valid reference.
+            RegistryError: The store failed or holds an unreadable manifest.
+        """
+        name, version = parse_ref(ref)
+        version = await self._latest(name) if version is None else version
+        data = await self._get(manifest_key(name, version))
+        if data is None:
+            raise NoSuchModel(ref)
+        return Manifest.from_json(data)
+
+    async def list_models(self) -> list[Manifest]:
+        """The latest manifest of every model, sorted by name."""
+        names = model_names(await self._keys(MODELS_PREFIX))
+        limit = asyncio.Semaphore(_LIST_CONCURRENCY)  # leave the pool to the data plane
+
+        async def one(name: str) -> Manifest:
+            async with limit:
+                return await self.get_manifest(name)
+
+        found = await asyncio.gather(*(one(n) for n in names), return_exceptions=True)
+        manifests = []
+        for outcome in found:
+            if isinstance(outcome, Manifest):
+                manifests.append(outcome)
+            elif not isinstance(outcome, NoSuchModel):  # removed while we listed: skipped
+                raise outcome
+        return manifests
+
+    async def fetch_blocks(self, manifest: Manifest, start: int, stop: int) -> list[bytes | None]:
+        """The stored bytes of blocks ``[start, stop)``, fetched together.
+
+        Raises:
+            InvalidModelSpec: The range is empty or outside the model.
+            RegistryError: The store failed.
+        """
+        if not 0 <= start < stop <= len(manifest.blocks):
+            raise InvalidModelSpec(
+                f"block range [{start}, {stop}) is empty or outside {manifest.ref}, "
+                f"which has {len(manifest.blocks)} blocks"
+            )
+        keys = [block_key(block.hash) for block in manifest.blocks[start:stop]]
+        return list(await asyncio.gather(*(self._get(key) for key in keys)))
+
+    async def versions(self, name: str) -> list[int]:
+        """The stored versions of ``name``, ascending (empty if none)."""
+        found = (
+            parse_manifest_key(key) for key in await self._keys(model_prefix(check_name(name)))
+        )
+        return sorted(parsed[1] for parsed in found if parsed and parsed[0] == name)
+
+    async def _latest(self, name: str) -> int:
+        latest = parse_latest(await self._get(latest_key(name)))
+        if latest is not None:
+            return latest
+        versions = await self.versions(name)  # a writer died between manifest and pointer
+        if not versions:
+            raise NoSuchModel(name)
+        return versions[-1]
+
+    # -- store primitives: every HTTP failure becomes a RegistryError here --------------
+
+    async def _get(self, key: str) -> bytes | None:
+        """The object's bytes; ``None`` when it (or the bucket) does not exist."""
+        url = self._settings.backend_url + object_path(self.bucket, key)
+        reply = await self._request(url, f"cannot read s3://{self.bucket}/{key}")
+        return None if reply is None else reply.content
+
+    async def _keys(self, prefix: str) -> list[str]:
+        """Every key under ``prefix`` (none when the bucket does not exist)."""
+        keys: list[str] = []
+        token: str | None = None
+        while True:
+            query = {"list-type": "2", "prefix": prefix}
+            if token:
+                query["continuation-token"] = token
+            url = f"{self._settings.backend_url}/{quote(self.bucket)}?" + urlencode(
+                sorted(query.items()), quote_via=quote
+            )
+            reply = await self._request(url, f"cannot list s3://{self.bucket}/{prefix}")
+            if reply is None:
+                return keys
+            try:
+                root = ElementTree.fromstring(reply.content)
+            except ElementTree.ParseError as exc:
+                raise RegistryError(f"cannot list s3://{self.bucket}/{prefix}: {exc}") from exc
+            keys += [item.findtext(f"{_S3}Key") or "" for item in root.iter(f"{_S3}Contents")]
+            token = root.findtext(f"{_S3}NextContinuationToken")
+            if root.findtext(f"{_S3}IsTruncated") != "true" or not token:
+                return keys
+
+    async def _request(self, url: str, what: str) -> httpx.Response | None:
+        """A signed GET: the reply when 200, ``None`` when 404, else a RegistryError."""
+        headers = sign_request(
+            method="GET",
+            url=url,
+            headers={},
+            credentials=self._settings.backend_credentials,
+            region=self._settings.region,
+        )
+        try:
+            reply = await self._client().get(url, headers=headers)
+        except httpx.HTTPError as exc:
+            raise RegistryError(f"{what}: {exc!r}") from exc
+        if reply.status_code == 404:
+            return None
+        if reply.status_code != 200:
+            raise RegistryError(f"{what}: {_describe(reply)}")
+        return reply
+
+
+def _describe(reply: httpx.Response) -> str:
+    """``Code Message`` of an S3 error reply, as botocore's errors read."""
+    try:
+        root = ElementTree.fromstring(reply.content)
+        code, message = root.findtext("Code") or "", root.findtext("Message") or ""
+    except ElementTree.ParseError:
+        code, message = "", ""
+    return f"{code} {message}".strip() or f"HTTP {reply.status_code}"
