@@ -134,7 +134,11 @@ class Gateway:
     async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] == "lifespan":
             await self.control.app(scope, receive, send)
-        elif scope["path"].startswith(CONTROL_PREFIX) or scope["path"] == "/metrics":
+            return
+        # Each request records its principal, signature and counters in scope["state"]: give
+        # it a copy of the lifespan state of its own, as uvicorn does, whatever the server.
+        scope["state"] = dict(scope.get("state") or {})
+        if scope["path"].startswith(CONTROL_PREFIX) or scope["path"] == "/metrics":
             await self._observed_control(scope, receive, send)
         else:
             await self._observed_proxy(scope, receive, send)

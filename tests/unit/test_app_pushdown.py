@@ -219,3 +219,15 @@ async def test_split_auto_for_a_client_on_this_machine_saves_bytes(address, seen
     sent = synthetic_manifest().blocks[split - 1].output_bytes
     raw = planner.DEFAULT_RAW_BYTES
     assert (sent <= raw) if address == "127.0.0.1" else (sent > raw)
+
+
+@pytest.mark.anyio
+async def test_each_request_gets_its_own_state_whatever_the_server(client, seen) -> None:
+    """A server may hand every request the same lifespan ``scope["state"]`` (asgi-lifespan
+    does; uvicorn copies it): one request's signature or principal must never be seen by
+    the next."""
+    plain = await _get(client, "/data/cat.png")
+    assert plain.status_code == 200 and plain.content == OBJECTS["/data/cat.png"]
+    pushed = await _get(client, "/data/cat.png", model="synthetic", split="2")
+    assert pushed.status_code == 200, pushed.text
+    assert pushed.headers["x-hapi-split"] == "2"
