@@ -216,6 +216,8 @@ class CacheClient:
             gateway_hit_ratio=stats.gateway_hit_ratio,
             local_hit_ratio=stats.local_hit_ratio,
             drain_s=drained,
+            storage_cpu_s=result.storage_cpu_s,
+            client_cpu_s=result.client_cpu_s,
         )
         return run, result
 

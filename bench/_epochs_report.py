@@ -29,7 +29,9 @@ DEFINITIONS = """\
   emptied before epoch 1; *client cache*: the same plus the SDK's `local_cache` on the
   client's disk, both emptied before epoch 1.
 - *cold overhead*: the gateway cache's epoch 1 / *no cache*'s epoch, minus 1 (both are
-  measured twice, interleaved; the faster of each counts). *warm speedup*: the baseline's
+  measured twice, interleaved; the faster of each counts); *cold storage CPU*: the same
+  with the storage tier's CPU seconds (the fewer of each), less sensitive to other work
+  on the machine than wall time. *warm speedup*: the baseline's
   mean epoch / the gateway cache's mean of epochs 2+. *client / head*: the client cache's
   epochs 2+ / the time their head's SGD steps took (1.0: the epoch is the head alone).
 - Between epochs the runner waits until the gateway has written every entry (*drain*,
@@ -51,9 +53,9 @@ def summary_table(summaries: Sequence[CacheSummary]) -> list[str]:
     """Markdown rows of each cell's headline figures."""
     lines = [
         "| model | regime | bandwidth | split | baseline s | no cache s | cold s | warm s "
-        "| client cache s | head s | cold overhead | warm speedup | client speedup "
-        "| client / head | warm hits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| client cache s | head s | cold overhead | cold storage CPU | warm speedup "
+        "| client speedup | client / head | warm hits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lines.append(
@@ -61,7 +63,8 @@ def summary_table(summaries: Sequence[CacheSummary]) -> list[str]:
             f"| {_opt(s.baseline_s, '.2f')} | {_opt(s.uncached_s, '.2f')} "
             f"| {_opt(s.cold_s, '.2f')} | {_opt(s.warm_s, '.2f')} "
             f"| {_opt(s.client_warm_s, '.2f')} | {_opt(s.head_s, '.3f')} "
-            f"| {_opt(s.cold_overhead, '+.1%')} | {_opt(s.warm_speedup, '.1f')}x "
+            f"| {_opt(s.cold_overhead, '+.1%')} | {_opt(s.cold_cpu_overhead, '+.1%')} "
+            f"| {_opt(s.warm_speedup, '.1f')}x "
             f"| {_opt(s.client_speedup, '.1f')}x | {_opt(s.client_over_head, '.1f')}x "
             f"| {_opt(s.warm_hit_ratio, '.0%')} |"
         )
@@ -84,15 +87,16 @@ def runs_table(cell: CacheCell) -> list[str]:
     """Markdown rows of every epoch measured."""
     lines = [
         "| configuration | repeat | epoch | s | KB/sample on the link | head s "
-        "| gateway hits | local hits | drain s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| gateway hits | local hits | drain s | storage CPU s | client CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in cell.runs:
         per_sample = run.link_bytes / run.samples / 1000 if run.samples else 0.0
         lines.append(
             f"| {run.config} | {run.repeat} | {run.epoch} | {run.epoch_s:.2f} "
             f"| {per_sample:.1f} | {run.head_s:.3f} | {run.gateway_hit_ratio:.0%} "
-            f"| {run.local_hit_ratio:.0%} | {run.drain_s:.2f} |"
+            f"| {run.local_hit_ratio:.0%} | {run.drain_s:.2f} | {run.storage_cpu_s:.2f} "
+            f"| {run.client_cpu_s:.2f} |"
         )
     return lines
 
@@ -167,7 +171,8 @@ def summary_text(cells: Sequence[CacheCell]) -> str:
         lines.append(
             f"{s.model:<10} {s.regime:<14} {_mbit(s.bandwidth_bps):>13} split {s.split}: "
             f"baseline {_opt(s.baseline_s, '.2f')} s, no cache {_opt(s.uncached_s, '.2f')} s, "
-            f"cold {_opt(s.cold_s, '.2f')} s ({_opt(s.cold_overhead, '+.1%')}), "
+            f"cold {_opt(s.cold_s, '.2f')} s ({_opt(s.cold_overhead, '+.1%')}; storage CPU "
+            f"{_opt(s.cold_cpu_overhead, '+.1%')}), "
             f"warm {_opt(s.warm_s, '.2f')} s ({_opt(s.warm_speedup, '.1f')}x), "
             f"client cache {_opt(s.client_warm_s, '.2f')} s (head {_opt(s.head_s, '.3f')} s)"
         )

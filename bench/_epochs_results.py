@@ -44,6 +44,10 @@ class EpochRun:
         local_hit_ratio: Samples read from the client-side cache.
         drain_s: After the epoch, the wait until the gateway had written every entry
             (not in ``epoch_s``; the next epoch starts after it).
+        storage_cpu_s: CPU seconds of the storage tier during the epoch (both gateways
+            and the store): what the cache costs or saves there, less sensitive than the
+            wall time to other work on the machine.
+        client_cpu_s: CPU seconds of the client process during the epoch.
     """
 
     config: str
@@ -56,6 +60,8 @@ class EpochRun:
     gateway_hit_ratio: float = 0.0
     local_hit_ratio: float = 0.0
     drain_s: float = 0.0
+    storage_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EpochRun:
@@ -176,7 +182,8 @@ class CacheSummary:
     """The headline figures of one cell.
 
     ``cold_overhead``: the gateway cache's epoch 1 over the same split without a cache,
-    minus one. ``warm_speedup``: the baseline epoch over the gateway cache's epochs 2+;
+    minus one; ``cold_cpu_overhead`` the same with the storage tier's CPU seconds (the
+    fewest of each configuration's repeats). ``warm_speedup``: the baseline epoch over the gateway cache's epochs 2+;
     ``client_speedup`` likewise with the client cache. ``client_over_head``: the client
     cache's epochs 2+ over the time its head's training took in them (1.0: the epoch
     is the head's training alone).
@@ -193,6 +200,7 @@ class CacheSummary:
     client_warm_s: float | None
     head_s: float | None
     cold_overhead: float | None
+    cold_cpu_overhead: float | None
     warm_speedup: float | None
     client_speedup: float | None
     client_over_head: float | None
@@ -201,6 +209,12 @@ class CacheSummary:
 
 def _ratio(top: float | None, bottom: float | None) -> float | None:
     return None if top is None or not bottom else top / bottom
+
+
+def _least_cpu(cell: CacheCell, config: str) -> float | None:
+    """The fewest storage CPU seconds of ``config``'s epoch 1 over its repeats."""
+    spent = [r.storage_cpu_s for r in cell.runs if r.config == config and r.epoch == 1]
+    return min(spent, default=None)
 
 
 def summarize(cell: CacheCell) -> CacheSummary:
@@ -212,6 +226,7 @@ def summarize(cell: CacheCell) -> CacheSummary:
     client, head = cell.warm_s(CLIENT), cell.warm_head_s(CLIENT)
     hits = [r.gateway_hit_ratio for r in cell.runs if r.config == GATEWAY and r.epoch > 1]
     overhead = _ratio(cold, uncached)
+    cpu = _ratio(_least_cpu(cell, GATEWAY), _least_cpu(cell, UNCACHED))
     return CacheSummary(
         model=cell.model,
         regime=cell.regime,
@@ -224,6 +239,7 @@ def summarize(cell: CacheCell) -> CacheSummary:
         client_warm_s=client,
         head_s=head,
         cold_overhead=None if overhead is None else overhead - 1.0,
+        cold_cpu_overhead=None if cpu is None else cpu - 1.0,
         warm_speedup=_ratio(baseline, warm),
         client_speedup=_ratio(baseline, client),
         client_over_head=_ratio(client, head),
