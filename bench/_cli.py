@@ -154,9 +154,9 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
     "--epochs",
     type=click.IntRange(min=2),
     help="The cache scenario instead of the split sweep: per cell, this many epochs of the "
-    "baseline, of the planner's split without the feature cache, with the gateway's cache "
-    "(epoch 1 cold) and with the SDK's client-side cache; writes epochs.md, epochs.json "
-    "and epochs.png.",
+    "baseline, of one split (the first of --splits, else the planner's) without the feature "
+    "cache, with the gateway's cache (emptied, so epoch 1 is cold) and with the SDK's "
+    "client-side cache; writes epochs.md, epochs.json and epochs.png.",
 )
 @click.option(
     "--sweep-jobs",

@@ -173,6 +173,8 @@ class CacheClient:
             epoch_s=result.epoch_s,
             samples=result.samples,
             link_bytes=result.link_bytes,
+            storage_cpu_s=result.storage_cpu_s,
+            client_cpu_s=result.client_cpu_s,
         )
 
     @property
