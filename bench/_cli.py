@@ -26,6 +26,7 @@ from ._errors import BenchError, TestbedUnavailable
 from ._results import RunResult
 
 DEFAULT_OUT = Path("bench-results") / "testbed"
+Runner = Callable[[BenchConfig, Any], tuple[list[Any], dict[str, Any]]]
 
 
 class RichProgress:
@@ -109,6 +110,8 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
         "storage_batch": options["storage_batch"],
         "niceness": options["nice"],
         "bound_factor": 0.0 if options["full_sweep"] else None,
+        "epochs": options.get("epochs"),
+        "sweep_jobs": options.get("sweep_jobs"),
     }
     try:
         return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
@@ -147,11 +150,28 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
     type=click.IntRange(-20, 19),
     help="Niceness of both tiers; negative puts the benchmark ahead of other work [default: 0].",
 )
+@click.option(
+    "--epochs",
+    type=click.IntRange(min=2),
+    help="The cache scenario instead of the split sweep: per cell, this many epochs of the "
+    "baseline, of one split (the first of --splits, else the planner's) without the feature "
+    "cache, with the gateway's cache (emptied, so epoch 1 is cold) and with the SDK's "
+    "client-side cache; writes epochs.md, epochs.json and epochs.png.",
+)
+@click.option(
+    "--sweep-jobs",
+    type=click.IntRange(min=0),
+    help="With --epochs: also this many jobs one after another, each training its own head "
+    "for --epochs epochs on the same backbone and objects, per cache and without one; "
+    "0 for none [default: 4].",
+)
 def bench(quick: bool, out: Path, **options: Any) -> None:
     """Two-tier testbed: hapi pushdown against raw objects over a shaped link.
 
     Needs root (a network namespace, a veth pair, tc tbf), iproute2 and taskset, and two
-    CPU cores. Writes results.json, results.md and PNG plots to --out.
+    CPU cores. Writes results.json, results.md and PNG plots to --out; with --epochs N,
+    the feature cache's scenario instead (epochs.json, epochs.md, epochs.png): cold and
+    warm epochs, the cold epoch's overhead, and a sweep of several heads.
     """
     from ._preflight import check_environment
 
@@ -160,11 +180,17 @@ def bench(quick: bool, out: Path, **options: Any) -> None:
         check_environment()
     except TestbedUnavailable as exc:
         raise UserError(str(exc)) from exc
+    if config.epochs:
+        from ._epochs import run_epochs
+
+        cache_cells, meta = _execute(config, run_epochs)
+        _report_epochs(config, cache_cells, meta)
+        return
     cells, meta = _execute(config)
     _report(config, cells, meta)
 
 
-def _execute(config: BenchConfig) -> tuple[list[Any], dict[str, Any]]:
+def _execute(config: BenchConfig, runner: Runner | None = None) -> tuple[list[Any], dict[str, Any]]:
     from rich.console import Console
 
     from ._run import run_bench
@@ -173,7 +199,7 @@ def _execute(config: BenchConfig) -> tuple[list[Any], dict[str, Any]]:
     progress = RichProgress(console)
     try:
         with _signals_interrupt(), progress.bar:
-            return run_bench(config, progress)
+            return (runner or run_bench)(config, progress)
     except TestbedUnavailable as exc:
         raise UserError(str(exc)) from exc
     except BenchError as exc:
@@ -194,6 +220,16 @@ def _report(config: BenchConfig, cells: list[Any], meta: dict[str, Any]) -> None
     median = _report.median_efficiency(cells)
     if median is not None:
         click.echo(f"- median pipeline efficiency over every measured run: {median:.2f}")
+    click.echo(
+        f"\n{meta['phases']['total_s']:.0f} s in all; wrote " + ", ".join(str(p) for p in written)
+    )
+
+
+def _report_epochs(config: BenchConfig, cells: list[Any], meta: dict[str, Any]) -> None:
+    from . import _epochs_report
+
+    written = _epochs_report.write(config.out, cells, meta)
+    click.echo(_epochs_report.summary_text(cells))
     click.echo(
         f"\n{meta['phases']['total_s']:.0f} s in all; wrote " + ", ".join(str(p) for p in written)
     )

@@ -75,10 +75,12 @@ class Snapshot:
 
 
 class Head:
-    """A linear classifier trained with SGD on the features: the trainable part."""
+    """A linear classifier trained with SGD on the features: the trainable part
+    (``lr``: its learning rate; the cache scenario's sweep gives each job its own)."""
 
-    def __init__(self, classes: int = 4) -> None:
+    def __init__(self, classes: int = 4, lr: float = 1e-3) -> None:
         self._classes = classes
+        self._lr = lr
         self._layer: Any = None
         self._optimizer: Any = None
 
@@ -89,7 +91,7 @@ class Head:
         inputs = torch.stack(list(rows)).flatten(1)
         if self._layer is None:
             self._layer = torch.nn.Linear(inputs.shape[1], self._classes)
-            self._optimizer = torch.optim.SGD(self._layer.parameters(), lr=1e-3)
+            self._optimizer = torch.optim.SGD(self._layer.parameters(), lr=self._lr)
         targets = torch.tensor([max(0, label) for label in labels])
         loss = torch.nn.functional.cross_entropy(self._layer(inputs), targets)
         self._optimizer.zero_grad()

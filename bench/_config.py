@@ -40,6 +40,13 @@ class BenchConfig:
         niceness: Scheduling niceness of both tiers: 0 shares the cores fairly with other
             work on the machine; negative (root only) puts the benchmark ahead of it.
         seed: Dataset seed.
+        epochs: With 2 or more, the cache scenario instead of the split sweep: per cell,
+            that many epochs of the baseline, of the pick without the feature cache, with
+            the gateway's cache (epoch 1 cold) and with the SDK's client-side cache
+            (``local_cache``); 0 for the sweep.
+        sweep_jobs: In the cache scenario, also this many jobs one after another, each
+            training its own head for ``epochs`` epochs on the same backbone and objects,
+            with each cache and without (0: none).
     """
 
     out: Path
@@ -53,6 +60,8 @@ class BenchConfig:
     storage_batch: int | None = None
     niceness: int = 0
     seed: int = 0
+    epochs: int = 0
+    sweep_jobs: int = 4
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.models if m not in FAMILIES]
@@ -71,6 +80,8 @@ class BenchConfig:
             raise ValueError("bound_factor must be >= 0")
         if not -20 <= self.niceness <= 19:
             raise ValueError("niceness must be in -20..19")
+        if self.epochs == 1 or self.epochs < 0 or self.sweep_jobs < 0:
+            raise ValueError("epochs must be 0 (the split sweep) or >= 2; sweep_jobs >= 0")
 
     @classmethod
     def quick(cls, out: Path) -> BenchConfig:

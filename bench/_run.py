@@ -64,7 +64,15 @@ def testbed(config: BenchConfig, storage_cpu: int) -> Iterator[tuple[Link, Stora
     try:
         link.create()
         log = config.out / "logs" / "storage-tier.log"
-        tier = StorageTier(link, storage_cpu, workdir, log, config.storage_batch, config.niceness)
+        tier = StorageTier(
+            link,
+            storage_cpu,
+            workdir,
+            log,
+            config.storage_batch,
+            config.niceness,
+            uncached=config.epochs > 0,
+        )
         with tier:
             yield link, tier
     finally:

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -34,6 +34,7 @@ from ._netns import Link
 ENV = "HAPI_BENCH_TIER"
 STORE_PORT = 8333
 GATEWAY_PORT = 8080
+UNCACHED_PORT = 8081
 MEMORY_BUDGET = 6 * 1024**3  # the sweep keeps a session per split; never the limit here
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -51,14 +52,23 @@ class TierSpec:
     store_port: int = STORE_PORT
     gateway_port: int = GATEWAY_PORT
     fixed_batch: int | None = None
+    uncached_port: int | None = None
+    gateway_only: bool = False
 
     @classmethod
-    def generate(cls, host: str, data_dir: Path, fixed_batch: int | None = None) -> TierSpec:
+    def generate(
+        cls,
+        host: str,
+        data_dir: Path,
+        fixed_batch: int | None = None,
+        uncached_port: int | None = None,
+    ) -> TierSpec:
         """Fresh credentials for one run."""
         return cls(
             host=host,
             data_dir=str(data_dir),
             fixed_batch=fixed_batch,
+            uncached_port=uncached_port,
             store_key="BENCHSTORE" + secrets.token_hex(5).upper(),
             store_secret=secrets.token_urlsafe(30),
             client_key="BENCHCLIENT" + secrets.token_hex(5).upper(),
@@ -73,6 +83,11 @@ class TierSpec:
     def gateway_url(self) -> str:
         """The gateway, as the client reaches it across the link."""
         return f"http://{self.host}:{self.gateway_port}"
+
+    @property
+    def uncached_url(self) -> str | None:
+        """The second gateway, without a feature cache (``None`` unless asked for)."""
+        return None if self.uncached_port is None else f"http://{self.host}:{self.uncached_port}"
 
     @property
     def store_url(self) -> str:
@@ -102,6 +117,8 @@ class StorageTier:
         log: Where the tier's output goes.
         fixed_batch: The gateway's storage-side batch size; ``None`` for adaptive.
         niceness: Scheduling niceness of the tier (negative: ahead of other work).
+        uncached: Also run a second gateway with its feature cache off (on
+            ``UNCACHED_PORT``, same store, same core), for the cache's overhead.
     """
 
     def __init__(
@@ -112,11 +129,13 @@ class StorageTier:
         log: Path,
         fixed_batch: int | None = None,
         niceness: int = 0,
+        uncached: bool = False,
     ) -> None:
         self.link = link
         self.cpu = cpu
         self.niceness = niceness
-        self.spec = TierSpec.generate(link.storage_ip, workdir / "store", fixed_batch)
+        second = UNCACHED_PORT if uncached else None
+        self.spec = TierSpec.generate(link.storage_ip, workdir / "store", fixed_batch, second)
         self.log = log
         self.pids: list[int] = []
         self._process: subprocess.Popen[bytes] | None = None
@@ -144,7 +163,9 @@ class StorageTier:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        self._wait(timeout_s)
+        self._wait(self.spec.gateway_url, timeout_s)
+        if self.spec.uncached_url is not None:
+            self._wait(self.spec.uncached_url, timeout_s)
         self.pids = self.link.pids()
 
     def command(self) -> list[str]:
@@ -164,14 +185,14 @@ class StorageTier:
             return {}
         return stats
 
-    def _wait(self, timeout_s: float) -> None:
+    def _wait(self, url: str, timeout_s: float) -> None:
         assert self._process is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise BenchError(f"the storage tier exited while starting:\n{self._tail()}")
             try:
-                if httpx.get(self.spec.gateway_url + "/_hapi/health", timeout=1).is_success:
+                if httpx.get(url + "/_hapi/health", timeout=1).is_success:
                     return
             except httpx.TransportError:
                 pass
@@ -209,13 +230,59 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
+def _gateway_settings(spec: TierSpec, backend_url: str, *, cache: bool) -> Any:
+    from hapi.gateway import Credentials, GatewaySettings
+
+    return GatewaySettings(
+        backend_url=backend_url,
+        backend_credentials=Credentials(spec.store_key, spec.store_secret),
+        client_secrets={spec.client_key: spec.client_secret},
+        device="cpu",
+        intra_op_threads=1,
+        decode_workers=1,
+        memory_budget_bytes=MEMORY_BUDGET,
+        fixed_batch_size=spec.fixed_batch,
+        # The planner's probes last PROBE_SECONDS at the shaped rate, twice per cell:
+        # on this closed testbed they may be larger and more frequent than a
+        # production gateway allows any one credential.
+        max_probe_bytes=4 * 1024**3,
+        probe_bytes_per_minute=64 * 1024**3,
+        cache_enabled=cache,
+    )
+
+
+def _start_uncached(spec: TierSpec) -> subprocess.Popen[bytes] | None:
+    """The second gateway (cache off) as a child: same namespace, core and niceness."""
+    if spec.uncached_port is None:
+        return None
+    child = replace(spec, gateway_port=spec.uncached_port, uncached_port=None, gateway_only=True)
+    env = {**os.environ, ENV: json.dumps(asdict(child))}
+    return subprocess.Popen([sys.executable, "-m", "hapi.bench._tier"], env=env)
+
+
+def _stop(child: subprocess.Popen[bytes] | None) -> None:
+    if child is None or child.poll() is not None:
+        return
+    child.terminate()
+    try:
+        child.wait(20)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
 def main() -> None:
-    """Run the store and the gateway in this namespace until SIGTERM."""
-    from hapi.gateway import Credentials, GatewaySettings, run_gateway
+    """Run the store and the gateway in this namespace until SIGTERM (with
+    ``gateway_only``, a gateway without a cache in front of the tier's store)."""
+    from hapi.gateway import run_gateway
     from hapi.store import EmbeddedStore, StoreSettings
 
     spec = TierSpec(**json.loads(os.environ.pop(ENV)))
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if spec.gateway_only:
+        settings = _gateway_settings(spec, spec.store_url, cache=False)
+        run_gateway(settings, spec.host, spec.gateway_port)
+        return
     store = EmbeddedStore(
         StoreSettings(
             data_dir=Path(spec.data_dir),
@@ -225,25 +292,15 @@ def main() -> None:
             secret_access_key=spec.store_secret,
         )
     )
+    child = None
     try:
         store.start()
-        settings = GatewaySettings(
-            backend_url=store.endpoint_url,
-            backend_credentials=Credentials(spec.store_key, spec.store_secret),
-            client_secrets={spec.client_key: spec.client_secret},
-            device="cpu",
-            intra_op_threads=1,
-            decode_workers=1,
-            memory_budget_bytes=MEMORY_BUDGET,
-            fixed_batch_size=spec.fixed_batch,
-            # The planner's probes last PROBE_SECONDS at the shaped rate, twice per cell:
-            # on this closed testbed they may be larger and more frequent than a
-            # production gateway allows any one credential.
-            max_probe_bytes=4 * 1024**3,
-            probe_bytes_per_minute=64 * 1024**3,
+        child = _start_uncached(spec)
+        run_gateway(
+            _gateway_settings(spec, store.endpoint_url, cache=True), spec.host, spec.gateway_port
         )
-        run_gateway(settings, spec.host, spec.gateway_port)
     finally:
+        _stop(child)
         store.stop()
 
 
