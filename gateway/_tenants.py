@@ -38,6 +38,7 @@ from hapi.models import NoSuchModel as RegistryNoSuchModel
 
 from ._batcher import Batcher, MemoryBudget, OutOfMemory
 from ._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
+from ._profiles import StorageProfiler, TimedChain
 
 _OOM_MARKERS = (
     "failed to allocate memory",
@@ -46,6 +47,7 @@ _OOM_MARKERS = (
     "bad_alloc",
 )
 SessionFactory = Callable[[Manifest, int], Callable[[np.ndarray], np.ndarray]]
+"""Builds the run function of block ``index`` of a manifest (the per-block seam)."""
 
 
 @dataclass
@@ -57,12 +59,16 @@ class RequestStats:
     samples_decoded: int = 0
     samples_abandoned: int = 0
     requests_cancelled: int = 0
+    profiler: StorageProfiler = field(default_factory=StorageProfiler, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def count_decoded(self) -> None:
-        """One more sample decoded (called from the decoding threads)."""
+    def count_decoded(self, cpu_s: float | None = None) -> None:
+        """One more sample decoded, in ``cpu_s`` of thread CPU time (called from the
+        decoding threads)."""
         with self._lock:
             self.samples_decoded += 1
+        if cpu_s is not None:
+            self.profiler.record_decode(cpu_s)
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -119,8 +125,9 @@ class Tenants:
         budget: The shared memory budget.
         infer_pool: Where inference runs (one thread per device).
         runtime: Session settings (device, threads).
-        make_run: Builds the run function of blocks ``[0, split)``; the seam that tests
-            use to inject an executor (the default loads blocks and makes an ORT session).
+        make_run: Builds the run function of one block; the seam that tests use to
+            inject an executor (the default loads the block and makes an ORT session).
+            Blocks ``[0, split)`` run one after another, each timed alone.
         latest_ttl_s: How long ``NAME`` stays resolved to one version.
         max_tenants: Sessions kept at most; the least recently used idle one goes first.
         max_delay_s: The batchers' longest queue delay.
@@ -146,6 +153,7 @@ class Tenants:
         self._pool = infer_pool
         self._runtime = runtime or RuntimeSettings()
         self._make_run = make_run or self._ort_run
+        self._device = "cpu"  # where sessions run: set by the first onnxruntime session
         self._latest_ttl = latest_ttl_s
         self._max_tenants = max_tenants
         self._batcher_options: dict[str, Any] = {
@@ -218,7 +226,7 @@ class Tenants:
         return tenant.batcher
 
     async def _create(self, manifest: Manifest, split: int) -> _Tenant:
-        run = await asyncio.to_thread(self._make_run, manifest, split)
+        run = await asyncio.to_thread(self._chain, manifest, split)
         weights = sum(block.size for block in manifest.blocks[:split])
         name = f"{manifest.ref}[0:{split}]"
         batcher = Batcher(
@@ -235,14 +243,30 @@ class Tenants:
         await self._evict()
         return tenant
 
-    def _ort_run(self, manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray]:
+    @property
+    def profiler(self) -> StorageProfiler:
+        """The storage side's measured times."""
+        return self.requests.profiler
+
+    def _chain(self, manifest: Manifest, split: int) -> TimedChain:
+        runs = [self._make_run(manifest, index) for index in range(split)]
+        return TimedChain(
+            runs,
+            manifest.hashes[:split],
+            device=self._device,
+            profiler=self.profiler,
+            cpu_clock=self._device == "cpu" and self._runtime.intra_op_threads == 1,
+        )
+
+    def _ort_run(self, manifest: Manifest, index: int) -> Callable[[np.ndarray], np.ndarray]:
         try:
-            graph = self.registry.load_blocks(manifest, 0, split)
-            return ort_runner(create_session(graph, self._runtime))
+            graph = self.registry.load_blocks(manifest, index, index + 1)
+            session = create_session(graph, self._runtime)
         except ModelError as exc:
-            raise ServiceUnavailable(
-                f"cannot load {manifest.ref} blocks [0, {split}): {exc}"
-            ) from exc
+            raise ServiceUnavailable(f"cannot load {manifest.ref} block {index}: {exc}") from exc
+        on_cuda = session.get_providers()[0] == "CUDAExecutionProvider"
+        self._device = "cuda" if on_cuda else "cpu"
+        return ort_runner(session)
 
     async def _evict(self) -> None:
         while len(self._tenants) > self._max_tenants:

@@ -72,12 +72,17 @@ from ._registry import (
 from ._runtime import Device, RuntimeSettings, create_session, cuda_usable
 from ._schema import (
     BlockProfile,
+    BlockTime,
+    Figure,
     GatewayStats,
     MemoryBudgetStats,
     ModelProfile,
     ModelSummary,
     RequestCounters,
     ServedSplit,
+    Source,
+    StorageLoad,
+    StorageProfile,
     TenantStats,
 )
 from ._wire import DTYPES as WIRE_DTYPES
@@ -97,6 +102,7 @@ __all__ = [
     "WIRE_DTYPES",
     "BlockInfo",
     "BlockProfile",
+    "BlockTime",
     "CacheEntry",
     "CorruptBlock",
     "CutPoint",
@@ -105,6 +111,7 @@ __all__ = [
     "ExportError",
     "ExportedBlock",
     "ExportedModel",
+    "Figure",
     "GatewayStats",
     "InputSpec",
     "InvalidModelSpec",
@@ -128,6 +135,9 @@ __all__ = [
     "Sample",
     "ServedSplit",
     "SessionError",
+    "Source",
+    "StorageLoad",
+    "StorageProfile",
     "TenantStats",
     "TooManySamples",
     "UndecodableObject",

@@ -55,7 +55,17 @@ def test_auto_probes_and_takes_the_gateways_view(
     for _ in range(3):
         _pushdown(gateway, bucket, "photo.jpg", 3)
     served = ModelProfile.model_validate_json(control_get(gateway, "/_hapi/models/r18").content)
-    measured = next(t.ms_per_sample for t in served.served if t.serves("r18@1") == [3])
+    storage = served.storage
+    ran = storage.blocks[:3]  # blocks [0, 3) ran on real traffic, each timed alone
+    # (the feature cache may answer the repeats: at least the first request ran)
+    assert [(b.block, b.source, b.device) for b in ran] == [
+        (i, "measured", "cpu") for i in range(3)
+    ]
+    assert all(b.samples >= 1 and b.ms > 0 and b.age_s is not None for b in ran)
+    assert all(b.source == "manifest" for b in storage.blocks[3:])
+    assert storage.decode is not None and storage.decode.source == "measured"
+    assert storage.decode.samples >= 1
+    assert storage.load.source == "measured" and 0 < storage.load.available <= 1
 
     env = {
         "AWS_ENDPOINT_URL": gateway.endpoint_url,  # the manifest is read through the gateway
@@ -74,9 +84,11 @@ def test_auto_probes_and_takes_the_gateways_view(
     data = json.loads(done.stdout)
     assert data["bandwidth_bps"] > 10e6  # loopback
     profile = data["profile"]
-    factor = measured / sum(block.cpu_ms for block in manifest.blocks[:3])
-    expected = [block.cpu_ms * factor for block in manifest.blocks[:4]]
+    factor = sum(b.ms for b in ran) / sum(block.cpu_ms for block in manifest.blocks[:3])
+    expected = [b.ms for b in ran] + [block.cpu_ms * factor for block in manifest.blocks[3:4]]
     assert profile["storage_ms"] == pytest.approx(expected, rel=1e-3)
+    assert profile["storage_decode_ms"] == pytest.approx(storage.decode.ms, rel=1e-3)
+    assert profile["storage_origin"].startswith("Storage side: blocks 0-2 measured on cpu")
     assert profile["client_ms"] == [block.cpu_ms for block in manifest.blocks[:4]]
     assert 0 < profile["storage_memory_bytes"] <= 1024**3
 
