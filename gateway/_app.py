@@ -156,8 +156,7 @@ def create_app(
             when omitted, the app creates its own in its lifespan and closes it there.
         registry: Where manifests come from (tests pass an in-memory one); by default the
             registry bucket of the backend, read with the backend credentials.
-        runner: Builds the function that runs one batch through block ``index`` of a
-            manifest (tests pass a fake); by default an onnxruntime session of the block.
-            A split's blocks run one after another, each timed alone for the profile.
+        runner: Builds the function that runs one batch through blocks ``[0, split)`` of a
+            manifest (tests pass a fake); by default an onnxruntime session of the blocks.
     """
     return Gateway(settings, upstream, registry=registry, runner=runner)

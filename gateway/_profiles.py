@@ -1,11 +1,14 @@
 """The storage side's own times, measured on real traffic, for ``/_hapi/models/{name}``.
 
-A batcher runs blocks ``[0, split)`` as a chain of one session per block, and
-:class:`TimedChain` times each block's run alone: no decode, queueing or HTTP is inside
-it. On the CPU provider with one intra-op thread the block computes in the calling
-thread, so its thread CPU time is taken: a core shared with decoding threads or another
-process does not inflate it. Otherwise (a GPU, or several intra-op threads) the wall
-time is. Decoding is timed the same way, per sample, in the decoding threads.
+A batcher runs blocks ``[0, split)`` as one composed onnxruntime session, and
+:class:`TimedRun` times each run alone: no decode, queueing or HTTP is inside it. On the
+CPU provider with one intra-op thread the blocks compute in the calling thread, so its
+thread CPU time is taken: a core shared with decoding threads or another process does
+not inflate it. Otherwise (a GPU, or several intra-op threads) the wall time is. The
+run's time is divided among its blocks by onnxruntime's per-node profile of the
+session's first batches (:class:`ProfiledRun`; the composed graph keeps each block's
+node-name prefix), or by the manifest's per-block times until then. Decoding is timed
+the same way, per sample, in the decoding threads.
 
 How loaded the storage host is, is measured apart from the block times: while a block
 runs on the CPU, the gateway process's CPU time over the wall time is the share of a core
@@ -19,14 +22,17 @@ device and batch-size bucket (powers of two); each is the mean of its latest bat
 from __future__ import annotations
 
 import collections
+import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from hapi.models import BlockTime, Figure, Manifest, StorageLoad, StorageProfile
+from hapi.models import BlockTime, Figure, Manifest, StorageLoad, StorageProfile, block_times
 
 BlockRun = Callable[[np.ndarray], np.ndarray]
 _WINDOW = 64  # batches a figure averages over: recent enough to follow a change of load
@@ -66,6 +72,7 @@ class _Key:
     device: str
     bucket: int
     clock: str
+    split_by: str
 
 
 class StorageProfiler:
@@ -78,12 +85,22 @@ class StorageProfiler:
         self._cpu = _Tally()  # (process CPU seconds, wall milliseconds) while blocks ran
 
     def record_block(
-        self, block: str, device: str, batch: int, seconds: float, *, clock: str = "cpu"
+        self,
+        block: str,
+        device: str,
+        batch: int,
+        seconds: float,
+        *,
+        clock: str = "cpu",
+        split_by: str = "measured",
     ) -> None:
-        """One run of ``block`` (a content hash) on ``batch`` samples took ``seconds``."""
-        key = _Key(block, device, batch_bucket(batch), clock)
+        """``block`` (a content hash) took ``seconds`` of a run on ``batch`` samples."""
+        key = _Key(block, device, batch_bucket(batch), clock, split_by)
         with self._lock:
-            self._blocks.setdefault(key, _Tally()).add(seconds, batch)
+            tally = self._blocks.setdefault(key, _Tally())
+            tally.add(seconds, batch)
+            if split_by == "measured":  # a learned division replaces the manifest's
+                self._blocks.pop(_Key(block, device, key.bucket, clock, "manifest"), None)
 
     def record_decode(self, seconds: float) -> None:
         """One sample took ``seconds`` of CPU time to decode and preprocess."""
@@ -118,7 +135,8 @@ class StorageProfiler:
             device=key.device,
             batch=key.bucket,
             clock="cpu" if key.clock == "cpu" else "wall",
-            ms=round(tally.ms(), 4),
+            split_by="measured" if key.split_by == "measured" else "manifest",
+            ms=tally.ms(),
             source="measured",
             samples=tally.samples,
             age_s=tally.age(),
@@ -128,7 +146,7 @@ class StorageProfiler:
         if not self._decode.samples:
             return None
         return Figure(
-            ms=round(self._decode.ms(), 4),
+            ms=self._decode.ms(),
             source="measured",
             samples=self._decode.samples,
             age_s=self._decode.age(),
@@ -159,56 +177,115 @@ def _overall(index: int, manifest: Manifest, batches: Sequence[BlockTime]) -> Bl
         block=index,
         device=latest.device,
         clock=latest.clock,
-        ms=round(sum(b.ms * b.samples for b in mine) / total, 4),
+        split_by=latest.split_by,
+        ms=sum(b.ms * b.samples for b in mine) / total,
         source="measured",
         samples=total,
         age_s=latest.age_s,
     )
 
 
-class TimedChain:
-    """Runs blocks one after another, timing each run alone into a :class:`StorageProfiler`.
+class ProfiledRun:
+    """An onnxruntime session's run whose first ``batches`` batches are profiled per node,
+    to learn how a batch's time divides among the composed blocks (:attr:`shares`).
+
+    Profiling then ends (onnxruntime keeps every event in memory until it does), and the
+    trace file is removed. Serving runs the composed graph throughout: a chain of one
+    session per block costs about 15% more CPU (layout reorders at every boundary).
+    """
+
+    def __init__(self, run: BlockRun, session: Any, blocks: int, *, batches: int = 3) -> None:
+        self._run = run
+        self._session = session
+        self._blocks = blocks
+        self._left = batches
+        self._lock = threading.Lock()
+        self.shares: tuple[float, ...] | None = None
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        out = self._run(batch)
+        with self._lock:
+            self._left -= 1
+            if self._left == 0:
+                self.shares = self._end_profiling()
+        return out
+
+    def _end_profiling(self) -> tuple[float, ...] | None:
+        path = self._session.end_profiling()
+        try:
+            times = block_times(path, self._blocks)
+        except (OSError, ValueError):
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        if self._blocks == 1:  # one block is not composed: its nodes carry no prefix
+            return (1.0,)
+        return _normalized(times)
+
+
+def _normalized(times: Sequence[float]) -> tuple[float, ...] | None:
+    total = sum(times)
+    return tuple(t / total for t in times) if total > 0 else None
+
+
+class TimedRun:
+    """Runs a batch through blocks ``[0, split)`` and times that run alone (no decode,
+    queueing or HTTP) into a :class:`StorageProfiler`, divided among the blocks.
+
+    The division comes from ``run.shares`` when the run has learned it (a
+    :class:`ProfiledRun`: onnxruntime's per-node profile of real batches), else from the
+    manifest's per-block times (export-time); each figure says which (``split_by``).
 
     Args:
-        runs: One run function per block, in order.
-        hashes: The blocks' content hashes.
-        device: ``cpu`` or ``cuda``: where the sessions run.
+        run: Runs one batch through blocks ``[0, split)``.
+        manifest: The model (block hashes, manifest times).
+        split: How many blocks ``run`` runs.
+        device: ``cpu`` or ``cuda``: where the session runs.
         profiler: Where the times go.
         cpu_clock: The blocks compute in the calling thread (CPU provider, one intra-op
-            thread), so its CPU time is their time; otherwise wall time is taken.
+            thread), so its CPU time is their time and the host's availability is
+            measured apart; otherwise wall time is taken (and contains any load).
     """
 
     def __init__(
         self,
-        runs: Sequence[BlockRun],
-        hashes: Sequence[str],
+        run: BlockRun,
+        manifest: Manifest,
+        split: int,
         *,
         device: str,
         profiler: StorageProfiler,
         cpu_clock: bool,
     ) -> None:
-        self._runs = list(zip(hashes, runs, strict=True))
+        self._run = run
+        self._hashes = manifest.hashes[:split]
+        self._manifest_shares = _normalized([b.cpu_ms for b in manifest.blocks[:split]]) or tuple(
+            1.0 / split for _ in range(split)
+        )
         self._device = device
         self._profiler = profiler
         self._cpu_clock = cpu_clock
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
-        out = batch
-        cpu_started, wall_started = time.process_time(), time.perf_counter()
-        for digest, run in self._runs:
-            out = self._one(digest, run, out)
-        if self._device == "cpu":
+        clock = time.thread_time if self._cpu_clock else time.perf_counter
+        cpu_started, wall_started, started = time.process_time(), time.perf_counter(), clock()
+        out = self._run(batch)
+        seconds = clock() - started
+        if self._cpu_clock:
             self._profiler.record_availability(
                 time.process_time() - cpu_started, time.perf_counter() - wall_started
             )
-        return out
-
-    def _one(self, digest: str, run: BlockRun, batch: np.ndarray) -> np.ndarray:
-        clock = time.thread_time if self._cpu_clock else time.perf_counter
-        started = clock()
-        out = run(batch)
-        seconds = clock() - started
-        self._profiler.record_block(
-            digest, self._device, len(batch), seconds, clock="cpu" if self._cpu_clock else "wall"
-        )
+        learned: tuple[float, ...] | None = getattr(self._run, "shares", None)
+        shares = learned or self._manifest_shares
+        split_by = "measured" if learned else "manifest"
+        for digest, share in zip(self._hashes, shares, strict=True):
+            self._profiler.record_block(
+                digest,
+                self._device,
+                len(batch),
+                seconds * share,
+                clock="cpu" if self._cpu_clock else "wall",
+                split_by=split_by,
+            )
         return out

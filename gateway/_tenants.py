@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -38,7 +40,7 @@ from hapi.models import NoSuchModel as RegistryNoSuchModel
 
 from ._batcher import Batcher, MemoryBudget, OutOfMemory
 from ._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
-from ._profiles import StorageProfiler, TimedChain
+from ._profiles import ProfiledRun, StorageProfiler, TimedRun
 
 _OOM_MARKERS = (
     "failed to allocate memory",
@@ -47,7 +49,6 @@ _OOM_MARKERS = (
     "bad_alloc",
 )
 SessionFactory = Callable[[Manifest, int], Callable[[np.ndarray], np.ndarray]]
-"""Builds the run function of block ``index`` of a manifest (the per-block seam)."""
 
 
 @dataclass
@@ -125,9 +126,9 @@ class Tenants:
         budget: The shared memory budget.
         infer_pool: Where inference runs (one thread per device).
         runtime: Session settings (device, threads).
-        make_run: Builds the run function of one block; the seam that tests use to
-            inject an executor (the default loads the block and makes an ORT session).
-            Blocks ``[0, split)`` run one after another, each timed alone.
+        make_run: Builds the run function of blocks ``[0, split)``; the seam that tests
+            use to inject an executor (the default loads blocks and makes an ORT session).
+            Every batch it runs is timed alone for the storage profile.
         latest_ttl_s: How long ``NAME`` stays resolved to one version.
         max_tenants: Sessions kept at most; the least recently used idle one goes first.
         max_delay_s: The batchers' longest queue delay.
@@ -226,7 +227,7 @@ class Tenants:
         return tenant.batcher
 
     async def _create(self, manifest: Manifest, split: int) -> _Tenant:
-        run = await asyncio.to_thread(self._chain, manifest, split)
+        run = await asyncio.to_thread(self._timed, manifest, split)
         weights = sum(block.size for block in manifest.blocks[:split])
         name = f"{manifest.ref}[0:{split}]"
         batcher = Batcher(
@@ -248,25 +249,29 @@ class Tenants:
         """The storage side's measured times."""
         return self.requests.profiler
 
-    def _chain(self, manifest: Manifest, split: int) -> TimedChain:
-        runs = [self._make_run(manifest, index) for index in range(split)]
-        return TimedChain(
-            runs,
-            manifest.hashes[:split],
+    def _timed(self, manifest: Manifest, split: int) -> TimedRun:
+        run = self._make_run(manifest, split)
+        return TimedRun(
+            run,
+            manifest,
+            split,
             device=self._device,
             profiler=self.profiler,
             cpu_clock=self._device == "cpu" and self._runtime.intra_op_threads == 1,
         )
 
-    def _ort_run(self, manifest: Manifest, index: int) -> Callable[[np.ndarray], np.ndarray]:
+    def _ort_run(self, manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray]:
+        prefix = os.path.join(tempfile.gettempdir(), f"hapi-profile-{os.getpid()}-")
         try:
-            graph = self.registry.load_blocks(manifest, index, index + 1)
-            session = create_session(graph, self._runtime)
+            graph = self.registry.load_blocks(manifest, 0, split)
+            session = create_session(graph, self._runtime, profile_prefix=prefix)
         except ModelError as exc:
-            raise ServiceUnavailable(f"cannot load {manifest.ref} block {index}: {exc}") from exc
+            raise ServiceUnavailable(
+                f"cannot load {manifest.ref} blocks [0, {split}): {exc}"
+            ) from exc
         on_cuda = session.get_providers()[0] == "CUDAExecutionProvider"
         self._device = "cuda" if on_cuda else "cpu"
-        return ort_runner(session)
+        return ProfiledRun(ort_runner(session), session, split)
 
     async def _evict(self) -> None:
         while len(self._tenants) > self._max_tenants:

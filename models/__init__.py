@@ -69,7 +69,7 @@ from ._registry import (
     check_name,
     parse_ref,
 )
-from ._runtime import Device, RuntimeSettings, create_session, cuda_usable
+from ._runtime import Device, RuntimeSettings, block_times, create_session, cuda_usable
 from ._schema import (
     BlockProfile,
     BlockTime,
@@ -144,6 +144,7 @@ __all__ = [
     "UserError",
     "VersionConflict",
     "block_prefix",
+    "block_times",
     "build",
     "build_hub",
     "cache_key",

@@ -122,12 +122,16 @@ class BlockTime(Figure):
     HTTP), on ``device``, for storage batches of up to ``batch`` samples (powers of two;
     0 in the all-batches figure and in the manifest's). ``clock`` is ``cpu`` when the run's
     thread CPU time was taken (one intra-op thread on the CPU provider: immune to the core
-    being shared), ``wall`` otherwise."""
+    being shared), ``wall`` otherwise. A run of blocks ``[0, split)`` is timed as a whole;
+    ``split_by`` says how its time was divided among the blocks: ``measured`` by
+    onnxruntime's per-node profile of real batches, ``manifest`` by the export-time
+    per-block times."""
 
     block: int
     device: str
     batch: int = 0
     clock: Literal["cpu", "wall"] = "cpu"
+    split_by: Source = "manifest"
 
 
 class StorageLoad(_Schema):

@@ -51,16 +51,15 @@ class MemoryRegistry:
 def fake_runner(
     seen: list[tuple[int, tuple[int, ...]]],
 ) -> Callable[..., Callable[..., np.ndarray]]:
-    """Runs block ``index`` as: its output shape, every value equal to ``index + 1`` (so
-    blocks ``[0, split)`` answer ``split``; a streamed answer's header names that shape
-    before any row is run)."""
+    """Runs blocks ``[0, split)`` as: block ``split - 1``'s output shape, every value equal
+    to ``split`` (a streamed answer's header names that shape before any row is run)."""
 
-    def make(manifest: Manifest, index: int) -> Callable[[np.ndarray], np.ndarray]:
-        shape = tuple(manifest.blocks[index].output_shape)
+    def make(manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray]:
+        shape = tuple(manifest.blocks[split - 1].output_shape)
 
         def run(batch: np.ndarray) -> np.ndarray:
-            seen.append((index, batch.shape))
-            return np.full((len(batch), *shape), float(index + 1), dtype=np.float32)
+            seen.append((split, batch.shape))
+            return np.full((len(batch), *shape), float(split), dtype=np.float32)
 
         return run
 
@@ -142,8 +141,7 @@ async def test_pushdown_get_returns_the_runners_features(client, seen) -> None:
     assert reply.headers["x-hapi-model"] == "synthetic@1" and reply.headers["x-hapi-split"] == "2"
     tensors, _meta = decode_features(reply.content)
     assert tensors["features"].shape == (1, 200_704) and np.all(tensors["features"] == 2.0)
-    assert seen[0] == (0, (1, 3, 224, 224))  # the preprocessed image went to block 0
-    assert [index for index, _ in seen] == [0, 1]  # then block 1, each run on its own
+    assert seen == [(2, (1, 3, 224, 224))]  # the preprocessed image went to the runner
 
 
 @pytest.mark.anyio
