@@ -210,6 +210,14 @@ class ProfiledRun:
                 self.shares = self._end_profiling()
         return out
 
+    def close(self) -> None:
+        """End profiling if it still runs (onnxruntime would write its trace file when
+        the session is dropped) and remove the trace."""
+        with self._lock:
+            if self._left > 0:
+                self._left = 0
+                self._end_profiling()
+
     def _end_profiling(self) -> tuple[float, ...] | None:
         path = self._session.end_profiling()
         try:
@@ -266,6 +274,12 @@ class TimedRun:
         self._device = device
         self._profiler = profiler
         self._cpu_clock = cpu_clock
+
+    def close(self) -> None:
+        """Let the run release what it holds (a :class:`ProfiledRun`'s trace)."""
+        close = getattr(self._run, "close", None)
+        if callable(close):
+            close()
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         clock = time.thread_time if self._cpu_clock else time.perf_counter

@@ -86,6 +86,12 @@ class _Tenant:
     weights: int
     models: set[tuple[str, int]]
     last_used: float
+    run: TimedRun | None = None
+
+    async def close(self) -> None:
+        await self.batcher.close()
+        if self.run is not None:
+            await asyncio.to_thread(self.run.close)
 
 
 def ort_runner(session: Any) -> Callable[[np.ndarray], np.ndarray]:
@@ -238,7 +244,7 @@ class Tenants:
             pool=self._pool,
             **self._batcher_options,
         )
-        tenant = _Tenant(batcher, weights, set(), time.monotonic())
+        tenant = _Tenant(batcher, weights, set(), time.monotonic(), run)
         self._tenants[manifest.hashes[:split]] = tenant
         self.budget.weights += weights
         await self._evict()
@@ -280,12 +286,12 @@ class Tenants:
                 return  # the oldest is busy; try again on the next creation
             del self._tenants[key]
             self.budget.weights -= tenant.weights
-            await tenant.batcher.close()
+            await tenant.close()
 
     async def close(self) -> None:
         """Stop every batcher."""
         for tenant in self._tenants.values():
-            await tenant.batcher.close()
+            await tenant.close()
         self._tenants.clear()
 
     def queued_samples(self) -> int:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from hapi.gateway._profiles import StorageProfiler, TimedRun, batch_bucket
+from hapi.gateway._profiles import ProfiledRun, StorageProfiler, TimedRun, batch_bucket
+from hapi.models import RuntimeSettings, compose, create_session
+from tests.models.unit.test_block_times import _block
 from tests.planner.synthetic import manifest
 
 MODEL = manifest(freeze=3)
@@ -64,3 +68,31 @@ def test_a_run_is_divided_by_what_it_learned_else_by_the_manifest() -> None:
     cpu = [b for b in storage.batches if b.clock == "cpu"]
     assert [b.split_by for b in cpu] == ["measured"] * 3
     assert storage.load.source == "measured"
+
+
+def _profiled(tmp_path: Path) -> ProfiledRun:
+    graph = compose([_block(256, 1), _block(256, 6)])
+    settings = RuntimeSettings(device="cpu", intra_op_threads=1)
+    session = create_session(graph, settings, profile_prefix=str(tmp_path / "trace"))
+    return ProfiledRun(lambda x: session.run(None, {"input": x})[0], session, 2, batches=3)
+
+
+def test_a_session_learns_its_blocks_shares_from_its_first_batches(tmp_path: Path) -> None:
+    run = _profiled(tmp_path)
+    batch = np.ones((32, 256), np.float32)
+    for _ in range(2):
+        run(batch)
+    assert run.shares is None
+    run(batch)
+    assert run.shares is not None and sum(run.shares) == pytest.approx(1.0)
+    assert run.shares[1] > run.shares[0]  # six matmuls against one
+    assert list(tmp_path.iterdir()) == []  # the trace is gone
+    run.close()  # nothing left to end
+    assert run(batch).shape == (32, 256)
+
+
+def test_a_session_closed_before_it_learned_leaves_no_trace(tmp_path: Path) -> None:
+    run = _profiled(tmp_path)
+    run(np.ones((4, 256), np.float32))
+    run.close()
+    assert run.shares is None and list(tmp_path.iterdir()) == []
