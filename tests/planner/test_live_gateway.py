@@ -99,3 +99,4 @@ def test_auto_probes_and_takes_the_gateways_view(
     table = CliRunner().invoke(plan, arguments[:-3] + arguments[-2:], env=env)
     assert table.exit_code == 0, table.output
     assert "(probed)" in table.stdout and "chosen: split " in table.stdout
+    assert "Storage side: blocks 0-2 measured on cpu" in table.stdout
