@@ -130,3 +130,12 @@ def test_replanned_pick_is_within_5_percent_of_the_best(cell: Any, miss: Any) ->
         f"pick {pick} took {epochs[pick]:.2f} s, {regret:+.1%} over the best {best:.2f} s"
     )
     assert math.isfinite(replan(cell).chosen.epoch_s)
+
+
+def test_known_misses_name_recorded_cells() -> None:
+    for path in RECORDED.glob("*.json"):
+        data = json.loads(path.read_text())
+        cells = {(cell["model"], cell["regime"]) for cell in data["cells"]}
+        for miss in data.get("known_misses", []):
+            assert (miss["model"], miss["regime"]) in cells, f"{path.name}: {miss}"
+            assert miss.get("why"), f"{path.name}: a known miss says why"
