@@ -139,6 +139,9 @@ class CellResult:
             of them).
         plan: The planner's plan as JSON (``Plan.to_dict()``: its profile, bandwidth and
             every candidate's predicted stages), for what-if analyses.
+        profile: What re-planning the cell offline needs: client and storage per-block ms,
+            decode ms on both sides, the storage figures as the gateway served them (with
+            sources and ages), availability, bandwidth, bytes per split and raw bytes.
     """
 
     model: str
@@ -156,6 +159,7 @@ class CellResult:
     wire_bytes: tuple[int, ...] = ()
     runs: tuple[RunResult, ...] = field(default_factory=tuple)
     plan: Mapping[str, Any] = field(default_factory=dict)
+    profile: Mapping[str, Any] = field(default_factory=dict)
 
     def run(self, split: int | None) -> RunResult | None:
         """The run of ``split`` (``None``: the baseline loader), if made or bounded."""
@@ -178,6 +182,7 @@ class CellResult:
         data["runs"] = [run.to_dict() for run in self.runs]
         data["wire_bytes"] = list(self.wire_bytes)
         data["plan"] = dict(self.plan)
+        data["profile"] = dict(self.profile)
         return data
 
     @classmethod

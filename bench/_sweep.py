@@ -113,9 +113,9 @@ def measure_profile(
 
 def plan_cell(
     gateway: str, measured: ModelProfile, rate_bps: float, auth: planner.GatewayAuth | None = None
-) -> tuple[planner.Plan, float]:
-    """The planner's plan at the current shaping, and the probed bandwidth (the better of
-    two probes: interference only ever makes a probe slower)."""
+) -> tuple[planner.Plan, float, planner.GatewayProfile]:
+    """The planner's plan at the current shaping, the probed bandwidth (the better of
+    two probes: interference only ever makes a probe slower), and the gateway's view."""
     size = max(64 * 1024, int(rate_bps / 8 * PROBE_SECONDS))
     probed = max(planner.probe_bandwidth(gateway, bytes=size, auth=auth) for _ in range(2))
     view = planner.fetch_gateway_profile(gateway, measured.manifest.name, auth=auth)
@@ -126,7 +126,31 @@ def plan_cell(
         batch_size=measured.batch_size,
         dataset_size=measured.samples,
     )
-    return chosen, probed
+    return chosen, probed, view
+
+
+def cell_profile(
+    chosen: planner.Plan, view: planner.GatewayProfile, measured: ModelProfile
+) -> dict[str, Any]:
+    """Everything needed to plan the cell again offline: both sides' per-block times,
+    decode times, the storage side's figures as the gateway served them (with sources
+    and ages), the host's availability, bandwidth, bytes per sample per split and of the
+    raw objects. The measured epochs are the cell's runs."""
+    used = chosen.profile
+    return {
+        "client_ms": list(used.client_ms),
+        "client_decode_ms": used.client_decode_ms,
+        "storage_ms": list(used.storage_ms),
+        "storage_decode_ms": used.storage_decode_ms,
+        "storage_available": used.storage_available,
+        "storage_load": used.storage_load,
+        "served": view.storage.model_dump(),
+        "bandwidth_bps": chosen.bandwidth_bps,
+        "batch_size": chosen.batch_size,
+        "dataset_size": chosen.dataset_size,
+        "wire_bytes": list(measured.wire_bytes),
+        "raw_bytes": measured.raw_bytes,
+    }
 
 
 def sweep_cell(
@@ -141,7 +165,7 @@ def sweep_cell(
     ratio = REGIMES[regime]
     rate = bandwidth_for(ratio, measured.client_rate, measured.raw_bytes)
     client.link.shape(rate)
-    chosen, probed = plan_cell(gateway, measured, rate, client.tier.spec.control_auth())
+    chosen, probed, view = plan_cell(gateway, measured, rate, client.tier.spec.control_auth())
     progress.log(
         f"{measured.manifest.name} {regime}: {rate / 1e6:.3g} Mbit/s shaped, "
         f"{probed / 1e6:.3g} probed; planner picks {split_label(chosen.split)}"
@@ -176,6 +200,7 @@ def sweep_cell(
         wire_bytes=measured.wire_bytes,
         runs=cell.ordered(),
         plan=chosen.to_dict(),
+        profile=cell_profile(chosen, view, measured),
     )
 
 

@@ -191,9 +191,12 @@ def _model_routes(app: FastAPI, gateway: Gateway) -> None:
 
     @app.get("/_hapi/models/{name:path}", response_model=ModelProfile)
     async def model(name: str) -> ModelProfile:
-        """One model (``NAME`` or ``NAME@VERSION``): its blocks and the tenants serving it."""
+        """One model (``NAME`` or ``NAME@VERSION``): its blocks, the storage side's measured
+        profile (per block, decode, load; each figure with its source and age) and the
+        tenants serving it."""
         tenants = _pushdown(gateway).tenants
-        return ModelProfile.of(await tenants.manifest(name), tenants.stats())
+        manifest = await tenants.manifest(name)
+        return ModelProfile.of(manifest, tenants.stats(), tenants.profiler.profile(manifest))
 
     @app.get("/_hapi/stats", response_model=GatewayStats)
     async def stats() -> GatewayStats:

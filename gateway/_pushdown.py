@@ -293,8 +293,9 @@ class Pushdown:
 
         def one(index: int, sample: PendingSample) -> None:
             progress.start()
+            started = time.thread_time()
             inputs[index] = sample.decode(manifest.preprocess, max_pixels=max_pixels)
-            self.stats.count_decoded()
+            self.stats.count_decoded(time.thread_time() - started)
 
         loop = asyncio.get_running_loop()
         jobs = [loop.run_in_executor(self._decode_pool, one, i, s) for i, s in enumerate(window)]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +40,7 @@ from hapi.models import NoSuchModel as RegistryNoSuchModel
 
 from ._batcher import Batcher, MemoryBudget, OutOfMemory
 from ._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
+from ._profiles import ProfiledRun, StorageProfiler, TimedRun
 from ._registry import AsyncRegistry
 
 _OOM_MARKERS = (
@@ -58,12 +61,16 @@ class RequestStats:
     samples_decoded: int = 0
     samples_abandoned: int = 0
     requests_cancelled: int = 0
+    profiler: StorageProfiler = field(default_factory=StorageProfiler, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def count_decoded(self) -> None:
-        """One more sample decoded (called from the decoding threads)."""
+    def count_decoded(self, cpu_s: float | None = None) -> None:
+        """One more sample decoded, in ``cpu_s`` of thread CPU time (called from the
+        decoding threads)."""
         with self._lock:
             self.samples_decoded += 1
+        if cpu_s is not None:
+            self.profiler.record_decode(cpu_s)
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -80,6 +87,12 @@ class _Tenant:
     weights: int
     models: set[tuple[str, int]]
     last_used: float
+    run: TimedRun | None = None
+
+    async def close(self) -> None:
+        await self.batcher.close()
+        if self.run is not None:
+            await asyncio.to_thread(self.run.close)
 
 
 def ort_runner(session: Any) -> Callable[[np.ndarray], np.ndarray]:
@@ -122,6 +135,7 @@ class Tenants:
         runtime: Session settings (device, threads).
         make_run: Builds the run function of blocks ``[0, split)``; the seam that tests
             use to inject an executor (the default loads blocks and makes an ORT session).
+            Every batch it runs is timed alone for the storage profile.
         latest_ttl_s: How long ``NAME`` stays resolved to one version.
         max_tenants: Sessions kept at most; the least recently used idle one goes first.
         max_delay_s: The batchers' longest queue delay.
@@ -147,6 +161,7 @@ class Tenants:
         self._pool = infer_pool
         self._runtime = runtime or RuntimeSettings()
         self._make_run = make_run
+        self._device = "cpu"  # where sessions run: set by the first onnxruntime session
         self._latest_ttl = latest_ttl_s
         self._max_tenants = max_tenants
         self._batcher_options: dict[str, Any] = {
@@ -220,9 +235,10 @@ class Tenants:
 
     async def _create(self, manifest: Manifest, split: int) -> _Tenant:
         if self._make_run is None:
-            run = await self._ort_run(manifest, split)
+            untimed = await self._ort_run(manifest, split)
         else:
-            run = await asyncio.to_thread(self._make_run, manifest, split)
+            untimed = await asyncio.to_thread(self._make_run, manifest, split)
+        run = self._timed(untimed, manifest, split)
         weights = sum(block.size for block in manifest.blocks[:split])
         name = f"{manifest.ref}[0:{split}]"
         batcher = Batcher(
@@ -233,27 +249,49 @@ class Tenants:
             pool=self._pool,
             **self._batcher_options,
         )
-        tenant = _Tenant(batcher, weights, set(), time.monotonic())
+        tenant = _Tenant(batcher, weights, set(), time.monotonic(), run)
         self._tenants[manifest.hashes[:split]] = tenant
         self.budget.weights += weights
         await self._evict()
         return tenant
+
+    @property
+    def profiler(self) -> StorageProfiler:
+        """The storage side's measured times."""
+        return self.requests.profiler
+
+    def _timed(
+        self, run: Callable[[np.ndarray], np.ndarray], manifest: Manifest, split: int
+    ) -> TimedRun:
+        return TimedRun(
+            run,
+            manifest,
+            split,
+            device=self._device,
+            profiler=self.profiler,
+            cpu_clock=self._device == "cpu" and self._runtime.intra_op_threads == 1,
+        )
 
     async def _ort_run(self, manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray]:
         """Blocks ``[0, split)`` fetched (async), then verified, composed and loaded into
         an onnxruntime session in a worker thread (CPU work, not I/O)."""
         try:
             blobs = await self.registry.fetch_blocks(manifest, 0, split)
-            return await asyncio.to_thread(self._session, manifest, blobs)
+            return await asyncio.to_thread(self._session, manifest, split, blobs)
         except ModelError as exc:
             raise ServiceUnavailable(
                 f"cannot load {manifest.ref} blocks [0, {split}): {exc}"
             ) from exc
 
     def _session(
-        self, manifest: Manifest, blobs: list[bytes | None]
+        self, manifest: Manifest, split: int, blobs: list[bytes | None]
     ) -> Callable[[np.ndarray], np.ndarray]:
-        return ort_runner(create_session(assemble_blocks(manifest, 0, blobs), self._runtime))
+        prefix = os.path.join(tempfile.gettempdir(), f"hapi-profile-{os.getpid()}-")
+        graph = assemble_blocks(manifest, 0, blobs)
+        session = create_session(graph, self._runtime, profile_prefix=prefix)
+        on_cuda = session.get_providers()[0] == "CUDAExecutionProvider"
+        self._device = "cuda" if on_cuda else "cpu"
+        return ProfiledRun(ort_runner(session), session, split)
 
     async def _evict(self) -> None:
         while len(self._tenants) > self._max_tenants:
@@ -262,12 +300,12 @@ class Tenants:
                 return  # the oldest is busy; try again on the next creation
             del self._tenants[key]
             self.budget.weights -= tenant.weights
-            await tenant.batcher.close()
+            await tenant.close()
 
     async def close(self) -> None:
         """Stop every batcher."""
         for tenant in self._tenants.values():
-            await tenant.batcher.close()
+            await tenant.close()
         self._tenants.clear()
 
     def queued_samples(self) -> int:

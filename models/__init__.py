@@ -81,15 +81,20 @@ from ._registry import (
     check_name,
     parse_ref,
 )
-from ._runtime import Device, RuntimeSettings, create_session, cuda_usable
+from ._runtime import Device, RuntimeSettings, block_times, create_session, cuda_usable
 from ._schema import (
     BlockProfile,
+    BlockTime,
+    Figure,
     GatewayStats,
     MemoryBudgetStats,
     ModelProfile,
     ModelSummary,
     RequestCounters,
     ServedSplit,
+    Source,
+    StorageLoad,
+    StorageProfile,
     TenantStats,
 )
 from ._wire import DTYPES as WIRE_DTYPES
@@ -110,6 +115,7 @@ __all__ = [
     "WIRE_DTYPES",
     "BlockInfo",
     "BlockProfile",
+    "BlockTime",
     "CacheEntry",
     "CorruptBlock",
     "CutPoint",
@@ -118,6 +124,7 @@ __all__ = [
     "ExportError",
     "ExportedBlock",
     "ExportedModel",
+    "Figure",
     "GatewayStats",
     "InputSpec",
     "InvalidModelSpec",
@@ -141,6 +148,9 @@ __all__ = [
     "Sample",
     "ServedSplit",
     "SessionError",
+    "Source",
+    "StorageLoad",
+    "StorageProfile",
     "TenantStats",
     "TooManySamples",
     "UndecodableObject",
@@ -149,6 +159,7 @@ __all__ = [
     "assemble_blocks",
     "block_key",
     "block_prefix",
+    "block_times",
     "build",
     "build_hub",
     "cache_key",

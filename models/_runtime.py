@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import functools
 import io
+import json
 import os
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -119,12 +120,17 @@ def providers(settings: RuntimeSettings) -> list[str | tuple[str, dict[str, Any]
 def create_session(
     model: onnx.ModelProto | bytes | str | os.PathLike[str],
     settings: RuntimeSettings | None = None,
+    *,
+    profile_prefix: str | None = None,
 ) -> ort.InferenceSession:
     """Create an onnxruntime session for a block or a composed graph.
 
     Args:
         model: An ONNX model, its serialized bytes, or a file path.
         settings: Device and thread settings; defaults when omitted.
+        profile_prefix: Profile every run (onnxruntime's per-node trace) until
+            ``session.end_profiling()``, which writes the trace to a file named from
+            this prefix and returns its path (see :func:`block_times`).
 
     Raises:
         SessionError: The graph is invalid, or the requested device is unusable.
@@ -134,6 +140,9 @@ def create_session(
     options.intra_op_num_threads = settings.intra_op_threads
     options.inter_op_num_threads = settings.inter_op_threads
     options.log_severity_level = 3
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     source: bytes | str
     if isinstance(model, onnx.ModelProto):
         source = model.SerializeToString()
@@ -145,3 +154,30 @@ def create_session(
         raise
     except Exception as exc:  # onnxruntime raises its own untyped pybind errors
         raise SessionError(f"onnxruntime cannot load the graph: {exc}") from exc
+
+
+def block_times(trace_path: str | os.PathLike[str], blocks: int) -> tuple[float, ...]:
+    """Per-block kernel microseconds from an onnxruntime profile of a composed graph.
+
+    :func:`hapi.models.compose` prefixes every block's node names with ``b{i}.``, and
+    onnxruntime keeps that prefix on the nodes it fuses; the few nodes it adds itself
+    (layout reorders) are left out. The trace file is read, not removed.
+    """
+    with open(trace_path) as trace:
+        events = json.load(trace)
+    times = [0.0] * blocks
+    for event in events:
+        name = event.get("name", "")
+        if event.get("cat") != "Node" or not name.endswith("_kernel_time"):
+            continue
+        index = _block_index(name)
+        if index is not None and index < blocks:
+            times[index] += float(event.get("dur", 0))
+    return tuple(times)
+
+
+def _block_index(node: str) -> int | None:
+    head, dot, _ = node.partition(".")
+    if not dot or not head.startswith("b") or not head[1:].isdigit():
+        return None
+    return int(head[1:])

@@ -9,7 +9,7 @@ here, in the lowest package both may import.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -99,6 +99,69 @@ class BlockProfile(_Schema):
     cpu_ms: float
 
 
+Source = Literal["measured", "calibrated", "manifest"]
+"""Where a storage-side figure comes from: timed on real traffic, timed on a start-up or
+first-use calibration run, or the manifest's export-time profile (nothing measured)."""
+
+
+class Figure(_Schema):
+    """One storage-side time, milliseconds per sample, with where it came from.
+
+    ``samples`` is how many samples it was measured on (0 for the manifest's), ``age_s``
+    the seconds since it was last updated (``None`` for the manifest's).
+    """
+
+    ms: float
+    source: Source
+    samples: int = 0
+    age_s: float | None = None
+
+
+class BlockTime(Figure):
+    """The inference time of one block (its session run alone: no decode, queueing or
+    HTTP), on ``device``, for storage batches of up to ``batch`` samples (powers of two;
+    0 in the all-batches figure and in the manifest's). ``clock`` is ``cpu`` when the run's
+    thread CPU time was taken (one intra-op thread on the CPU provider: immune to the core
+    being shared), ``wall`` otherwise. A run of blocks ``[0, split)`` is timed as a whole;
+    ``split_by`` says how its time was divided among the blocks: ``measured`` by
+    onnxruntime's per-node profile of real batches, ``manifest`` by the export-time
+    per-block times."""
+
+    block: int
+    device: str
+    batch: int = 0
+    clock: Literal["cpu", "wall"] = "cpu"
+    split_by: Source = "manifest"
+
+
+class StorageLoad(_Schema):
+    """How much of a core the gateway got while its blocks ran on the CPU: process CPU
+    time over wall time, at most 1. 1 (source ``manifest``) when never measured."""
+
+    available: float
+    source: Source
+    samples: int = 0
+    age_s: float | None = None
+
+
+class StorageProfile(_Schema):
+    """The storage side's own times for one model's frozen blocks.
+
+    Args:
+        blocks: One figure per frozen block ``[0, freeze)``, in order: measured over all
+            batch sizes (weighted by samples) or, for a block never run, the manifest's.
+        batches: The measured figures per block, device and batch-size bucket.
+        decode: Decode and preprocess time per sample (thread CPU time); ``None`` until
+            a sample was decoded (the manifest has no such figure).
+        load: The share of a core the gateway got while its blocks ran.
+    """
+
+    blocks: list[BlockTime]
+    batches: list[BlockTime] = []
+    decode: Figure | None
+    load: StorageLoad
+
+
 class ModelSummary(_Schema):
     """One entry of ``GET /_hapi/models``."""
 
@@ -119,7 +182,8 @@ class ModelSummary(_Schema):
 
 
 class ModelProfile(_Schema):
-    """``GET /_hapi/models/{name}``: the manifest's figures and the tenants serving it."""
+    """``GET /_hapi/models/{name}``: the manifest's figures, the storage side's measured
+    profile, and the tenants serving it."""
 
     name: str
     version: int
@@ -132,15 +196,18 @@ class ModelProfile(_Schema):
     blocks: list[BlockProfile]
     preprocess: dict[str, Any]
     served: list[TenantStats]
+    storage: StorageProfile
 
     @classmethod
-    def of(cls, manifest: Manifest, stats: GatewayStats) -> ModelProfile:
-        """The profile of ``manifest``, with the tenants of ``stats`` that serve it."""
+    def of(cls, manifest: Manifest, stats: GatewayStats, storage: StorageProfile) -> ModelProfile:
+        """The profile of ``manifest``, with its storage-side times and the tenants of
+        ``stats`` that serve it."""
         return cls(
             **_summary_fields(manifest),
             blocks=[BlockProfile(**dataclasses.asdict(block)) for block in manifest.blocks],
             preprocess=manifest.preprocess.to_dict(),
             served=[t for t in stats.tenants if t.serves(manifest.ref)],
+            storage=storage,
         )
 
 

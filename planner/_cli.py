@@ -205,3 +205,5 @@ def _print(chosen: Plan, *, bandwidth_source: str) -> None:
     )
     choice = Text.assemble((f"chosen: split {split_label(chosen.split)}", "bold"), ". ")
     console.print(choice + Text(chosen.reason()))
+    if chosen.profile.storage_origin:
+        console.print(chosen.profile.storage_origin, style="dim")

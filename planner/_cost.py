@@ -6,7 +6,12 @@ preprocesses only) and every split ``1..freeze`` (the storage side also runs blo
 ``[0, split)``). One training batch of ``B`` samples passes three stages, each a linear
 cost per sample:
 
-- storage: ``B * (decode + blocks [0, split)) * load`` (``load`` >= 1 models a shared device),
+- storage: ``B * (decode + blocks [0, split)) * load / available``: decode and block
+  times are the storage side's own (measured alone, with its device to itself);
+  ``load`` >= 1 models time-sharing the device with other busy tenants of the gateway,
+  and ``available`` <= 1 is the share of a core the gateway process measurably gets on
+  its host (about 0.5 next to one CPU-bound process): a loaded host is modelled by its
+  measured load, never by inflating the block times,
 - transfer: ``B * bytes_per_sample * 8 / bandwidth``,
 - client: ``B * ((decode if no pushdown) + blocks [split, freeze) + head step)``.
 
@@ -74,6 +79,11 @@ class Profile:
         client_memory_bytes: The client's memory budget; ``None`` for unlimited.
         storage_load: Factor on the storage stage's time: 1 as profiled, ``n`` when its
             device is time-shared in turn with ``n - 1`` busy tenants.
+        storage_available: The share of a core the storage side gets on its host
+            (``0 < available <= 1``; measured by the gateway): the storage stage is
+            divided by it.
+        storage_origin: Where the storage-side figures came from and how old they are,
+            in words (for the explanation); empty when not from a gateway.
         storage_batch: The batch the storage side must fit at least. The gateway sizes
             its batches to its memory, so 1 by default.
         wire_dtype: The dtype the features travel in (what ``output_bytes`` and
@@ -97,9 +107,11 @@ class Profile:
     storage_memory_bytes: int | None = None
     client_memory_bytes: int | None = None
     storage_load: float = 1.0
+    storage_available: float = 1.0
     storage_batch: int = 1
     wire_dtype: str = "float32"
     shared_compute: bool = False
+    storage_origin: str = ""
 
     def __post_init__(self) -> None:
         blocks = (
@@ -123,6 +135,8 @@ class Profile:
             raise InvalidInput("profile: times and sizes must be >= 0")
         if not 0 < self.storage_load < math.inf or self.storage_batch < 1:
             raise InvalidInput("profile: storage_load must be > 0 and storage_batch >= 1")
+        if not 0 < self.storage_available <= 1:
+            raise InvalidInput("profile: storage_available must be in (0, 1]")
         for budget in (self.storage_memory_bytes, self.client_memory_bytes):
             if budget is not None and budget <= 0:
                 raise InvalidInput("profile: memory budgets must be positive (or None)")
@@ -431,7 +445,7 @@ def _candidate(
     storage = 0.0
     if split is not None:
         storage = (profile.storage_decode_ms + sum(profile.storage_ms[:split])) * batch
-        storage *= profile.storage_load
+        storage *= profile.storage_load / profile.storage_available
     client_decode = profile.client_decode_ms if split is None else 0.0
     client = (client_decode + sum(profile.client_ms[start:]) + profile.head_ms) * batch
     sent = profile.bytes_at(split)

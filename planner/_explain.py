@@ -88,6 +88,8 @@ def explain(plan: Plan) -> str:
         text = "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True))
         lines.append(f"{marker} {text}".rstrip())
     lines += ["", f"chosen: split {split_label(plan.split)}. {reason(plan)}"]
+    if plan.profile.storage_origin:
+        lines.append(plan.profile.storage_origin)
     if plan.alternative is not None:
         lines.append(alternative(plan))
     return "\n".join(lines)

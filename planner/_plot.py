@@ -68,7 +68,7 @@ def _draw_sizes(axes: Any, plan: Plan) -> None:
     axes.set_ylabel("KB per sample over the network")
     axes.set_xticks(splits, [str(k) for k in splits])
     compute = axes.twinx()
-    load = profile.storage_load
+    load = profile.storage_load / profile.storage_available
     storage = [(profile.storage_decode_ms + sum(profile.storage_ms[:k])) * load for k in splits]
     client = [sum(profile.client_ms[k:]) for k in splits]
     compute.plot(splits, storage, "o-", color="#2ca02c", label="storage: decode + [0, k) ms")

@@ -5,16 +5,20 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 
 import httpx
 import pytest
 
+from hapi.models import StorageProfile
 from hapi.planner import (
     GatewayProfile,
+    InvalidInput,
     ProbeError,
     fetch_gateway_profile,
     plan,
     probe_bandwidth,
+    profile_from_manifest,
 )
 from tests.planner.synthetic import manifest, r18
 
@@ -108,7 +112,7 @@ def test_probe_of_nothing_says_so() -> None:
         probe_bandwidth(GATEWAY, client=client)
 
 
-def _model_json(served: list[dict]) -> dict:
+def _model_json(served: list[dict], storage: dict | None = None) -> dict:
     """What ``GET /_hapi/models/synthetic`` answers (``hapi.models.ModelProfile``)."""
     model = manifest(freeze=4)
     return {
@@ -123,7 +127,27 @@ def _model_json(served: list[dict]) -> dict:
         "created": "",
         "preprocess": model.preprocess.to_dict(),
         "served": served,
+        "storage": storage or _storage({}, None),
     }
+
+
+def _storage(measured: dict[int, float], decode_ms: float | None, available: float = 1.0) -> dict:
+    """A served storage profile: ``measured`` block ms by index, the rest the manifest's."""
+    cpu_ms = [block.cpu_ms for block in manifest(freeze=4).blocks[:4]]
+
+    def block(index: int) -> dict:
+        if index in measured:
+            figure = {"ms": measured[index], "source": "measured", "samples": 64, "age_s": 3.0}
+            return {"block": index, "device": "cpu", "batch": 0, "clock": "cpu", **figure}
+        return {"block": index, "device": "cpu", "ms": cpu_ms[index], "source": "manifest"}
+
+    decode = None
+    if decode_ms is not None:
+        decode = {"ms": decode_ms, "source": "measured", "samples": 64, "age_s": 2.0}
+    load = {"available": 1.0, "source": "manifest"}
+    if available != 1.0:
+        load = {"available": available, "source": "measured", "samples": 12, "age_s": 1.0}
+    return {"blocks": [block(i) for i in range(4)], "decode": decode, "load": load}
 
 
 def _tenant(served_as: list[str], ms: float | None, samples: int, queued: int = 0) -> dict:
@@ -170,38 +194,58 @@ def _transport(model: dict, stats: dict) -> httpx.MockTransport:
     return httpx.MockTransport(handler)
 
 
-def test_gateway_view_is_calibrated_on_real_traffic() -> None:
-    # The manifest says blocks [0, 2) take 7 ms and [0, 3) 11 ms per sample; real traffic
-    # took twice that: 14 ms over 100 samples and 22 ms over 300.
-    ours = [_tenant(["synthetic@1:2"], 14.0, 100), _tenant(["synthetic@1:3"], 22.0, 300)]
+def test_gateway_view_takes_measured_blocks_and_scales_the_others() -> None:
+    # The manifest says blocks 0 and 1 take 3 and 4 ms per sample; they were measured at
+    # twice that. Blocks 2 and 3 never ran: the manifest's figure, scaled by the same 2x.
+    ours = [_tenant(["synthetic@1:2"], 30.0, 100)]
     other = _tenant(["other@1:5"], 3.0, 50, queued=7)
-    model = _model_json(ours)
+    model = _model_json(ours, _storage({0: 6.0, 1: 8.0}, decode_ms=4.5, available=0.5))
     stats = _stats([*ours, other], active=2)
     with httpx.Client(transport=_transport(model, stats)) as client:
         view = fetch_gateway_profile(GATEWAY, "synthetic", client=client)
     assert view.model == "synthetic@1"
-    assert view.served == {2: (14.0, 100), 3: (22.0, 300)}
-    assert view.calibration == pytest.approx(2.0)
-    assert view.storage_ms[:3] == pytest.approx((6.0, 8.0, 8.0))
+    assert view.scale == pytest.approx(2.0)
+    assert view.storage_ms == pytest.approx((6.0, 8.0, 8.0, 6.0))
     assert view.memory_bytes == 900_000_000 // 3
     assert view.busy_tenants == 1 and view.storage_load == 2.0
 
-    synthetic, profile = r18()
+    synthetic = manifest(freeze=4)
+    profile = profile_from_manifest(synthetic)
     applied = view.apply(profile)
-    assert applied.storage_ms == pytest.approx(tuple(2 * ms for ms in profile.client_ms))
-    assert applied.client_ms == profile.client_ms
+    assert applied.storage_ms == pytest.approx((6.0, 8.0, 8.0, 6.0))
+    assert applied.storage_decode_ms == 4.5
+    assert applied.storage_available == 0.5
     assert applied.storage_memory_bytes == 300_000_000 and applied.storage_load == 2.0
-    assert plan(synthetic, applied, 1e9).profile is applied
+    origin = applied.storage_origin
+    assert "blocks 0-1 measured on cpu (at least 64 samples each, 3 s old)" in origin
+    assert "blocks 2-3 from the manifest (x2.00" in origin
+    assert "decode 4.50 ms measured (64 samples, 2 s old)" in origin
+    assert "50% of a core available (measured, 1 s old)" in origin
+    assert origin in plan(synthetic, applied, 1e9).explain()
+
+
+def test_a_loaded_storage_side_is_divided_by_its_availability() -> None:
+    synthetic, profile = r18()
+    quiet = plan(synthetic, profile, 1e9, batch_size=8)
+    loaded = plan(synthetic, replace(profile, storage_available=0.5), 1e9, batch_size=8)
+    for a, b in zip(quiet.candidates, loaded.candidates, strict=True):
+        assert b.storage_ms == pytest.approx(2 * a.storage_ms)
+        assert b.client_ms == a.client_ms
+    with pytest.raises(InvalidInput, match="storage_available"):
+        replace(profile, storage_available=0.0)
 
 
 def test_gateway_view_of_an_unserved_model_is_the_manifest() -> None:
     model = _model_json([])
     with httpx.Client(transport=_transport(model, _stats([], active=0))) as client:
         view = fetch_gateway_profile(GATEWAY, "synthetic", client=client)
-    assert view.calibration == 1.0 and view.served == {}
-    assert view.storage_ms == tuple(block["cpu_ms"] for block in model["blocks"])
+    assert view.scale == 1.0
+    assert view.storage_ms == tuple(block["cpu_ms"] for block in model["blocks"][:4])
     assert view.busy_tenants == 0 and view.storage_load == 1.0
     assert view.memory_bytes == 900_000_000
+    profile = profile_from_manifest(manifest(freeze=4))
+    assert view.apply(profile).storage_decode_ms == profile.storage_decode_ms  # not measured
+    assert "decode not measured" in view.origin() and "unscaled" in view.origin()
 
 
 def test_gateway_view_errors() -> None:
@@ -219,6 +263,9 @@ def test_gateway_view_errors() -> None:
 
 
 def test_gateway_profile_is_a_value() -> None:
-    view = GatewayProfile(model="m@1", cpu_ms=(1.0,), served={}, memory_bytes=None, busy_tenants=0)
+    storage = StorageProfile.model_validate(_storage({}, None))
+    view = GatewayProfile(
+        model="m@1", cpu_ms=(1.0,), storage=storage, memory_bytes=None, busy_tenants=0
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         view.busy_tenants = 3  # type: ignore[misc]

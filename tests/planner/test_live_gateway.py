@@ -29,7 +29,10 @@ def gateway(
         backend_key=store.credentials.access_key_id,
         backend_secret=store.credentials.secret_access_key,
         log_dir=tmp_path_factory.mktemp("plan-gateway"),
-        extra_args=("--registry-bucket", planned_model[0], "--memory-budget", "1GiB"),
+        extra_args=(
+            *("--registry-bucket", planned_model[0], "--memory-budget", "1GiB"),
+            *("--intra-op-threads", "1"),  # blocks on the calling thread: CPU-time figures
+        ),
     ) as running:
         yield running
 
@@ -49,13 +52,24 @@ def test_auto_probes_and_takes_the_gateways_view(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     bucket, manifest = planned_model
-    photo = io.BytesIO()
-    sample_images()[0].save(photo, "JPEG", quality=90)
-    backend_s3.put_object(Bucket=bucket, Key="photo.jpg", Body=photo.getvalue())
-    for _ in range(3):
-        _pushdown(gateway, bucket, "photo.jpg", 3)
+    for index, image in enumerate(sample_images()[:3]):  # three objects: three batches
+        photo = io.BytesIO()
+        image.save(photo, "JPEG", quality=90)
+        backend_s3.put_object(Bucket=bucket, Key=f"photo{index}.jpg", Body=photo.getvalue())
+        _pushdown(gateway, bucket, f"photo{index}.jpg", 3)
     served = ModelProfile.model_validate_json(control_get(gateway, "/_hapi/models/r18").content)
-    measured = next(t.ms_per_sample for t in served.served if t.serves("r18@1") == [3])
+    storage = served.storage
+    ran = storage.blocks[:3]  # blocks [0, 3) ran on real traffic, timed alone
+    # The session's first three batches were profiled per node: since then, each run's
+    # time is divided among its blocks as onnxruntime measured them.
+    assert [(b.block, b.source, b.device, b.split_by) for b in ran] == [
+        (i, "measured", "cpu", "measured") for i in range(3)
+    ]
+    assert all(b.samples >= 1 and b.ms > 0 and b.age_s is not None for b in ran)
+    assert all(b.source == "manifest" for b in storage.blocks[3:])
+    assert storage.decode is not None and storage.decode.source == "measured"
+    assert storage.decode.samples == 3
+    assert storage.load.source == "measured" and 0 < storage.load.available <= 1
 
     env = {
         "AWS_ENDPOINT_URL": gateway.endpoint_url,  # the manifest is read through the gateway
@@ -74,12 +88,15 @@ def test_auto_probes_and_takes_the_gateways_view(
     data = json.loads(done.stdout)
     assert data["bandwidth_bps"] > 10e6  # loopback
     profile = data["profile"]
-    factor = measured / sum(block.cpu_ms for block in manifest.blocks[:3])
-    expected = [block.cpu_ms * factor for block in manifest.blocks[:4]]
+    factor = sum(b.ms for b in ran) / sum(block.cpu_ms for block in manifest.blocks[:3])
+    expected = [b.ms for b in ran] + [block.cpu_ms * factor for block in manifest.blocks[3:4]]
     assert profile["storage_ms"] == pytest.approx(expected, rel=1e-3)
+    assert profile["storage_decode_ms"] == pytest.approx(storage.decode.ms, rel=1e-3)
+    assert profile["storage_origin"].startswith("Storage side: blocks 0-2 measured on cpu")
     assert profile["client_ms"] == [block.cpu_ms for block in manifest.blocks[:4]]
     assert 0 < profile["storage_memory_bytes"] <= 1024**3
 
     table = CliRunner().invoke(plan, arguments[:-3] + arguments[-2:], env=env)
     assert table.exit_code == 0, table.output
     assert "(probed)" in table.stdout and "chosen: split " in table.stdout
+    assert "Storage side: blocks 0-2 measured on cpu" in table.stdout

@@ -1,0 +1,305 @@
+"""The storage side's own times, measured on real traffic, for ``/_hapi/models/{name}``.
+
+A batcher runs blocks ``[0, split)`` as one composed onnxruntime session, and
+:class:`TimedRun` times each run alone: no decode, queueing or HTTP is inside it. On the
+CPU provider with one intra-op thread the blocks compute in the calling thread, so its
+thread CPU time is taken: a core shared with decoding threads or another process does
+not inflate it. Otherwise (a GPU, or several intra-op threads) the wall time is. The
+run's time is divided among its blocks by onnxruntime's per-node profile of the
+session's first batches (:class:`ProfiledRun`; the composed graph keeps each block's
+node-name prefix), or by the manifest's per-block times until then. Decoding is timed
+the same way, per sample, in the decoding threads.
+
+How loaded the storage host is, is measured apart from the block times: while a block
+runs on the CPU, the gateway process's CPU time over the wall time is the share of a core
+it gets (1 alone, about 0.5 next to one CPU-bound process). The planner divides the
+storage side's CPU work by that share, instead of reading inflated block times.
+
+Figures are keyed by block content hash (models sharing a block share its figure),
+device and batch-size bucket (powers of two); each is the mean of its latest batches.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hapi.models import BlockTime, Figure, Manifest, StorageLoad, StorageProfile, block_times
+
+BlockRun = Callable[[np.ndarray], np.ndarray]
+_WINDOW = 64  # batches a figure averages over: recent enough to follow a change of load
+
+
+def batch_bucket(size: int) -> int:
+    """The power of two a batch of ``size`` samples is counted under (1, 2, 4, 8...)."""
+    return 1 << max(0, size - 1).bit_length()
+
+
+@dataclass
+class _Tally:
+    """Recent (seconds, samples) pairs and the total samples ever, with the last update."""
+
+    window: collections.deque[tuple[float, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=_WINDOW)
+    )
+    samples: int = 0
+    updated: float = 0.0
+
+    def add(self, seconds: float, samples: int) -> None:
+        self.window.append((seconds, samples))
+        self.samples += samples
+        self.updated = time.monotonic()
+
+    def ms(self) -> float:
+        seconds = sum(s for s, _ in self.window)
+        return 1000.0 * seconds / max(1, sum(n for _, n in self.window))
+
+    def age(self) -> float:
+        return round(time.monotonic() - self.updated, 3)
+
+
+@dataclass(frozen=True)
+class _Key:
+    block: str
+    device: str
+    bucket: int
+    clock: str
+    split_by: str
+
+
+class StorageProfiler:
+    """Per-block inference times, decode time and the host's availability, as measured."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._blocks: dict[_Key, _Tally] = {}
+        self._decode = _Tally()
+        self._cpu = _Tally()  # (process CPU seconds, wall milliseconds) while blocks ran
+
+    def record_block(
+        self,
+        block: str,
+        device: str,
+        batch: int,
+        seconds: float,
+        *,
+        clock: str = "cpu",
+        split_by: str = "measured",
+    ) -> None:
+        """``block`` (a content hash) took ``seconds`` of a run on ``batch`` samples."""
+        key = _Key(block, device, batch_bucket(batch), clock, split_by)
+        with self._lock:
+            tally = self._blocks.setdefault(key, _Tally())
+            tally.add(seconds, batch)
+            if split_by == "measured":  # a learned division replaces the manifest's
+                self._blocks.pop(_Key(block, device, key.bucket, clock, "manifest"), None)
+
+    def record_decode(self, seconds: float) -> None:
+        """One sample took ``seconds`` of CPU time to decode and preprocess."""
+        with self._lock:
+            self._decode.add(seconds, 1)
+
+    def record_availability(self, cpu_s: float, wall_s: float) -> None:
+        """The process used ``cpu_s`` of CPU time during ``wall_s`` of block runs."""
+        if wall_s > 0:
+            with self._lock:
+                self._cpu.add(cpu_s, max(1, round(wall_s * 1e6)))
+
+    def profile(self, manifest: Manifest) -> StorageProfile:
+        """The figures of ``manifest``'s frozen blocks (the manifest's where never run)."""
+        with self._lock:
+            batches = [
+                self._batch_time(index, key, tally)
+                for index, block in enumerate(manifest.blocks[: manifest.freeze])
+                for key, tally in sorted(self._blocks.items(), key=lambda kv: kv[0].bucket)
+                if key.block == block.hash
+            ]
+            return StorageProfile(
+                blocks=[_overall(index, manifest, batches) for index in range(manifest.freeze)],
+                batches=batches,
+                decode=self._decode_figure(),
+                load=self._load(),
+            )
+
+    def _batch_time(self, index: int, key: _Key, tally: _Tally) -> BlockTime:
+        return BlockTime(
+            block=index,
+            device=key.device,
+            batch=key.bucket,
+            clock="cpu" if key.clock == "cpu" else "wall",
+            split_by="measured" if key.split_by == "measured" else "manifest",
+            ms=tally.ms(),
+            source="measured",
+            samples=tally.samples,
+            age_s=tally.age(),
+        )
+
+    def _decode_figure(self) -> Figure | None:
+        if not self._decode.samples:
+            return None
+        return Figure(
+            ms=self._decode.ms(),
+            source="measured",
+            samples=self._decode.samples,
+            age_s=self._decode.age(),
+        )
+
+    def _load(self) -> StorageLoad:
+        if not self._cpu.samples:
+            return StorageLoad(available=1.0, source="manifest")
+        cpu_s = sum(s for s, _ in self._cpu.window)
+        wall_s = sum(n for _, n in self._cpu.window) / 1e6
+        return StorageLoad(
+            available=round(min(1.0, max(0.01, cpu_s / wall_s)), 4),
+            source="measured",
+            samples=len(self._cpu.window),
+            age_s=self._cpu.age(),
+        )
+
+
+def _overall(index: int, manifest: Manifest, batches: Sequence[BlockTime]) -> BlockTime:
+    """One figure per block: its buckets' mean weighted by samples, or the manifest's."""
+    mine = [b for b in batches if b.block == index]
+    if not mine:
+        cpu_ms = manifest.blocks[index].cpu_ms
+        return BlockTime(block=index, device="cpu", ms=cpu_ms, source="manifest")
+    total = sum(b.samples for b in mine)
+    latest = min(mine, key=lambda b: b.age_s or 0.0)
+    return BlockTime(
+        block=index,
+        device=latest.device,
+        clock=latest.clock,
+        split_by=latest.split_by,
+        ms=sum(b.ms * b.samples for b in mine) / total,
+        source="measured",
+        samples=total,
+        age_s=latest.age_s,
+    )
+
+
+class ProfiledRun:
+    """An onnxruntime session's run whose first ``batches`` batches are profiled per node,
+    to learn how a batch's time divides among the composed blocks (:attr:`shares`).
+
+    Profiling then ends (onnxruntime keeps every event in memory until it does), and the
+    trace file is removed. Serving runs the composed graph throughout: a chain of one
+    session per block costs about 15% more CPU (layout reorders at every boundary).
+    """
+
+    def __init__(self, run: BlockRun, session: Any, blocks: int, *, batches: int = 3) -> None:
+        self._run = run
+        self._session = session
+        self._blocks = blocks
+        self._left = batches
+        self._lock = threading.Lock()
+        self.shares: tuple[float, ...] | None = None
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        out = self._run(batch)
+        with self._lock:
+            self._left -= 1
+            if self._left == 0:
+                self.shares = self._end_profiling()
+        return out
+
+    def close(self) -> None:
+        """End profiling if it still runs (onnxruntime would write its trace file when
+        the session is dropped) and remove the trace."""
+        with self._lock:
+            if self._left > 0:
+                self._left = 0
+                self._end_profiling()
+
+    def _end_profiling(self) -> tuple[float, ...] | None:
+        path = self._session.end_profiling()
+        try:
+            times = block_times(path, self._blocks)
+        except (OSError, ValueError):
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        if self._blocks == 1:  # one block is not composed: its nodes carry no prefix
+            return (1.0,)
+        return _normalized(times)
+
+
+def _normalized(times: Sequence[float]) -> tuple[float, ...] | None:
+    total = sum(times)
+    return tuple(t / total for t in times) if total > 0 else None
+
+
+class TimedRun:
+    """Runs a batch through blocks ``[0, split)`` and times that run alone (no decode,
+    queueing or HTTP) into a :class:`StorageProfiler`, divided among the blocks.
+
+    The division comes from ``run.shares`` when the run has learned it (a
+    :class:`ProfiledRun`: onnxruntime's per-node profile of real batches), else from the
+    manifest's per-block times (export-time); each figure says which (``split_by``).
+
+    Args:
+        run: Runs one batch through blocks ``[0, split)``.
+        manifest: The model (block hashes, manifest times).
+        split: How many blocks ``run`` runs.
+        device: ``cpu`` or ``cuda``: where the session runs.
+        profiler: Where the times go.
+        cpu_clock: The blocks compute in the calling thread (CPU provider, one intra-op
+            thread), so its CPU time is their time and the host's availability is
+            measured apart; otherwise wall time is taken (and contains any load).
+    """
+
+    def __init__(
+        self,
+        run: BlockRun,
+        manifest: Manifest,
+        split: int,
+        *,
+        device: str,
+        profiler: StorageProfiler,
+        cpu_clock: bool,
+    ) -> None:
+        self._run = run
+        self._hashes = manifest.hashes[:split]
+        self._manifest_shares = _normalized([b.cpu_ms for b in manifest.blocks[:split]]) or tuple(
+            1.0 / split for _ in range(split)
+        )
+        self._device = device
+        self._profiler = profiler
+        self._cpu_clock = cpu_clock
+
+    def close(self) -> None:
+        """Let the run release what it holds (a :class:`ProfiledRun`'s trace)."""
+        close = getattr(self._run, "close", None)
+        if callable(close):
+            close()
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        clock = time.thread_time if self._cpu_clock else time.perf_counter
+        cpu_started, wall_started, started = time.process_time(), time.perf_counter(), clock()
+        out = self._run(batch)
+        seconds = clock() - started
+        if self._cpu_clock:
+            self._profiler.record_availability(
+                time.process_time() - cpu_started, time.perf_counter() - wall_started
+            )
+        learned: tuple[float, ...] | None = getattr(self._run, "shares", None)
+        shares = learned or self._manifest_shares
+        split_by = "measured" if learned else "manifest"
+        for digest, share in zip(self._hashes, shares, strict=True):
+            self._profiler.record_block(
+                digest,
+                self._device,
+                len(batch),
+                seconds * share,
+                clock="cpu" if self._cpu_clock else "wall",
+                split_by=split_by,
+            )
+        return out

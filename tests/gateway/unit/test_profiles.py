@@ -1,0 +1,98 @@
+"""The storage profiler's bookkeeping: buckets, the all-batches figure, availability."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hapi.gateway._profiles import ProfiledRun, StorageProfiler, TimedRun, batch_bucket
+from hapi.models import RuntimeSettings, compose, create_session
+from tests.models.unit.test_block_times import _block
+from tests.planner.synthetic import manifest
+
+MODEL = manifest(freeze=3)
+
+
+def test_batch_sizes_count_under_powers_of_two() -> None:
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 64)] == [1, 2, 4, 4, 8, 8, 16, 64]
+
+
+def test_a_block_is_one_figure_over_its_buckets_weighted_by_samples() -> None:
+    profiler = StorageProfiler()
+    first = MODEL.blocks[0].hash
+    profiler.record_block(first, "cpu", 4, 0.004)  # 1 ms per sample, 4 samples
+    profiler.record_block(first, "cpu", 12, 0.006)  # 0.5 ms per sample, 12 samples
+    storage = profiler.profile(MODEL)
+    assert [(b.batch, b.ms, b.samples) for b in storage.batches] == [(4, 1.0, 4), (16, 0.5, 12)]
+    overall = storage.blocks[0]
+    assert (overall.source, overall.samples, overall.batch) == ("measured", 16, 0)
+    assert overall.ms == pytest.approx((1.0 * 4 + 0.5 * 12) / 16)
+    assert [b.source for b in storage.blocks[1:]] == ["manifest", "manifest"]
+
+
+def test_availability_is_process_cpu_over_wall_at_most_one() -> None:
+    profiler = StorageProfiler()
+    profiler.record_availability(0.5, 1.0)  # half a core: a CPU-bound neighbour
+    assert profiler.profile(MODEL).load.available == pytest.approx(0.5)
+    profiler.record_availability(3.5, 1.0)  # several threads on several cores
+    assert profiler.profile(MODEL).load.available == 1.0
+
+
+class _Learned:
+    """A run that has learned how its time divides among three blocks."""
+
+    shares = (0.5, 0.25, 0.25)
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        return batch + 1
+
+
+def test_a_run_is_divided_by_what_it_learned_else_by_the_manifest() -> None:
+    profiler = StorageProfiler()
+    plain = TimedRun(lambda x: x, MODEL, 3, device="cpu", profiler=profiler, cpu_clock=False)
+    plain(np.zeros((2, 1), np.float32))
+    storage = profiler.profile(MODEL)
+    assert [(b.block, b.batch, b.samples, b.clock, b.split_by) for b in storage.batches] == [
+        (i, 2, 2, "wall", "manifest") for i in range(3)
+    ]
+    ratios = [b.ms / storage.batches[0].ms for b in storage.batches]
+    cpu_ms = [b.cpu_ms for b in MODEL.blocks[:3]]
+    assert ratios == pytest.approx([ms / cpu_ms[0] for ms in cpu_ms], rel=1e-2)
+    assert storage.load.source == "manifest"  # wall time already holds any load
+
+    learned = TimedRun(_Learned(), MODEL, 3, device="cpu", profiler=profiler, cpu_clock=True)
+    assert learned(np.zeros((2, 1), np.float32)).tolist() == [[1.0], [1.0]]
+    storage = profiler.profile(MODEL)
+    cpu = [b for b in storage.batches if b.clock == "cpu"]
+    assert [b.split_by for b in cpu] == ["measured"] * 3
+    assert storage.load.source == "measured"
+
+
+def _profiled(tmp_path: Path) -> ProfiledRun:
+    graph = compose([_block(256, 1), _block(256, 6)])
+    settings = RuntimeSettings(device="cpu", intra_op_threads=1)
+    session = create_session(graph, settings, profile_prefix=str(tmp_path / "trace"))
+    return ProfiledRun(lambda x: session.run(None, {"input": x})[0], session, 2, batches=3)
+
+
+def test_a_session_learns_its_blocks_shares_from_its_first_batches(tmp_path: Path) -> None:
+    run = _profiled(tmp_path)
+    batch = np.ones((32, 256), np.float32)
+    for _ in range(2):
+        run(batch)
+    assert run.shares is None
+    run(batch)
+    assert run.shares is not None and sum(run.shares) == pytest.approx(1.0)
+    assert run.shares[1] > run.shares[0]  # six matmuls against one
+    assert list(tmp_path.iterdir()) == []  # the trace is gone
+    run.close()  # nothing left to end
+    assert run(batch).shape == (32, 256)
+
+
+def test_a_session_closed_before_it_learned_leaves_no_trace(tmp_path: Path) -> None:
+    run = _profiled(tmp_path)
+    run(np.ones((4, 256), np.float32))
+    run.close()
+    assert run.shares is None and list(tmp_path.iterdir()) == []

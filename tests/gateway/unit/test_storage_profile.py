@@ -1,0 +1,150 @@
+"""The storage side's served profile, in-process: per block, with sources and ages.
+
+The whole app (``create_app``) over a mock store, an in-memory registry and a fake
+per-block runner: after one pushdown request, ``/_hapi/models/{name}`` must say, per
+frozen block, the inference time measured on that traffic (or the manifest's for a block
+that never ran), the decode time apart, and the host's availability.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import numpy as np
+import pytest
+from asgi_lifespan import LifespanManager
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials as BotoCredentials
+from PIL import Image
+
+from hapi import models
+from hapi.gateway import Credentials, GatewaySettings, create_app
+from hapi.models import Manifest, ModelProfile
+from tests.planner.synthetic import manifest as synthetic_manifest
+
+CLIENT = ("CLIENTKEY", "client-secret")
+GATEWAY = "http://gw.test"
+MODEL = synthetic_manifest(freeze=4)
+
+
+class _Registry:
+    def get_manifest(self, ref: str) -> Manifest:
+        if ref.split("@")[0] != MODEL.name:
+            raise models.NoSuchModel(ref)
+        return MODEL
+
+    def list_models(self) -> list[Manifest]:
+        return [MODEL]
+
+    def load_blocks(self, manifest: Manifest, start: int, stop: int) -> object:
+        raise AssertionError("the fake runner needs no blocks")
+
+
+def _runner(manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray]:
+    shape = tuple(manifest.blocks[split - 1].output_shape)
+    work = np.ones((64, 64), np.float32)
+
+    def run(batch: np.ndarray) -> np.ndarray:
+        for _ in range(50):  # some CPU time in this thread
+            work @ work
+        return np.zeros((len(batch), *shape), np.float32)
+
+    return run
+
+
+def _png() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (20, 90, 200)).save(out, "PNG")
+    return out.getvalue()
+
+
+def _store(request: httpx.Request) -> httpx.Response:
+    if request.url.path != "/data/cat.png":
+        return httpx.Response(404, content=b"<Error><Code>NoSuchKey</Code></Error>")
+    return httpx.Response(200, content=_png(), headers={"etag": '"e"'})
+
+
+def _signed(url: str) -> dict[str, str]:
+    request = AWSRequest(
+        method="GET", url=url, headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"}
+    )
+    S3SigV4Auth(BotoCredentials(*CLIENT), "s3", "us-east-1").add_auth(request)
+    return dict(request.headers.items())
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    settings = GatewaySettings(
+        backend_url="http://store.internal:8333",
+        backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
+        client_secrets={CLIENT[0]: CLIENT[1]},
+        device="cpu",
+        intra_op_threads=1,
+    )
+    app = create_app(
+        settings,
+        upstream=httpx.AsyncClient(transport=httpx.MockTransport(_store)),
+        registry=_Registry(),
+        runner=_runner,
+    )
+    async with (
+        LifespanManager(app) as manager,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=manager.app)) as http,
+    ):
+        yield http
+
+
+async def _profile(http: httpx.AsyncClient) -> ModelProfile:
+    url = f"{GATEWAY}/_hapi/models/{MODEL.name}"
+    reply = await http.get(url, headers=_signed(url))
+    assert reply.status_code == 200, reply.text
+    return ModelProfile.model_validate_json(reply.content)
+
+
+@pytest.mark.anyio
+async def test_before_traffic_every_figure_is_the_manifests(client) -> None:
+    storage = (await _profile(client)).storage
+    assert [(b.block, b.source, b.ms) for b in storage.blocks] == [
+        (i, "manifest", MODEL.blocks[i].cpu_ms) for i in range(MODEL.freeze)
+    ]
+    assert all(b.samples == 0 and b.age_s is None for b in storage.blocks)
+    assert storage.batches == [] and storage.decode is None
+    assert (storage.load.source, storage.load.available) == ("manifest", 1.0)
+
+
+@pytest.mark.anyio
+async def test_served_profile_is_per_block_with_sources_and_ages(client) -> None:
+    url = httpx.URL(
+        GATEWAY + "/data/cat.png", params={"hapi-model": "synthetic", "hapi-split": "2"}
+    )
+    for _ in range(3):
+        reply = await client.get(url, headers=_signed(str(url)))
+        assert reply.status_code == 200, reply.text
+
+    storage = (await _profile(client)).storage
+    ran, never = storage.blocks[:2], storage.blocks[2:]
+    for figure in ran:  # blocks [0, 2) ran, timed on this thread's CPU clock
+        assert (figure.source, figure.device, figure.clock) == ("measured", "cpu", "cpu")
+        assert figure.samples == 3 and figure.ms > 0
+        assert figure.age_s is not None and figure.age_s >= 0
+        # A fake runner has no onnxruntime profile: the manifest divides the run's time.
+        assert figure.split_by == "manifest"
+    manifest_ratio = MODEL.blocks[1].cpu_ms / MODEL.blocks[0].cpu_ms
+    assert ran[1].ms / ran[0].ms == pytest.approx(manifest_ratio, rel=1e-2)
+    for figure in never:
+        assert (figure.source, figure.samples, figure.age_s) == ("manifest", 0, None)
+        assert figure.ms == MODEL.blocks[figure.block].cpu_ms
+    # One sample per request: the batch-size bucket of 1, per block.
+    assert [(b.block, b.batch, b.samples) for b in storage.batches] == [(0, 1, 3), (1, 1, 3)]
+    decode = storage.decode
+    assert decode is not None and decode.source == "measured" and decode.samples == 3
+    assert decode.ms > 0 and decode.age_s is not None
+    assert storage.load.source == "measured" and 0 < storage.load.available <= 1
