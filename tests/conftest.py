@@ -15,7 +15,7 @@ import pytest
 from botocore.config import Config
 
 from hapi.store import EmbeddedStore, StoreSettings, free_port, load_or_create_credentials
-from tests.support import RunningGateway, gateway_process
+from tests.support import RunningGateway, empty_bucket, gateway_process
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +57,7 @@ def unique_bucket(backend_s3: Any) -> Iterator[str]:
     name = f"hapi-test-{secrets.token_hex(6)}"
     backend_s3.create_bucket(Bucket=name)
     yield name
-    _empty_bucket(backend_s3, name)
+    empty_bucket(backend_s3, name)
     backend_s3.delete_bucket(Bucket=name)
 
 
@@ -65,17 +65,6 @@ def unique_bucket(backend_s3: Any) -> Iterator[str]:
 def bucket(unique_bucket: str) -> str:
     """A fresh bucket (created on the store, used through the gateway)."""
     return unique_bucket
-
-
-def _empty_bucket(client: Any, bucket: str) -> None:
-    """Delete every object and abort every multipart upload in ``bucket``."""
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
-        if keys:
-            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
-    uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
-    for upload in uploads:
-        client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
 
 
 @pytest.fixture(scope="session")

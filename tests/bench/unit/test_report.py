@@ -9,8 +9,7 @@ import pytest
 
 from hapi.bench import _report
 from hapi.bench._results import CellResult
-
-from ..conftest import cell, run
+from tests.bench.support import cell, run
 
 
 def test_speedup_regret_and_bytes_of_a_winning_pick(cells: list[CellResult]) -> None:

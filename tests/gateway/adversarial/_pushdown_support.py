@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
@@ -13,8 +12,7 @@ from typing import Any
 import httpx
 from PIL import Image
 
-from hapi.gateway._sigv4 import Credentials, sign_request
-from tests.support import RunningGateway
+from tests.support import RunningGateway, signed_headers
 
 MIB = 1024 * 1024
 
@@ -49,32 +47,19 @@ def put_many(backend_s3: Any, bucket: str, objects: dict[str, bytes]) -> None:
         )
 
 
-def credentials(gateway: RunningGateway) -> Credentials:
-    return Credentials(gateway.access_key_id, gateway.secret_access_key)
-
-
 def signed_get(
     gateway: RunningGateway, path: str, headers: dict[str, str] | None = None, timeout: float = 300
 ) -> httpx.Response:
-    url = gateway.endpoint_url + path
-    signed = sign_request(
-        method="GET", url=url, headers=dict(headers or {}), credentials=credentials(gateway)
-    )
-    return httpx.get(url, headers=signed, timeout=timeout)
+    signed = signed_headers(gateway, "GET", path, headers=headers)
+    return httpx.get(gateway.endpoint_url + path, headers=signed, timeout=timeout)
 
 
 def signed_batch(
     gateway: RunningGateway, bucket: str, body: bytes, query: str = "hapi-batch"
 ) -> httpx.Response:
-    url = f"{gateway.endpoint_url}/{bucket}?{query}"
-    headers = sign_request(
-        method="POST",
-        url=url,
-        headers={},
-        credentials=credentials(gateway),
-        payload_sha256=hashlib.sha256(body).hexdigest(),
-    )
-    return httpx.post(url, content=body, headers=headers, timeout=300)
+    path = f"/{bucket}?{query}"
+    headers = signed_headers(gateway, "POST", path, body=body)
+    return httpx.post(gateway.endpoint_url + path, content=body, headers=headers, timeout=300)
 
 
 def batch_body(keys: list[str], **fields: Any) -> bytes:

@@ -1,4 +1,4 @@
-"""Helpers for the adversarial suite: raw HTTP over sockets and SigV4 signing."""
+"""Helpers for the adversarial suite: raw HTTP over sockets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from hapi.gateway._sigv4 import Credentials, sign_request
 from tests.support import RunningGateway
 
 
@@ -23,26 +22,6 @@ def address(endpoint_url: str) -> tuple[str, int]:
     parts = urlsplit(endpoint_url)
     assert parts.hostname is not None and parts.port is not None
     return parts.hostname, parts.port
-
-
-def signed_headers(
-    gw: RunningGateway,
-    method: str,
-    path: str,
-    *,
-    payload: str = "UNSIGNED-PAYLOAD",
-    headers: Mapping[str, str] | None = None,
-    region: str = "us-east-1",
-) -> dict[str, str]:
-    """SigV4 headers for ``method path`` on the gateway, with the client credentials."""
-    return sign_request(
-        method=method,
-        url=gw.endpoint_url + path,
-        headers=dict(headers or {}),
-        credentials=Credentials(gw.access_key_id, gw.secret_access_key),
-        region=region,
-        payload_sha256=payload,
-    )
 
 
 def encode_request(method: str, path: str, headers: Mapping[str, str], body: bytes = b"") -> bytes:

@@ -11,14 +11,8 @@ import socket
 import time
 import xml.etree.ElementTree as ET
 
-from tests.gateway.adversarial._support import (
-    address,
-    connection,
-    encode_request,
-    read_reply,
-    signed_headers,
-)
-from tests.support import RunningGateway
+from tests.gateway.adversarial._support import address, connection, encode_request, read_reply
+from tests.support import RunningGateway, signed_headers
 
 MiB = 1024 * 1024
 

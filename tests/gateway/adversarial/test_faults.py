@@ -19,13 +19,8 @@ import pytest
 from botocore.config import Config
 
 from hapi.store import EmbeddedStore, StoreSettings, free_port, load_or_create_credentials
-from tests.gateway.adversarial._support import (
-    connection,
-    encode_request,
-    read_reply,
-    signed_headers,
-)
-from tests.support import RunningGateway, gateway_process
+from tests.gateway.adversarial._support import connection, encode_request, read_reply
+from tests.support import RunningGateway, gateway_process, signed_headers
 
 MiB = 1024 * 1024
 BUCKET = "fragile"

@@ -11,12 +11,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.gateway.adversarial._support import (
-    connection,
-    encode_request,
-    read_reply,
-    signed_headers,
-)
+from tests.gateway.adversarial._support import connection, encode_request, read_reply
+from tests.support import signed_headers
 
 
 def _forged_put(gateway, bucket: str, size: int, *, expect: bool = False) -> bytes:

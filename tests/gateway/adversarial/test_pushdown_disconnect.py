@@ -14,10 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from hapi.gateway._sigv4 import sign_request
-from tests.support import RunningGateway, gateway_process
+from tests.support import RunningGateway, gateway_process, signed_headers
 
-from ._pushdown_support import credentials, png_shard, put_many, signed_get, stats, tiny_png
+from ._pushdown_support import png_shard, put_many, signed_get, stats, tiny_png
 
 BUCKET = "adversarial-disconnect"
 MEMBERS = 600
@@ -61,8 +60,8 @@ def test_a_client_leaving_mid_shard_cancels_its_samples(gateway, bucket):
     warm = signed_get(gateway, f"/{bucket}/one.png?hapi-model=r18&hapi-split=6")
     assert warm.status_code == 200, warm.text
     before = stats(gateway)
-    url = f"{gateway.endpoint_url}/{bucket}/shard.tar?hapi-model=r18&hapi-split=6"
-    headers = sign_request(method="GET", url=url, headers={}, credentials=credentials(gateway))
+    path = f"/{bucket}/shard.tar?hapi-model=r18&hapi-split=6"
+    url, headers = gateway.endpoint_url + path, signed_headers(gateway, "GET", path)
     with httpx.Client(timeout=120) as client, client.stream("GET", url, headers=headers) as reply:
         assert reply.status_code == 200
         next(reply.iter_raw())  # the first window's rows are on their way: leave now

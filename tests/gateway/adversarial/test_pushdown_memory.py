@@ -8,7 +8,6 @@ resident set measured (``VmRSS`` before, ``VmHWM`` after) is the gateway's alone
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from collections.abc import Iterator
@@ -18,13 +17,11 @@ import httpx
 import pytest
 
 from hapi.gateway import GatewaySettings
-from hapi.gateway._sigv4 import sign_request
-from tests.support import RunningGateway, gateway_process
+from tests.support import RunningGateway, gateway_process, signed_headers
 
 from ._pushdown_support import (
     MIB,
     batch_body,
-    credentials,
     error_of,
     png_shard,
     put_many,
@@ -98,19 +95,13 @@ def _measure(
 
 def _get(gateway: RunningGateway, path: str) -> httpx.Request:
     url = gateway.endpoint_url + path
-    headers = sign_request(method="GET", url=url, headers={}, credentials=credentials(gateway))
+    headers = signed_headers(gateway, "GET", path)
     return httpx.Request("GET", url, headers=headers)
 
 
 def _post(gateway: RunningGateway, path: str, body: bytes) -> httpx.Request:
     url = gateway.endpoint_url + path
-    headers = sign_request(
-        method="POST",
-        url=url,
-        headers={},
-        credentials=credentials(gateway),
-        payload_sha256=hashlib.sha256(body).hexdigest(),
-    )
+    headers = signed_headers(gateway, "POST", path, body=body)
     return httpx.Request("POST", url, headers=headers, content=body)
 
 

@@ -22,14 +22,9 @@ import pytest
 from botocore.config import Config
 
 from hapi.gateway._sigv4 import verify_request
-from tests.gateway.adversarial._support import (
-    encode_request,
-    exchange,
-    send_and_vanish,
-    signed_headers,
-)
-from tests.gateway.unit.test_chunked import botocore_chunked, encode_signed
-from tests.support import RunningGateway
+from tests.gateway.adversarial._support import encode_request, exchange, send_and_vanish
+from tests.gateway.support import botocore_chunked, encode_signed
+from tests.support import RunningGateway, signed_headers
 
 ORIGINAL = b"the original bytes, which must survive"
 PAYLOAD = os.urandom(1000)

@@ -16,8 +16,7 @@ import httpx
 import pytest
 from botocore.config import Config
 
-from tests.conftest import _empty_bucket
-from tests.gateway.adversarial._support import signed_headers
+from tests.support import empty_bucket, signed_headers
 
 SECRET = b"another bucket's secret"
 
@@ -31,7 +30,7 @@ def buckets(backend_s3: Any) -> Iterator[tuple[str, str]]:
         backend_s3.create_bucket(Bucket=name)
     yield signed, victim
     for name in (signed, victim):
-        _empty_bucket(backend_s3, name)
+        empty_bucket(backend_s3, name)
         backend_s3.delete_bucket(Bucket=name)
 
 

@@ -16,13 +16,8 @@ import pytest
 from botocore.config import Config
 
 from hapi.gateway._sigv4 import Credentials, sign_request
-from tests.gateway.adversarial._support import (
-    Reply,
-    encode_request,
-    exchange,
-    exchange_at,
-    signed_headers,
-)
+from tests.gateway.adversarial._support import Reply, encode_request, exchange, exchange_at
+from tests.support import signed_headers
 
 
 def _error(reply: Reply | httpx.Response) -> tuple[str | None, str | None]:

@@ -11,13 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.adversarial._support import (
-    connection,
-    encode_request,
-    read_reply,
-    signed_headers,
-)
-from tests.support import RunningGateway, gateway_process
+from tests.gateway.adversarial._support import connection, encode_request, read_reply
+from tests.support import RunningGateway, gateway_process, signed_headers
 
 
 @pytest.fixture(scope="module")

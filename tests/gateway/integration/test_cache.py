@@ -4,8 +4,6 @@ invalidation, degradation, and materialization that fetches no image afterwards.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import io
 import json
 import os
 import re
@@ -15,45 +13,29 @@ import time
 import httpx
 import numpy as np
 import pytest
-from PIL import Image
 from skimage import data as samples
 
 from hapi import models
-from hapi.gateway._sigv4 import Credentials, sign_request
+from hapi.gateway._sigv4 import Credentials
 from hapi.models._wire import decode
-from tests.support import HAPI
+from tests.support import HAPI, encode_image, signed_headers
 
 CACHE_BUCKET = "hapi-cache"
 
 
-def _jpeg(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, "JPEG", quality=90)
-    return buf.getvalue()
-
-
-def _signed(gateway, method: str, url: str, body: bytes = b"", **headers: str) -> dict:
-    creds = Credentials(gateway.access_key_id, gateway.secret_access_key)
-    return sign_request(
-        method=method,
-        url=url,
-        headers=headers,
-        credentials=creds,
-        payload_sha256=hashlib.sha256(body).hexdigest(),
-    )
-
-
 def _get(gateway, bucket: str, key: str, *, cache: str | None = None, **params: object):
     query = "&".join(f"hapi-{k}={v}" for k, v in params.items())
-    url = f"{gateway.endpoint_url}/{bucket}/{key}?{query}"
+    path = f"/{bucket}/{key}?{query}"
     extra = {"x-hapi-cache": cache} if cache else {}
-    return httpx.get(url, headers=_signed(gateway, "GET", url, **extra), timeout=120)
+    headers = signed_headers(gateway, "GET", path, body=b"", headers=extra)
+    return httpx.get(gateway.endpoint_url + path, headers=headers, timeout=120)
 
 
 def _batch(gateway, bucket: str, keys: list[str], **spec: object) -> httpx.Response:
     body = json.dumps({"keys": keys, **spec}).encode()
-    url = f"{gateway.endpoint_url}/{bucket}?hapi-batch"
-    return httpx.post(url, content=body, headers=_signed(gateway, "POST", url, body), timeout=120)
+    path = f"/{bucket}?hapi-batch"
+    headers = signed_headers(gateway, "POST", path, body=body)
+    return httpx.post(gateway.endpoint_url + path, content=body, headers=headers, timeout=120)
 
 
 def _entries(backend_s3) -> dict[str, object]:
@@ -79,7 +61,8 @@ def _settled(gateway) -> None:
     url = f"{gateway.endpoint_url}/metrics"
 
     def idle() -> bool:
-        text = httpx.get(url, headers=_signed(gateway, "GET", url), timeout=30).text
+        headers = signed_headers(gateway, "GET", "/metrics", body=b"")
+        text = httpx.get(url, headers=headers, timeout=30).text
         found = re.search(r"^hapi_cache_writes_pending (\S+)$", text, re.M)
         assert found, "the gateway exposes no pending-writes gauge"
         return float(found.group(1)) == 0
@@ -89,7 +72,8 @@ def _settled(gateway) -> None:
 
 def _fetches(gateway) -> float:
     url = f"{gateway.endpoint_url}/metrics"
-    text = httpx.get(url, headers=_signed(gateway, "GET", url), timeout=30).text
+    headers = signed_headers(gateway, "GET", "/metrics", body=b"")
+    text = httpx.get(url, headers=headers, timeout=30).text
     found = re.search(r"^hapi_pushdown_object_fetches_total (\S+)$", text, re.M)
     assert found, "the gateway exposes no object-fetch counter"
     return float(found.group(1))
@@ -98,9 +82,9 @@ def _fetches(gateway) -> float:
 @pytest.fixture
 def photos(backend_s3, unique_bucket):
     blobs = {
-        "cat.jpg": _jpeg(samples.chelsea()),
-        "coffee.jpg": _jpeg(samples.coffee()),
-        "rocket.jpg": _jpeg(samples.rocket()),
+        "cat.jpg": encode_image(samples.chelsea(), "JPEG"),
+        "coffee.jpg": encode_image(samples.coffee(), "JPEG"),
+        "rocket.jpg": encode_image(samples.rocket(), "JPEG"),
     }
     for key, blob in blobs.items():
         backend_s3.put_object(Bucket=unique_bucket, Key=key, Body=blob)
@@ -159,7 +143,9 @@ def test_an_overwritten_object_misses(gateway, registered, backend_s3, photos):
         ),
         "a hit",
     )
-    backend_s3.put_object(Bucket=bucket, Key="cat.jpg", Body=_jpeg(samples.astronaut()))
+    backend_s3.put_object(
+        Bucket=bucket, Key="cat.jpg", Body=encode_image(samples.astronaut(), "JPEG")
+    )
     reply = _get(gateway, bucket, "cat.jpg", model="r18", split=5)
     assert reply.headers["x-hapi-cache"] == "miss"
     fresh = decode(_get(gateway, bucket, "cat.jpg", cache="bypass", model="r18", split=5).content)

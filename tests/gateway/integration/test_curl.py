@@ -7,8 +7,10 @@ import shutil
 import subprocess
 
 import pytest
+from skimage import data as samples
 
 from hapi.models._wire import decode
+from tests.support import encode_image
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +40,7 @@ def test_plain_get_with_curl(curl, gateway, s3, bucket):
 
 
 def test_pushdown_json_summary_with_curl(curl, gateway, registered, s3, bucket):
-    from tests.gateway.integration.test_pushdown import IMAGES, _encode
-
-    s3.put_object(Bucket=bucket, Key="cat.jpg", Body=_encode(IMAGES["cat.jpg"], "JPEG"))
+    s3.put_object(Bucket=bucket, Key="cat.jpg", Body=encode_image(samples.chelsea(), "JPEG"))
     done = curl(
         f"{gateway.endpoint_url}/{bucket}/cat.jpg?hapi-model=r18&hapi-split=3&hapi-format=json"
     )
@@ -52,10 +52,8 @@ def test_pushdown_json_summary_with_curl(curl, gateway, registered, s3, bucket):
 
 
 def test_batch_post_with_curl(curl, gateway, registered, s3, bucket):
-    from tests.gateway.integration.test_pushdown import IMAGES, _encode
-
     for key in ("a.jpg", "b.jpg"):
-        s3.put_object(Bucket=bucket, Key=key, Body=_encode(IMAGES["cat.jpg"], "JPEG"))
+        s3.put_object(Bucket=bucket, Key=key, Body=encode_image(samples.chelsea(), "JPEG"))
     body = json.dumps({"keys": ["a.jpg", "b.jpg"], "model": "r18", "split": 2})
     url = f"{gateway.endpoint_url}/{bucket}?hapi-batch"
     refused = curl("-X", "POST", url, "-d", body)  # curl 7.x signs a body without saying how

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from hapi.gateway._sigv4 import Credentials, sign_request, verify_request
-from tests.gateway.unit.test_chunked import botocore_chunked, encode_signed
+from tests.gateway.support import botocore_chunked, encode_signed
 
 PAYLOAD = os.urandom(300_000)
 

@@ -16,23 +16,14 @@ from PIL import Image
 from skimage import data as samples
 
 from hapi import models
-from hapi.gateway._sigv4 import Credentials, sign_request
 from hapi.models._wire import decode
-from tests.support import control_get
+from tests.support import control_get, encode_image, signed_headers
 
 IMAGES = {
     "cat.jpg": samples.chelsea(),
     "astronaut.png": samples.astronaut(),
     "coffee.webp": samples.coffee(),
 }
-
-
-def _encode(array: np.ndarray, fmt: str) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(array).save(buf, fmt, quality=90) if fmt == "JPEG" else Image.fromarray(
-        array
-    ).save(buf, fmt)
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +33,7 @@ def images(backend_s3, store):
     blobs = {}
     for key, array in IMAGES.items():
         fmt = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}[key.rsplit(".", 1)[1]]
-        blobs[key] = _encode(array, fmt)
+        blobs[key] = encode_image(array, fmt)
         backend_s3.put_object(Bucket=bucket, Key=key, Body=blobs[key])
     backend_s3.put_object(Bucket=bucket, Key="shard-000.tar", Body=_shard(blobs))
     backend_s3.put_object(Bucket=bucket, Key="notes.txt", Body=b"not an image at all")
@@ -66,11 +57,9 @@ def _shard(blobs: dict[str, bytes]) -> bytes:
 
 def _get(gateway, bucket: str, key: str, **params: object) -> httpx.Response:
     query = "&".join(f"hapi-{k}={v}" for k, v in params.items())
-    url = f"{gateway.endpoint_url}/{bucket}/{key}" + (f"?{query}" if query else "")
-    creds = Credentials(gateway.access_key_id, gateway.secret_access_key)
-    return httpx.get(
-        url, headers=sign_request(method="GET", url=url, headers={}, credentials=creds), timeout=60
-    )
+    path = f"/{bucket}/{key}" + (f"?{query}" if query else "")
+    headers = signed_headers(gateway, "GET", path)
+    return httpx.get(gateway.endpoint_url + path, headers=headers, timeout=60)
 
 
 def _torch_features(
@@ -145,18 +134,9 @@ def test_batch_post_stacks_in_order_and_lists_errors(gateway, registered, images
     body = json.dumps(
         {"keys": ["coffee.webp", "missing.jpg", "cat.jpg", "notes.txt"], "model": "r18", "split": 3}
     ).encode()
-    url = f"{gateway.endpoint_url}/{bucket}?hapi-batch"
-    creds = Credentials(gateway.access_key_id, gateway.secret_access_key)
-    import hashlib
-
-    headers = sign_request(
-        method="POST",
-        url=url,
-        headers={},
-        credentials=creds,
-        payload_sha256=hashlib.sha256(body).hexdigest(),
-    )
-    reply = httpx.post(url, content=body, headers=headers, timeout=60)
+    path = f"/{bucket}?hapi-batch"
+    headers = signed_headers(gateway, "POST", path, body=body)
+    reply = httpx.post(gateway.endpoint_url + path, content=body, headers=headers, timeout=60)
     assert reply.status_code == 200, reply.text
     tensors, meta = decode(reply.content)
     assert json.loads(meta["keys"]) == ["coffee.webp", "cat.jpg"]
@@ -233,14 +213,13 @@ def test_concurrent_clients_with_different_models(gateway, registered, images):
         ]
         for name, split in (("r18", 3), ("r18", 6), ("enl0", 4))
     }
-    creds = Credentials(gateway.access_key_id, gateway.secret_access_key)
 
     async def one(
         client: httpx.AsyncClient, name: str, split: int
     ) -> tuple[tuple[str, int], np.ndarray]:
-        url = f"{gateway.endpoint_url}/{bucket}/cat.jpg?hapi-model={name}&hapi-split={split}"
+        path = f"/{bucket}/cat.jpg?hapi-model={name}&hapi-split={split}"
         reply = await client.get(
-            url, headers=sign_request(method="GET", url=url, headers={}, credentials=creds)
+            gateway.endpoint_url + path, headers=signed_headers(gateway, "GET", path)
         )
         assert reply.status_code == 200, reply.text
         return (name, split), decode(reply.content)[0]["features"]

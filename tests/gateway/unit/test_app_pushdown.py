@@ -6,7 +6,6 @@ control plane's typed answers, through ``create_app``'s seams.
 
 from __future__ import annotations
 
-import io
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -15,37 +14,12 @@ import httpx
 import numpy as np
 import pytest
 from asgi_lifespan import LifespanManager
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials as BotoCredentials
-from PIL import Image
 
-from hapi import models, planner
+from hapi import planner
 from hapi.gateway import Credentials, GatewaySettings, create_app
 from hapi.models import GatewayStats, Manifest, ModelProfile, decode_features
+from tests.gateway.support import CLIENT, GATEWAY, MemoryRegistry, client_signed, memory_store
 from tests.planner.synthetic import manifest as synthetic_manifest
-
-CLIENT = ("CLIENTKEY", "client-secret")
-GATEWAY = "http://gw.test"
-
-
-class MemoryRegistry:
-    """A registry of manifests held in a dict (no blocks: the runner is a fake)."""
-
-    def __init__(self, *manifests: Manifest) -> None:
-        self._manifests = {m.name: m for m in manifests}
-
-    def get_manifest(self, ref: str) -> Manifest:
-        found = self._manifests.get(ref.split("@")[0])
-        if found is None or ("@" in ref and ref != found.ref):
-            raise models.NoSuchModel(ref)
-        return found
-
-    def list_models(self) -> list[Manifest]:
-        return sorted(self._manifests.values(), key=lambda m: m.name)
-
-    def load_blocks(self, manifest: Manifest, start: int, stop: int) -> object:
-        raise AssertionError("the fake runner needs no blocks")
 
 
 def fake_runner(
@@ -64,30 +38,6 @@ def fake_runner(
         return run
 
     return make
-
-
-def _png() -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (64, 48), (200, 30, 30)).save(out, "PNG")
-    return out.getvalue()
-
-
-OBJECTS = {"/data/cat.png": _png(), "/data/notes.bin": b"not an image at all"}
-
-
-def _store(request: httpx.Request) -> httpx.Response:
-    body = OBJECTS.get(request.url.path)
-    if body is None:
-        return httpx.Response(404, content=b"<Error><Code>NoSuchKey</Code></Error>")
-    return httpx.Response(200, stream=httpx.ByteStream(body), headers={"etag": '"e"'})
-
-
-def _signed(url: str) -> dict[str, str]:
-    request = AWSRequest(
-        method="GET", url=url, headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"}
-    )
-    S3SigV4Auth(BotoCredentials(*CLIENT), "s3", "us-east-1").add_auth(request)
-    return dict(request.headers.items())
 
 
 @pytest.fixture
@@ -110,7 +60,7 @@ def _app(seen: list[tuple[int, tuple[int, ...]]], *, freeze: int) -> Any:
     )
     return create_app(
         settings,
-        upstream=httpx.AsyncClient(transport=httpx.MockTransport(_store)),
+        upstream=httpx.AsyncClient(transport=httpx.MockTransport(memory_store)),
         registry=MemoryRegistry(synthetic_manifest(freeze=freeze)),
         runner=fake_runner(seen),
     )
@@ -127,7 +77,7 @@ async def client(seen: list[tuple[int, tuple[int, ...]]]) -> AsyncIterator[httpx
 
 async def _get(http: httpx.AsyncClient, path: str, **query: str) -> httpx.Response:
     url = httpx.URL(GATEWAY + path, params={f"hapi-{k}": v for k, v in query.items()})
-    return await http.get(url, headers=_signed(str(url)))
+    return await http.get(url, headers=client_signed("GET", str(url)))
 
 
 def _code(reply: httpx.Response) -> str | None:
@@ -182,14 +132,16 @@ async def test_control_plane_answers_with_the_shared_schema(client) -> None:
     assert (await _get(client, "/data/cat.png", model="synthetic", split="3")).status_code == 200
     stats = GatewayStats.model_validate_json(
         (
-            await client.get(GATEWAY + "/_hapi/stats", headers=_signed(GATEWAY + "/_hapi/stats"))
+            await client.get(
+                GATEWAY + "/_hapi/stats", headers=client_signed("GET", GATEWAY + "/_hapi/stats")
+            )
         ).content
     )
     (tenant,) = stats.tenants
     assert tenant.serves("synthetic@1") == [3] and tenant.samples == 1
     url = GATEWAY + "/_hapi/models/synthetic"
     profile = ModelProfile.model_validate_json(
-        (await client.get(url, headers=_signed(url))).content
+        (await client.get(url, headers=client_signed("GET", url))).content
     )
     assert profile.ref == "synthetic@1" and [t.blocks for t in profile.served] == [tenant.blocks]
 

@@ -6,18 +6,17 @@ import asyncio
 import base64
 import dataclasses
 import hashlib
-import hmac
 import io
 import random
 import zlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 import boto3
 import pytest
 from botocore.config import Config
-from botocore.httpchecksum import AwsChunkedWrapper, Crc32Checksum, Sha1Checksum, Sha256Checksum
+from botocore.httpchecksum import Crc32Checksum, Sha1Checksum, Sha256Checksum
 
 from hapi.gateway import _chunked
 from hapi.gateway._chunked import decode_body
@@ -31,8 +30,7 @@ from hapi.gateway._errors import (
     XAmzContentSHA256Mismatch,
 )
 from hapi.gateway._sigv4 import Verified, verify_request
-
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+from tests.gateway.support import botocore_chunked, encode_signed
 
 # The example of https://docs.aws.amazon.com/AmazonS3/latest/API/sigv4-streaming.html and
 # https://docs.aws.amazon.com/AmazonS3/latest/API/sigv4-streaming-trailers.html
@@ -90,47 +88,6 @@ def doc_verified(*, trailer: bool) -> Verified:
         secrets={DOC_AKID: DOC_SECRET},
         now=DOC_NOW,
     )
-
-
-def encode_signed(
-    chunks: Iterable[bytes], verified: Verified, trailers: dict[str, str] | None = None
-) -> tuple[bytes, list[str]]:
-    """A test-only aws-chunked encoder with chunk (and trailer) signatures, per the AWS docs."""
-    previous, body, signatures = verified.signature, bytearray(), []
-    for data in [*chunks, b""]:
-        previous = _hmac(
-            verified,
-            f"AWS4-HMAC-SHA256-PAYLOAD\n{verified.amz_date}\n{verified.scope}\n{previous}\n"
-            f"{EMPTY_SHA256}\n{hashlib.sha256(data).hexdigest()}",
-        )
-        signatures.append(previous)
-        body += f"{len(data):x};chunk-signature={previous}\r\n".encode() + data
-        body += b"\r\n" if data else b""
-    if trailers is not None:
-        canonical = "".join(f"{name}:{value}\n" for name, value in trailers.items())
-        signature = _hmac(
-            verified,
-            f"AWS4-HMAC-SHA256-TRAILER\n{verified.amz_date}\n{verified.scope}\n{previous}\n"
-            f"{hashlib.sha256(canonical.encode()).hexdigest()}",
-        )
-        signatures.append(signature)
-        body += canonical.replace("\n", "\r\n").encode()
-        body += f"x-amz-trailer-signature:{signature}\r\n".encode()
-    body += b"\r\n"
-    return bytes(body), signatures
-
-
-def _hmac(verified: Verified, string_to_sign: str) -> str:
-    return hmac.new(verified.signing_key, string_to_sign.encode(), "sha256").hexdigest()
-
-
-def botocore_chunked(
-    payload: bytes, checksum_cls=Crc32Checksum, name="x-amz-checksum-crc32", chunk_size=None
-):
-    wrapper = AwsChunkedWrapper(
-        io.BytesIO(payload), checksum_cls=checksum_cls, checksum_name=name, chunk_size=chunk_size
-    )
-    return wrapper.read()
 
 
 def unsigned_trailer_verified(length: int, trailer: str = "x-amz-checksum-crc32") -> Verified:

@@ -13,7 +13,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 
 from hapi.gateway import Credentials, GatewaySettings, ProbeMeter, S3Error, create_app
-from tests.gateway.unit.test_app_pushdown import CLIENT, GATEWAY, MemoryRegistry, _signed, _store
+from tests.gateway.support import CLIENT, GATEWAY, MemoryRegistry, client_signed, memory_store
 
 
 class Clock:
@@ -60,7 +60,7 @@ def _app(**changes: object) -> object:
     ).with_changes(**changes)
     return create_app(
         settings,
-        upstream=httpx.AsyncClient(transport=httpx.MockTransport(_store)),
+        upstream=httpx.AsyncClient(transport=httpx.MockTransport(memory_store)),
         registry=MemoryRegistry(),
     )
 
@@ -102,7 +102,7 @@ async def test_public_control_opens_hapi_but_not_metrics(public_control) -> None
 async def test_probe_cap_and_meter_in_process(closed) -> None:
     async def probe(size: int) -> httpx.Response:
         url = f"{GATEWAY}/_hapi/probe?bytes={size}"
-        return await closed.get(url, headers=_signed(url))
+        return await closed.get(url, headers=client_signed("GET", url))
 
     over = await probe(1001)
     assert (over.status_code, _code(over)) == (400, "InvalidArgument")
@@ -116,7 +116,7 @@ async def test_probe_cap_and_meter_in_process(closed) -> None:
 @pytest.mark.anyio
 async def test_unknown_control_routes_are_s3_xml(closed) -> None:
     url = GATEWAY + "/_hapi/nothing"
-    missing = await closed.get(url, headers=_signed(url))
+    missing = await closed.get(url, headers=client_signed("GET", url))
     assert (missing.status_code, _code(missing)) == (404, "NotFound")
     url = GATEWAY + "/_hapi/stats"
     signed = AWSRequest(

@@ -7,16 +7,13 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 import pytest
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials as BotoCredentials
 
 from hapi.gateway import GatewaySettings, create_app
 from hapi.gateway._addressing import object_path, resolve
 from hapi.gateway._app import new_upstream_client
 from hapi.gateway._sigv4 import Credentials, verify_request
+from tests.gateway.support import CLIENT, client_signed
 
-CLIENT = ("CLIENTKEY", "client-secret")
 BACKEND = Credentials("BACKENDKEY", "backend-secret")
 
 
@@ -26,14 +23,6 @@ def _settings() -> GatewaySettings:
         backend_credentials=BACKEND,
         client_secrets={CLIENT[0]: CLIENT[1]},
     )
-
-
-def _signed(method: str, url: str, body: bytes = b"") -> dict[str, str]:
-    request = AWSRequest(
-        method=method, url=url, data=body, headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"}
-    )
-    S3SigV4Auth(BotoCredentials(*CLIENT), "s3", "us-east-1").add_auth(request)
-    return dict(request.headers.items())
 
 
 @pytest.mark.anyio
@@ -49,7 +38,7 @@ async def test_request_is_resigned_with_backend_credentials():
     app = create_app(_settings(), upstream=upstream)
     url = "http://gw.test/bucket/key%20with%20space?tagging"
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as client:
-        reply = await client.put(url, content=b"data", headers=_signed("PUT", url, b"data"))
+        reply = await client.put(url, content=b"data", headers=client_signed("PUT", url, b"data"))
     assert reply.status_code == 200 and reply.headers["etag"] == '"abc"'
     (sent,) = seen
     assert (
@@ -81,7 +70,7 @@ async def test_unreachable_backend_becomes_s3_xml():
     )
     url = "http://gw.test/bucket/key"
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as client:
-        reply = await client.get(url, headers=_signed("GET", url))
+        reply = await client.get(url, headers=client_signed("GET", url))
     assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
     error = ET.fromstring(reply.content)
     assert error.findtext("Code") == "ServiceUnavailable"
@@ -117,7 +106,7 @@ async def test_upstream_client_adds_nothing_and_keeps_no_cookies():
         for name in list(client.headers):  # this client sends none of httpx's defaults either
             del client.headers[name]
         for _ in range(2):
-            headers = {k: v for k, v in _signed("GET", url).items()}
+            headers = {k: v for k, v in client_signed("GET", url).items()}
             reply = await client.get(url, headers=headers)
             assert reply.status_code == 200
     first, second = seen

@@ -201,7 +201,7 @@ def want_logits(path: Path, batch: np.ndarray) -> np.ndarray:
 
 
 def test_calibrated_activations_import_and_verify(tmp_path: Path, photos) -> None:
-    from tests.models.unit.test_verify import calibrated_net
+    from tests.models.support import calibrated_net
 
     path = save_onnx(nn.Sequential(*calibrated_net()).eval(), tmp_path / "calibrated.onnx")
     exported = import_onnx(path, preset=SMALL)

@@ -22,8 +22,7 @@ from hapi.models import (
     preprocess_batch,
     register_default_model,
 )
-
-from ..conftest import RecordingClient
+from tests.models.support import RecordingClient
 
 
 def _run(graph, batch: np.ndarray) -> np.ndarray:

@@ -15,25 +15,7 @@ from hapi.models import (
     export_model,
     preprocess_batch,
 )
-
-
-def calibrated_net() -> list[nn.Module]:
-    """Three conv+BatchNorm+ReLU blocks whose running statistics push activations to ~400.
-
-    Like a network whose BatchNorm was calibrated on real photos: a small running variance
-    scales every channel up, block after block.
-    """
-    torch.manual_seed(0)
-    blocks: list[nn.Module] = []
-    channels = 3
-    for _ in range(3):
-        norm = nn.BatchNorm2d(32)
-        with torch.no_grad():
-            norm.running_var.fill_(1e-2)
-            norm.running_mean.uniform_(-0.1, 0.1)
-        blocks.append(nn.Sequential(nn.Conv2d(channels, 32, 3, 2, 1), norm, nn.ReLU()))
-        channels = 32
-    return blocks
+from tests.models.support import calibrated_net
 
 
 def test_large_activations_verify_relative_to_their_magnitude(photos) -> None:

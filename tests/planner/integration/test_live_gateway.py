@@ -12,10 +12,9 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from hapi.gateway._sigv4 import Credentials, sign_request
 from hapi.models import Manifest, ModelProfile, sample_images
 from hapi.planner._cli import plan
-from tests.support import RunningGateway, control_get, gateway_process
+from tests.support import RunningGateway, control_get, gateway_process, signed_headers
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +34,9 @@ def gateway(
 
 
 def _pushdown(gateway: RunningGateway, bucket: str, key: str, split: int) -> None:
-    url = f"{gateway.endpoint_url}/{bucket}/{key}?hapi-model=r18&hapi-split={split}"
-    creds = Credentials(gateway.access_key_id, gateway.secret_access_key)
-    headers = sign_request(method="GET", url=url, headers={}, credentials=creds)
-    reply = httpx.get(url, headers=headers, timeout=60)
+    path = f"/{bucket}/{key}?hapi-model=r18&hapi-split={split}"
+    headers = signed_headers(gateway, "GET", path)
+    reply = httpx.get(gateway.endpoint_url + path, headers=headers, timeout=60)
     assert reply.status_code == 200, reply.text
 
 

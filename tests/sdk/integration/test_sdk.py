@@ -18,33 +18,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader
 
 from hapi import sdk
 from hapi.models import Registry
-from tests.conftest import _empty_bucket
+from tests.sdk.support import picture
+from tests.support import empty_bucket
 
 CLASSES = ("circle", "square", "stripes")
 PER_CLASS = 4
-
-
-def _picture(kind: str, seed: int) -> bytes:
-    """A small, distinct, deterministic JPEG of a class of shapes."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:96, 0:112]
-    cx, cy = rng.integers(30, 80), rng.integers(30, 66)
-    if kind == "circle":
-        mask = (x - cx) ** 2 + (y - cy) ** 2 < rng.integers(200, 900)
-    elif kind == "square":
-        mask = (abs(x - cx) < 20) & (abs(y - cy) < 20)
-    else:
-        mask = (x // rng.integers(4, 12)) % 2 == 0
-    pixels = (rng.random((96, 112, 3)) * 60).astype(np.uint8)
-    pixels[mask] = rng.integers(120, 255, size=3)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
 
 
 def _shard(members: list[tuple[str, bytes, int]]) -> bytes:
@@ -66,19 +48,19 @@ def data(backend_s3: Any) -> Iterator[dict[str, Any]]:
     keys, members = [], []
     for label, kind in enumerate(CLASSES):
         for i in range(PER_CLASS):
-            key, jpeg = f"train/{kind}/{i:03d}.jpg", _picture(kind, 10 * label + i)
+            key, jpeg = f"train/{kind}/{i:03d}.jpg", picture(kind, 10 * label + i)
             backend_s3.put_object(Bucket=bucket, Key=key, Body=jpeg)
             keys.append(key)
             members.append((f"{kind}-{i:03d}", jpeg, label))
     rows = "key,label\n" + "".join(f"{key},{n}\n" for n, key in enumerate(keys))
     backend_s3.put_object(Bucket=bucket, Key="labels.csv", Body=rows.encode())
     backend_s3.put_object(Bucket=bucket, Key="broken/bad.jpg", Body=b"\xff\xd8 not a jpeg")
-    backend_s3.put_object(Bucket=bucket, Key="broken/good.jpg", Body=_picture("circle", 99))
+    backend_s3.put_object(Bucket=bucket, Key="broken/good.jpg", Body=picture("circle", 99))
     for n in range(2):
         shard = _shard(members[n * 6 : n * 6 + 6])
         backend_s3.put_object(Bucket=bucket, Key=f"shards/shard-{n:03d}.tar", Body=shard)
     yield {"bucket": bucket, "keys": keys}
-    _empty_bucket(backend_s3, bucket)
+    empty_bucket(backend_s3, bucket)
     backend_s3.delete_bucket(Bucket=bucket)
 
 
@@ -313,7 +295,7 @@ def test_gateway_without_the_model_falls_back(gateway, registered, backend_s3, d
             got, _ = _all(dataset)
         _close(got, want)
     finally:
-        _empty_bucket(backend_s3, private)
+        empty_bucket(backend_s3, private)
         backend_s3.delete_bucket(Bucket=private)
 
 

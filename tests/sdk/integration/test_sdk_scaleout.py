@@ -27,9 +27,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from hapi import sdk
-from tests.conftest import _empty_bucket
-from tests.sdk.integration.test_sdk import _picture
-from tests.support import RunningGateway, control_get, free_port, gateway_process
+from tests.sdk.support import picture
+from tests.support import RunningGateway, control_get, empty_bucket, free_port, gateway_process
 
 SAMPLES = 36
 MODEL, SPLIT = "r18", 3
@@ -45,9 +44,9 @@ def images(backend_s3: Any) -> Iterator[dict[str, Any]]:
     backend_s3.create_bucket(Bucket=bucket)
     keys = [f"train/{n % 3}/{n:03d}.jpg" for n in range(SAMPLES)]
     for n, key in enumerate(keys):
-        backend_s3.put_object(Bucket=bucket, Key=key, Body=_picture(("circle", "square")[n % 2], n))
+        backend_s3.put_object(Bucket=bucket, Key=key, Body=picture(("circle", "square")[n % 2], n))
     yield {"bucket": bucket, "keys": keys, "ids": {key: n for n, key in enumerate(keys)}}
-    _empty_bucket(backend_s3, bucket)
+    empty_bucket(backend_s3, bucket)
     backend_s3.delete_bucket(Bucket=bucket)
 
 
