@@ -183,3 +183,16 @@ def empty_bucket(client: Any, bucket: str) -> None:
     uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     for upload in uploads:
         client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+
+
+def store_env(store: Any) -> dict[str, str | None]:
+    """The environment that points an AWS client (boto3, the CLI) at ``store``, its
+    credentials and us-east-1; ``None`` removes a variable that would redirect it."""
+    return {
+        "AWS_ENDPOINT_URL": store.endpoint_url,
+        "AWS_ENDPOINT_URL_S3": None,
+        "AWS_ACCESS_KEY_ID": store.credentials.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": store.credentials.secret_access_key,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_PROFILE": None,
+    }

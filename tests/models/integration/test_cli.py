@@ -2,31 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from click.testing import CliRunner
 
 from hapi.models import Registry
 from hapi.models._cli import models
-
-
-@pytest.fixture
-def invoke(store: Any, unique_bucket: str):
-    """Run ``hapi models ARGS --bucket <test bucket>`` with the store in the environment."""
-    env = {
-        "AWS_ENDPOINT_URL": store.endpoint_url,
-        "AWS_ENDPOINT_URL_S3": None,
-        "AWS_ACCESS_KEY_ID": store.credentials.access_key_id,
-        "AWS_SECRET_ACCESS_KEY": store.credentials.secret_access_key,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_PROFILE": None,
-    }
-
-    def run(*args: str):
-        return CliRunner().invoke(models, [*args, "--bucket", unique_bucket], env=env)
-
-    return run
 
 
 def test_round_trip(invoke, backend_s3, unique_bucket) -> None:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 import torch
-from click.testing import CliRunner
 from safetensors.torch import save_file
 
 from hapi.models import (
@@ -22,25 +20,6 @@ from hapi.models import (
     export_model,
     preprocess_batch,
 )
-from hapi.models._cli import models
-
-
-@pytest.fixture
-def invoke(store: Any, unique_bucket: str):
-    """Run ``hapi models ARGS --bucket <test bucket>`` with the store in the environment."""
-    env = {
-        "AWS_ENDPOINT_URL": store.endpoint_url,
-        "AWS_ENDPOINT_URL_S3": None,
-        "AWS_ACCESS_KEY_ID": store.credentials.access_key_id,
-        "AWS_SECRET_ACCESS_KEY": store.credentials.secret_access_key,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_PROFILE": None,
-    }
-
-    def run(*args: str):
-        return CliRunner().invoke(models, [*args, "--bucket", unique_bucket], env=env)
-
-    return run
 
 
 def _trained_like(model: torch.nn.Module) -> dict[str, torch.Tensor]:

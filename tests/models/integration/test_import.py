@@ -277,24 +277,6 @@ def test_a_wrong_graph_fails_verification(branchy: Path, photos) -> None:
         )
 
 
-@pytest.fixture
-def invoke(store: Any, unique_bucket: str):
-    """Run ``hapi models ARGS --bucket <test bucket>`` with the store in the environment."""
-    env = {
-        "AWS_ENDPOINT_URL": store.endpoint_url,
-        "AWS_ENDPOINT_URL_S3": None,
-        "AWS_ACCESS_KEY_ID": store.credentials.access_key_id,
-        "AWS_SECRET_ACCESS_KEY": store.credentials.secret_access_key,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_PROFILE": None,
-    }
-
-    def run(*args: str):
-        return CliRunner().invoke(models, [*args, "--bucket", unique_bucket], env=env)
-
-    return run
-
-
 @pytest.mark.slow
 def test_cli_import_registers_the_blocks(
     invoke, backend_s3, unique_bucket, tmp_path: Path, photos

@@ -12,19 +12,13 @@ from PIL import Image
 
 from hapi.models import Manifest
 from hapi.planner._cli import plan
+from tests.support import store_env
 
 
 @pytest.fixture
 def invoke(store: Any, planned_model: tuple[str, Manifest]):
     """Run ``hapi plan ARGS --bucket <the model's bucket>`` with the store in the environment."""
-    env = {
-        "AWS_ENDPOINT_URL": store.endpoint_url,
-        "AWS_ENDPOINT_URL_S3": None,
-        "AWS_ACCESS_KEY_ID": store.credentials.access_key_id,
-        "AWS_SECRET_ACCESS_KEY": store.credentials.secret_access_key,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_PROFILE": None,
-    }
+    env = store_env(store)
 
     def run(*args: str, **overrides: str | None):
         arguments = [*args, "--bucket", planned_model[0]]
