@@ -327,7 +327,9 @@ def cache_cell(
     """The cache scenario of one model at one regime's bandwidth."""
     rate = bandwidth_for(REGIMES[regime], measured.client_rate, measured.raw_bytes)
     client.link.shape(rate)
-    plan, _ = plan_cell(client.settings.endpoint, measured, rate, client.tier.spec.control_auth())
+    plan, _, _ = plan_cell(
+        client.settings.endpoint, measured, rate, client.tier.spec.control_auth()
+    )
     split = choose_split(config, plan)
     progress.log(f"{measured.manifest.name} {regime}: {rate / 1e6:.3g} Mbit/s, split {split}")
     client.prepare(split)

@@ -1,6 +1,7 @@
-"""Shared fixtures: one real SeaweedFS store per test session, on a free loopback port.
+"""Shared fixtures: one real SeaweedFS store per test session, on a free loopback port,
+and the real gateway (``hapi serve`` under uvicorn) in front of it.
 
-Module level stays light (boto3 and the store module only) so unit tests collect fast.
+Module level stays light (boto3, httpx and the store module only) so unit tests collect fast.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 from botocore.config import Config
 
 from hapi.store import EmbeddedStore, StoreSettings, free_port, load_or_create_credentials
+from tests.support import RunningGateway, empty_bucket, gateway_process
 
 
 @pytest.fixture(scope="session")
@@ -55,19 +57,39 @@ def unique_bucket(backend_s3: Any) -> Iterator[str]:
     name = f"hapi-test-{secrets.token_hex(6)}"
     backend_s3.create_bucket(Bucket=name)
     yield name
-    _empty_bucket(backend_s3, name)
+    empty_bucket(backend_s3, name)
     backend_s3.delete_bucket(Bucket=name)
 
 
-def _empty_bucket(client: Any, bucket: str) -> None:
-    """Delete every object and abort every multipart upload in ``bucket``."""
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
-        if keys:
-            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
-    uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
-    for upload in uploads:
-        client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+@pytest.fixture
+def bucket(unique_bucket: str) -> str:
+    """A fresh bucket (created on the store, used through the gateway)."""
+    return unique_bucket
+
+
+@pytest.fixture(scope="session")
+def gateway(store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
+    """One gateway process for the session, stopped however the tests end."""
+    with gateway_process(
+        backend_url=store.endpoint_url,
+        backend_key=store.credentials.access_key_id,
+        backend_secret=store.credentials.secret_access_key,
+        log_dir=tmp_path_factory.mktemp("gateway"),
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def s3(gateway: RunningGateway) -> Any:
+    """A plain boto3 client whose endpoint is the gateway."""
+    return boto3.client(
+        "s3",
+        endpoint_url=gateway.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=gateway.access_key_id,
+        aws_secret_access_key=gateway.secret_access_key,
+        config=Config(signature_version="s3v4", retries={"max_attempts": 1}),
+    )
 
 
 @pytest.fixture(scope="session")

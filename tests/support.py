@@ -1,20 +1,28 @@
-"""Helpers for tests that run the real gateway as a process."""
+"""Helpers for tests that run the real gateway as a process, and sign requests to it."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from hapi.store import free_port
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from hapi.gateway import Credentials
 
 HAPI = str(Path(sys.executable).parent / "hapi")
 
@@ -120,3 +128,71 @@ def control_get(gw: RunningGateway, path: str, **options: object) -> httpx.Respo
 
     auth = GatewayAuth(BotoCredentials(gw.access_key_id, gw.secret_access_key))
     return httpx.get(gw.endpoint_url + path, auth=auth, **options)  # type: ignore[arg-type]
+
+
+def credentials(gw: RunningGateway) -> Credentials:
+    """The gateway's test client credential."""
+    from hapi.gateway import Credentials
+
+    return Credentials(gw.access_key_id, gw.secret_access_key)
+
+
+def signed_headers(
+    gw: RunningGateway,
+    method: str,
+    path: str,
+    *,
+    payload: str = "UNSIGNED-PAYLOAD",
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    region: str = "us-east-1",
+) -> dict[str, str]:
+    """SigV4 headers for ``method path`` (path and query, after the gateway's endpoint)
+    with the gateway's test client credential. The payload is signed as ``payload``, or
+    as the SHA-256 of ``body`` when one is given."""
+    from hapi.gateway import sign_request
+
+    return sign_request(
+        method=method,
+        url=gw.endpoint_url + path,
+        headers=dict(headers or {}),
+        credentials=credentials(gw),
+        region=region,
+        payload_sha256=payload if body is None else hashlib.sha256(body).hexdigest(),
+    )
+
+
+def encode_image(array: np.ndarray, fmt: str) -> bytes:
+    """``array`` (HWC uint8) as an image file in ``fmt`` (JPEG at quality 90)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    if fmt == "JPEG":
+        Image.fromarray(array).save(buf, fmt, quality=90)
+    else:
+        Image.fromarray(array).save(buf, fmt)
+    return buf.getvalue()
+
+
+def empty_bucket(client: Any, bucket: str) -> None:
+    """Delete every object and abort every multipart upload in ``bucket``."""
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+    uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    for upload in uploads:
+        client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+
+
+def store_env(store: Any) -> dict[str, str | None]:
+    """The environment that points an AWS client (boto3, the CLI) at ``store``, its
+    credentials and us-east-1; ``None`` removes a variable that would redirect it."""
+    return {
+        "AWS_ENDPOINT_URL": store.endpoint_url,
+        "AWS_ENDPOINT_URL_S3": None,
+        "AWS_ACCESS_KEY_ID": store.credentials.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": store.credentials.secret_access_key,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_PROFILE": None,
+    }

@@ -6,7 +6,7 @@ and every fenced `sh` block run with bash and every `python` block with this Pyt
 the order the README gives them. An example that stops working fails here.
 
 The one block not run here is the first (`make run`, `make test`): `make run` is run on a
-fresh clone by tests/integration/test_make_run.py, and `make test` is this suite.
+fresh clone by tests/cli/integration/test_make_run.py, and `make test` is this suite.
 """
 
 from __future__ import annotations

@@ -100,22 +100,3 @@ def resnet50_pair() -> tuple[ExportedModel, ExportedModel]:
             for parameter in decomposition.blocks[index].parameters():
                 parameter.mul_(1.01)
     return base, export_model(decomposition)
-
-
-class RecordingClient:
-    """A boto3 client proxy that records (operation, key) of every call it forwards."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self.calls: list[tuple[str, str | None]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._client, name)
-        if name in {"meta", "get_paginator"} or not callable(attr):
-            return attr
-
-        def call(**kwargs: Any) -> Any:
-            self.calls.append((name, kwargs.get("Key")))
-            return attr(**kwargs)
-
-        return call

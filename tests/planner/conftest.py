@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hapi.models import Manifest, Registry, export_model
-from tests.conftest import _empty_bucket
+from tests.support import empty_bucket
 
 
 @pytest.fixture(scope="package")
@@ -18,5 +18,5 @@ def planned_model(backend_s3: Any) -> Iterator[tuple[str, Manifest]]:
     bucket = f"hapi-plan-{secrets.token_hex(6)}"
     manifest = Registry(backend_s3, bucket).register("r18", export_model("resnet18", freeze=4))
     yield bucket, manifest
-    _empty_bucket(backend_s3, bucket)
+    empty_bucket(backend_s3, bucket)
     backend_s3.delete_bucket(Bucket=bucket)

@@ -8,39 +8,19 @@ that never ran), the decode time apart, and the host's availability.
 
 from __future__ import annotations
 
-import io
 from collections.abc import AsyncIterator, Callable
 
 import httpx
 import numpy as np
 import pytest
 from asgi_lifespan import LifespanManager
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials as BotoCredentials
-from PIL import Image
 
-from hapi import models
 from hapi.gateway import Credentials, GatewaySettings, create_app
 from hapi.models import Manifest, ModelProfile
+from tests.gateway.support import CLIENT, GATEWAY, MemoryRegistry, client_signed, memory_store
 from tests.planner.synthetic import manifest as synthetic_manifest
 
-CLIENT = ("CLIENTKEY", "client-secret")
-GATEWAY = "http://gw.test"
 MODEL = synthetic_manifest(freeze=4)
-
-
-class _Registry:
-    def get_manifest(self, ref: str) -> Manifest:
-        if ref.split("@")[0] != MODEL.name:
-            raise models.NoSuchModel(ref)
-        return MODEL
-
-    def list_models(self) -> list[Manifest]:
-        return [MODEL]
-
-    def load_blocks(self, manifest: Manifest, start: int, stop: int) -> object:
-        raise AssertionError("the fake runner needs no blocks")
 
 
 def _runner(manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -53,26 +33,6 @@ def _runner(manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray
         return np.zeros((len(batch), *shape), np.float32)
 
     return run
-
-
-def _png() -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (64, 48), (20, 90, 200)).save(out, "PNG")
-    return out.getvalue()
-
-
-def _store(request: httpx.Request) -> httpx.Response:
-    if request.url.path != "/data/cat.png":
-        return httpx.Response(404, content=b"<Error><Code>NoSuchKey</Code></Error>")
-    return httpx.Response(200, content=_png(), headers={"etag": '"e"'})
-
-
-def _signed(url: str) -> dict[str, str]:
-    request = AWSRequest(
-        method="GET", url=url, headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"}
-    )
-    S3SigV4Auth(BotoCredentials(*CLIENT), "s3", "us-east-1").add_auth(request)
-    return dict(request.headers.items())
 
 
 @pytest.fixture
@@ -91,8 +51,8 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
     )
     app = create_app(
         settings,
-        upstream=httpx.AsyncClient(transport=httpx.MockTransport(_store)),
-        registry=_Registry(),
+        upstream=httpx.AsyncClient(transport=httpx.MockTransport(memory_store)),
+        registry=MemoryRegistry(MODEL),
         runner=_runner,
     )
     async with (
@@ -104,7 +64,7 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 async def _profile(http: httpx.AsyncClient) -> ModelProfile:
     url = f"{GATEWAY}/_hapi/models/{MODEL.name}"
-    reply = await http.get(url, headers=_signed(url))
+    reply = await http.get(url, headers=client_signed("GET", url))
     assert reply.status_code == 200, reply.text
     return ModelProfile.model_validate_json(reply.content)
 
@@ -126,7 +86,7 @@ async def test_served_profile_is_per_block_with_sources_and_ages(client) -> None
         GATEWAY + "/data/cat.png", params={"hapi-model": "synthetic", "hapi-split": "2"}
     )
     for _ in range(3):
-        reply = await client.get(url, headers=_signed(str(url)))
+        reply = await client.get(url, headers=client_signed("GET", str(url)))
         assert reply.status_code == 200, reply.text
 
     storage = (await _profile(client)).storage

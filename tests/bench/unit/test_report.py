@@ -1,0 +1,112 @@
+"""The report math on synthetic results: speedup, regret, efficiency, bytes reduction."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hapi.bench import _report
+from hapi.bench._results import CellResult
+from tests.bench.support import cell, run
+
+
+def test_speedup_regret_and_bytes_of_a_winning_pick(cells: list[CellResult]) -> None:
+    summary = _report.summarize_cell(cells[0])
+
+    assert summary.speedup == pytest.approx(4.0)
+    assert summary.best == 10
+    assert summary.regret == pytest.approx(0.0)
+    assert summary.within
+    assert summary.bytes_reduction == pytest.approx(15.0)
+    assert (summary.measured_runs, summary.bounded_runs) == (3, 1)
+    assert summary.sdk_local_s == pytest.approx(26.0)
+
+
+def test_a_pick_behind_the_best_counts_against_the_planner(cells: list[CellResult]) -> None:
+    summary = _report.summarize_cell(cells[1])
+
+    assert summary.best == 10
+    assert summary.regret == pytest.approx(5.5 / (5.0 / 1.05) - 1)
+    assert not summary.within
+    assert summary.speedup == pytest.approx(5.0 / 5.5)
+
+
+def test_a_pick_exactly_five_percent_behind_is_within_tolerance() -> None:
+    edge = cell("balanced", 9, [run(None, 10.0), run(9, 10.5), run(10, 10.0)])
+
+    assert _report.summarize_cell(edge).within
+
+
+def test_the_baseline_can_be_the_best_and_the_pick() -> None:
+    summary = _report.summarize_cell(cell("compute-bound", None, [run(None, 3.0), run(10, 4.0)]))
+
+    assert (summary.pick, summary.best, summary.speedup, summary.regret) == (None, None, 1.0, 0.0)
+    assert summary.bytes_reduction == pytest.approx(1.0)
+
+
+def test_bounded_runs_never_count_as_the_best() -> None:
+    bounded = run(3, 1.0, measured=False)
+    summary = _report.summarize_cell(cell("balanced", 10, [run(None, 8.0), bounded, run(10, 4.0)]))
+
+    assert summary.best == 10
+    assert bounded.efficiency is None
+
+
+def test_efficiency_is_epoch_over_the_slowest_stage() -> None:
+    result = run(5, 6.0, client_cpu_s=2.0, storage_cpu_s=5.0, link_s=4.0)
+
+    assert result.efficiency == pytest.approx(1.2)
+    assert result.bottleneck == "storage"
+    assert result.slowest_stage_s == 5.0
+
+
+def test_a_pick_that_was_not_measured_is_an_error() -> None:
+    with pytest.raises(ValueError, match="split 7 was not measured"):
+        _report.summarize_cell(cell("balanced", 7, [run(None, 8.0)]))
+
+
+def test_targets_judge_each_goal(cells: list[CellResult]) -> None:
+    found = {t.name: t for t in _report.targets([_report.summarize_cell(c) for c in cells])}
+
+    assert found["speedup where network-bound (min)"].met is True
+    assert found["speedup anywhere (min)"].value == pytest.approx(5.0 / 5.5)
+    assert found["speedup anywhere (min)"].met is False
+    assert found["picks within 5% of the best"].value == pytest.approx(0.5)
+    assert found["picks within 5% of the best"].met is False
+    assert found["pipeline efficiency at the pick (max)"].value == pytest.approx(5.0 / 4.6)
+    assert found["pipeline efficiency at the pick (max)"].met is True
+
+
+def test_targets_without_a_network_bound_cell_say_so(cells: list[CellResult]) -> None:
+    found = _report.targets([_report.summarize_cell(cells[1])])
+
+    assert found[0].value is None and found[0].met is None
+
+
+def test_results_round_trip_through_json(cells: list[CellResult]) -> None:
+    text = json.dumps(_report.to_json(cells, {"description": "test"}))
+    data = json.loads(text)
+
+    assert [CellResult.from_dict(c) for c in data["cells"]] == cells
+    assert data["summary"][0]["speedup"] == pytest.approx(4.0)
+    assert not any(isinstance(v, float) and math.isinf(v) for v in data["summary"][0].values())
+
+
+def test_markdown_and_summary_show_every_cell_and_run(cells: list[CellResult]) -> None:
+    text = _report.markdown(cells, {"description": "the testbed"})
+    summary = _report.summary_text(cells)
+
+    assert "| resnet18 | network-bound | 2 Mbit/s | 4 | 20.00 | 26.00 | 10 | 5.00 | 10 |" in text
+    assert "| split 9 | >= 40.0 (link bound, not run)" in text
+    assert "| split 10 (pick) | 5.00 |" in text
+    assert "| sdk, no pushdown | 26.00 |" in text
+    assert "4.00x" in summary and "MISSED" in summary
+
+
+def test_write_puts_json_and_markdown_in_the_directory(tmp_path, cells: list[CellResult]) -> None:
+    paths = _report.write(tmp_path / "out", cells, {"description": ""})
+
+    assert [p.name for p in paths] == ["results.json", "results.md"]
+    assert json.loads(paths[0].read_text())["targets"]

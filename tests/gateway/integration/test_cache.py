@@ -1,0 +1,336 @@
+"""The feature cache through the real gateway and store: hits, misses, control, sharing,
+invalidation, degradation, and materialization that fetches no image afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import time
+
+import httpx
+import numpy as np
+import pytest
+from skimage import data as samples
+
+from hapi import models
+from hapi.gateway._sigv4 import Credentials
+from hapi.models._wire import decode
+from tests.support import HAPI, encode_image, signed_headers
+
+CACHE_BUCKET = "hapi-cache"
+
+
+def _get(gateway, bucket: str, key: str, *, cache: str | None = None, **params: object):
+    query = "&".join(f"hapi-{k}={v}" for k, v in params.items())
+    path = f"/{bucket}/{key}?{query}"
+    extra = {"x-hapi-cache": cache} if cache else {}
+    headers = signed_headers(gateway, "GET", path, body=b"", headers=extra)
+    return httpx.get(gateway.endpoint_url + path, headers=headers, timeout=120)
+
+
+def _batch(gateway, bucket: str, keys: list[str], **spec: object) -> httpx.Response:
+    body = json.dumps({"keys": keys, **spec}).encode()
+    path = f"/{bucket}?hapi-batch"
+    headers = signed_headers(gateway, "POST", path, body=body)
+    return httpx.post(gateway.endpoint_url + path, content=body, headers=headers, timeout=120)
+
+
+def _entries(backend_s3) -> dict[str, object]:
+    try:
+        pages = backend_s3.get_paginator("list_objects_v2").paginate(Bucket=CACHE_BUCKET)
+        return {o["Key"]: o["LastModified"] for p in pages for o in p.get("Contents", [])}
+    except backend_s3.exceptions.NoSuchBucket:
+        return {}
+
+
+def _wait_for(condition, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _settled(gateway) -> None:
+    """Wait until the gateway has no cache write queued or running, so a listing of the
+    cache bucket holds every entry requested so far (earlier tests' included)."""
+    url = f"{gateway.endpoint_url}/metrics"
+
+    def idle() -> bool:
+        headers = signed_headers(gateway, "GET", "/metrics", body=b"")
+        text = httpx.get(url, headers=headers, timeout=30).text
+        found = re.search(r"^hapi_cache_writes_pending (\S+)$", text, re.M)
+        assert found, "the gateway exposes no pending-writes gauge"
+        return float(found.group(1)) == 0
+
+    _wait_for(idle, "the cache writes to finish")
+
+
+def _fetches(gateway) -> float:
+    url = f"{gateway.endpoint_url}/metrics"
+    headers = signed_headers(gateway, "GET", "/metrics", body=b"")
+    text = httpx.get(url, headers=headers, timeout=30).text
+    found = re.search(r"^hapi_pushdown_object_fetches_total (\S+)$", text, re.M)
+    assert found, "the gateway exposes no object-fetch counter"
+    return float(found.group(1))
+
+
+@pytest.fixture
+def photos(backend_s3, unique_bucket):
+    blobs = {
+        "cat.jpg": encode_image(samples.chelsea(), "JPEG"),
+        "coffee.jpg": encode_image(samples.coffee(), "JPEG"),
+        "rocket.jpg": encode_image(samples.rocket(), "JPEG"),
+    }
+    for key, blob in blobs.items():
+        backend_s3.put_object(Bucket=unique_bucket, Key=key, Body=blob)
+    return unique_bucket, blobs
+
+
+def test_a_miss_is_written_and_the_next_read_hits_bit_for_bit(
+    gateway, registered, backend_s3, photos
+):
+    bucket, _ = photos
+    before = set(_entries(backend_s3))
+    cold = _get(gateway, bucket, "cat.jpg", model="r18", split=4)
+    assert cold.status_code == 200, cold.text
+    assert cold.headers["x-hapi-cache"] == "miss"
+    _wait_for(lambda: len(set(_entries(backend_s3)) - before) == 1, "the entry to be written")
+    fetched = _fetches(gateway)
+    warm = _get(gateway, bucket, "cat.jpg", model="r18", split=4)
+    assert warm.headers["x-hapi-cache"] == "hit"
+    assert _fetches(gateway) == fetched  # a hit fetches no image
+    assert "cache;dur=" in warm.headers["server-timing"]
+    cold_t, cold_meta = decode(cold.content)
+    warm_t, warm_meta = decode(warm.content)
+    assert cold_t["features"].tobytes() == warm_t["features"].tobytes()
+    assert cold_meta["keys"] == warm_meta["keys"] and warm_meta["model"] == "r18"
+
+
+def test_bypass_neither_reads_nor_writes(gateway, registered, backend_s3, photos):
+    bucket, _ = photos
+    before = set(_entries(backend_s3))
+    reply = _get(gateway, bucket, "coffee.jpg", cache="bypass", model="r18", split=3)
+    assert reply.status_code == 200 and reply.headers["x-hapi-cache"] == "bypass"
+    time.sleep(1.0)  # a write, if any were queued, lands within this
+    assert set(_entries(backend_s3)) == before
+
+
+def test_refresh_recomputes_and_rewrites(gateway, registered, backend_s3, photos):
+    bucket, _ = photos
+    before = set(_entries(backend_s3))
+    _get(gateway, bucket, "rocket.jpg", model="r18", split=2)
+    _wait_for(lambda: len(set(_entries(backend_s3)) - before) == 1, "the entry")
+    (entry,) = set(_entries(backend_s3)) - before
+    first = _entries(backend_s3)[entry]
+    time.sleep(1.1)  # LastModified has one-second resolution
+    fetched = _fetches(gateway)
+    reply = _get(gateway, bucket, "rocket.jpg", cache="refresh", model="r18", split=2)
+    assert reply.headers["x-hapi-cache"] == "miss" and _fetches(gateway) == fetched + 1
+    _wait_for(lambda: _entries(backend_s3)[entry] > first, "the entry to be rewritten")
+
+
+def test_an_overwritten_object_misses(gateway, registered, backend_s3, photos):
+    bucket, _ = photos
+    _get(gateway, bucket, "cat.jpg", model="r18", split=5)
+    _wait_for(
+        lambda: (
+            _get(gateway, bucket, "cat.jpg", model="r18", split=5).headers["x-hapi-cache"] == "hit"
+        ),
+        "a hit",
+    )
+    backend_s3.put_object(
+        Bucket=bucket, Key="cat.jpg", Body=encode_image(samples.astronaut(), "JPEG")
+    )
+    reply = _get(gateway, bucket, "cat.jpg", model="r18", split=5)
+    assert reply.headers["x-hapi-cache"] == "miss"
+    fresh = decode(_get(gateway, bucket, "cat.jpg", cache="bypass", model="r18", split=5).content)
+    assert decode(reply.content)[0]["features"].tobytes() == fresh[0]["features"].tobytes()
+
+
+def test_models_sharing_a_frozen_prefix_share_entries(gateway, registered, backend_s3, photos):
+    bucket, _ = photos
+    twin = models.Registry(backend_s3).register(
+        "r18-twin", models.export_model("resnet18", freeze=6)
+    )  # the same seeded weights: the same block hashes under another name
+    assert [b.hash for b in twin.blocks] == [b.hash for b in registered["r18"].blocks]
+    _get(gateway, bucket, "coffee.jpg", model="r18", split=6)
+    _wait_for(
+        lambda: (
+            _get(gateway, bucket, "coffee.jpg", model="r18-twin", split=6).headers["x-hapi-cache"]
+            == "hit"
+        ),
+        "the twin to hit the first model's entry",
+    )
+
+
+def test_a_batch_mixes_hits_and_misses_in_key_order(gateway, registered, backend_s3, photos):
+    bucket, _ = photos
+    _get(gateway, bucket, "coffee.jpg", model="r18", split=1)
+    _wait_for(
+        lambda: (
+            _get(gateway, bucket, "coffee.jpg", model="r18", split=1).headers["x-hapi-cache"]
+            == "hit"
+        ),
+        "a hit",
+    )
+    keys = ["rocket.jpg", "missing.jpg", "coffee.jpg", "cat.jpg"]
+    mixed = _batch(gateway, bucket, keys, model="r18", split=1)
+    plain = _batch(gateway, bucket, keys, model="r18", split=1, cache="bypass")
+    assert mixed.status_code == plain.status_code == 200
+    assert mixed.headers["x-hapi-cache"] == "miss"
+    got, got_meta = decode(mixed.content)
+    want, want_meta = decode(plain.content)
+    assert json.loads(got_meta["keys"]) == ["rocket.jpg", "coffee.jpg", "cat.jpg"]
+    assert got_meta["keys"] == want_meta["keys"] and got_meta["errors"] == want_meta["errors"]
+    assert got["features"].tobytes() == want["features"].tobytes()
+
+
+def test_a_deleted_cache_bucket_degrades_to_computing(gateway, registered, backend_s3, photos):
+    bucket, _ = photos
+    _get(gateway, bucket, "rocket.jpg", model="r18", split=3)
+    _wait_for(lambda: bool(_entries(backend_s3)), "an entry")
+    for key in _entries(backend_s3):
+        backend_s3.delete_object(Bucket=CACHE_BUCKET, Key=key)
+    backend_s3.delete_bucket(Bucket=CACHE_BUCKET)
+    reply = _get(gateway, bucket, "rocket.jpg", model="r18", split=3)
+    assert reply.status_code == 200 and reply.headers["x-hapi-cache"] == "miss"
+    want = decode(_get(gateway, bucket, "rocket.jpg", cache="bypass", model="r18", split=3).content)
+    assert decode(reply.content)[0]["features"].tobytes() == want[0]["features"].tobytes()
+
+
+def test_an_unknown_cache_mode_is_invalid(gateway, registered, photos):
+    bucket, _ = photos
+    reply = _get(gateway, bucket, "cat.jpg", cache="sometimes", model="r18", split=2)
+    assert reply.status_code == 400 and b"InvalidArgument" in reply.content
+
+
+def _hapi(gateway, *args: str, endpoint: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": endpoint or gateway.endpoint_url,
+        "AWS_ACCESS_KEY_ID": gateway.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": gateway.secret_access_key,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    return subprocess.run(
+        [HAPI, *args], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+
+
+def test_materialize_then_training_reads_fetch_no_image(gateway, registered, backend_s3, photos):
+    bucket, blobs = photos
+    done = _hapi(gateway, "materialize", f"s3://{bucket}/", "--model", "r18", "--split", "6")
+    assert done.returncode == 0, done.stderr
+    assert f"{len(blobs)} objects, {len(blobs)} samples" in done.stdout
+    # written in the background: wait until every object's next read is a hit
+    _wait_for(
+        lambda: (
+            _batch(gateway, bucket, sorted(blobs), model="r18", split=6).headers["x-hapi-cache"]
+            == "hit"
+        ),
+        "every entry",
+    )
+    fetched = _fetches(gateway)
+    for key in blobs:
+        assert _get(gateway, bucket, key, model="r18", split=6).headers["x-hapi-cache"] == "hit"
+    assert _fetches(gateway) == fetched
+    again = _hapi(gateway, "materialize", f"s3://{bucket}/", "--model", "r18", "--split", "6")
+    assert again.returncode == 0 and f"({len(blobs)} objects already cached" in again.stdout
+
+
+def test_materialize_bad_input_is_one_line_and_exit_2(gateway):
+    done = _hapi(gateway, "materialize", "data/prefix", "--model", "r18", "--split", "2")
+    assert done.returncode == 2 and "expected s3://BUCKET/PREFIX" in done.stderr
+
+
+def test_cache_du_ls_prune_and_rm(gateway, registered, backend_s3, photos):
+    bucket, _ = photos
+    before = set(_entries(backend_s3))
+    for split in (1, 2, 3):
+        assert _get(gateway, bucket, "cat.jpg", model="r18", split=split).status_code == 200
+    _settled(gateway)
+    entries = _entries(backend_s3)
+    assert len(set(entries) - before) == 3
+    du = _hapi(gateway, "cache", "du")
+    assert du.returncode == 0 and du.stdout.startswith(f"{len(entries)} entries")
+    listed = _hapi(gateway, "cache", "ls", "--limit", "1000")
+    assert all(key in listed.stdout for key in entries)
+    dry = _hapi(gateway, "cache", "prune", "--max-size", "1B", "--dry-run")
+    assert dry.stdout.startswith(f"would delete {len(entries)} of {len(entries)}")
+    assert _entries(backend_s3) == entries
+    victim = min(entries, key=lambda k: (entries[k], k))  # least recently used
+    sizes = {
+        o["Key"]: o["Size"] for o in backend_s3.list_objects_v2(Bucket=CACHE_BUCKET)["Contents"]
+    }
+    keep = sum(sizes.values()) - sizes[victim]
+    pruned = _hapi(gateway, "cache", "prune", "--max-size", f"{keep}B")
+    assert pruned.returncode == 0, pruned.stderr
+    assert victim not in _entries(backend_s3) and len(_entries(backend_s3)) == len(entries) - 1
+    bad = _hapi(gateway, "cache", "rm", "features/zz/nope.safetensors")
+    assert bad.returncode == 2 and "no such entry" in bad.stderr
+    wiped = _hapi(gateway, "cache", "rm", "--all")
+    assert wiped.returncode == 0 and _entries(backend_s3) == {}
+
+
+def test_the_gateway_evicts_least_recently_used_entries_beyond_its_cap(
+    store, registered, backend_s3, unique_bucket
+):
+    from hapi.gateway import GatewaySettings
+    from hapi.gateway._app import new_upstream_client
+    from hapi.gateway._cache import FeatureCache, encode_entry
+    from hapi.models import ObjectIdentity, cache_key, entry_path
+
+    settings = GatewaySettings(
+        backend_url=store.endpoint_url,
+        backend_credentials=Credentials(
+            store.credentials.access_key_id, store.credentials.secret_access_key
+        ),
+        client_secrets={"k": "s"},
+        cache_bucket=unique_bucket,
+        cache_max_bytes=1,  # set below; each entry is a few KB
+    )
+    entry = encode_entry(np.ones((1, 256), np.float32), "float32", None, ["x"], None)
+
+    def path(name: str) -> str:
+        identity = ObjectIdentity(bucket="b", key=name, etag=name, size=1)
+        return entry_path(cache_key(identity, registered["r18"], 2, "float32"))
+
+    async def scenario() -> list[str]:
+        async with new_upstream_client(settings) as client:
+            cache = FeatureCache(
+                settings.with_changes(cache_max_bytes=2 * len(entry)), lambda: client
+            )
+            async with cache.running():
+                for name in ("old", "mid", "new"):
+                    identity = ObjectIdentity(bucket="b", key=name, etag=name, size=1)
+                    cache.store(identity, registered["r18"], 2, "float32", entry)
+                    await cache.drain()
+                    await asyncio.sleep(1.1)  # distinct LastModified seconds
+                assert await cache.evict() == 1
+        return [o["Key"] for o in backend_s3.list_objects_v2(Bucket=unique_bucket)["Contents"]]
+
+    left = asyncio.run(scenario())
+    assert sorted(left) == sorted([path("mid"), path("new")])
+
+
+def test_an_anonymous_caller_gets_no_cached_features_of_a_private_object(
+    gateway, store, registered, backend_s3, photos
+):
+    bucket, _ = photos
+    _get(gateway, bucket, "cat.jpg", model="r18", split=4)  # signed: computed and cached
+    _wait_for(
+        lambda: (
+            _get(gateway, bucket, "cat.jpg", model="r18", split=4).headers["x-hapi-cache"] == "hit"
+        ),
+        "a hit",
+    )
+    url = f"{gateway.endpoint_url}/{bucket}/cat.jpg?hapi-model=r18&hapi-split=4"
+    unsigned = httpx.get(url, timeout=60)  # the store refuses the same unsigned GET
+    direct = httpx.get(f"{store.endpoint_url}/{bucket}/cat.jpg", timeout=60)
+    assert direct.status_code == 403
+    assert unsigned.status_code == 403 and b"AccessDenied" in unsigned.content

@@ -1,0 +1,446 @@
+"""hapi.sdk against the real gateway and the real store: the same features at every
+split and without pushdown, DataLoader workers, DDP sharding, fallback, typed errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import pickle
+import re
+import secrets
+import tarfile
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from hapi import sdk
+from hapi.models import Registry
+from tests.sdk.support import picture
+from tests.support import empty_bucket
+
+CLASSES = ("circle", "square", "stripes")
+PER_CLASS = 4
+
+
+def _shard(members: list[tuple[str, bytes, int]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for stem, jpeg, label in members:
+            for name, payload in ((f"{stem}.jpg", jpeg), (f"{stem}.cls", str(label).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def data(backend_s3: Any) -> Iterator[dict[str, Any]]:
+    """A bucket with class folders, a label manifest, a corrupt object and two shards."""
+    bucket = f"sdk-{secrets.token_hex(5)}"
+    backend_s3.create_bucket(Bucket=bucket)
+    keys, members = [], []
+    for label, kind in enumerate(CLASSES):
+        for i in range(PER_CLASS):
+            key, jpeg = f"train/{kind}/{i:03d}.jpg", picture(kind, 10 * label + i)
+            backend_s3.put_object(Bucket=bucket, Key=key, Body=jpeg)
+            keys.append(key)
+            members.append((f"{kind}-{i:03d}", jpeg, label))
+    rows = "key,label\n" + "".join(f"{key},{n}\n" for n, key in enumerate(keys))
+    backend_s3.put_object(Bucket=bucket, Key="labels.csv", Body=rows.encode())
+    backend_s3.put_object(Bucket=bucket, Key="broken/bad.jpg", Body=b"\xff\xd8 not a jpeg")
+    backend_s3.put_object(Bucket=bucket, Key="broken/good.jpg", Body=picture("circle", 99))
+    for n in range(2):
+        shard = _shard(members[n * 6 : n * 6 + 6])
+        backend_s3.put_object(Bucket=bucket, Key=f"shards/shard-{n:03d}.tar", Body=shard)
+    yield {"bucket": bucket, "keys": keys}
+    empty_bucket(backend_s3, bucket)
+    backend_s3.delete_bucket(Bucket=bucket)
+
+
+def _credentials(endpoint: Any) -> dict[str, Any]:
+    key = getattr(endpoint, "access_key_id", None) or endpoint.credentials.access_key_id
+    secret = getattr(endpoint, "secret_access_key", None) or endpoint.credentials.secret_access_key
+    return {"aws_access_key_id": key, "aws_secret_access_key": secret, "region_name": "us-east-1"}
+
+
+def _through(endpoint: Any, **options: Any) -> dict[str, Any]:
+    """Dataset arguments for the gateway (or the plain store)."""
+    return {
+        "endpoint_url": endpoint.endpoint_url,
+        "client_options": _credentials(endpoint),
+        **options,
+    }
+
+
+def _all(dataset: Any) -> tuple[np.ndarray, list[int]]:
+    if isinstance(dataset, sdk.IterableFeatureDataset):
+        items = list(dataset)
+    else:
+        items = dataset.__getitems__(list(range(len(dataset))))
+    return np.stack([f.numpy() for f, _ in items]), [label for _, label in items]
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    # 1e-4 absolute, scaled for activations above 1 in magnitude (as test_pushdown does).
+    assert got.shape == want.shape
+    tolerance = 1e-4 * max(1.0, float(np.abs(want).max()))
+    assert float(np.abs(got - want).max()) <= tolerance
+
+
+def _local(data: dict[str, Any], gateway: Any, model: str, **options: Any) -> sdk.FeatureDataset:
+    return sdk.FeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/", model=model, **_through(gateway, split=None, **options)
+    )
+
+
+# -- the client --------------------------------------------------------------------------
+
+
+def test_client_is_a_boto3_client_that_signs_the_hapi_headers(gateway, registered, data):
+    s3 = sdk.client(gateway.endpoint_url, **_credentials(gateway))
+    bucket, key = data["bucket"], data["keys"][0]
+    assert s3.head_object(Bucket=bucket, Key=key)["ContentLength"] > 0  # ordinary S3
+    sent: list[Any] = []
+    s3.meta.events.register("before-send.s3.GetObject", lambda request, **_: sent.append(request))
+    reply = s3.get_features(bucket, key, model="r18", split=3)
+    signed = sent[0].headers["Authorization"].decode().split("SignedHeaders=")[1].split(",")[0]
+    assert {"x-hapi-model", "x-hapi-split", "x-hapi-dtype"} <= set(signed.split(";"))
+    assert reply.keys == (key,) and reply.split == 3 and reply.model == registered["r18"].ref
+    assert reply.features.shape == (1, *registered["r18"].blocks[2].output_shape)
+    assert reply.nbytes > reply.features.nbytes and "infer" in reply.server_timing
+
+
+def test_batch_stacks_in_order_and_reports_failures_by_key(gateway, registered, data):
+    s3 = sdk.client(gateway.endpoint_url, **_credentials(gateway))
+    bucket, keys = data["bucket"], data["keys"]
+    asked = [keys[3], "broken/bad.jpg", keys[0], "missing.jpg"]
+    reply = s3.get_features_batch(bucket, asked, model="r18", split=2, dtype="float16")
+    assert reply.keys == (keys[3], keys[0]) and reply.dtype == "float16"
+    assert isinstance(reply.errors["broken/bad.jpg"], sdk.UnprocessableObject)
+    assert isinstance(reply.errors["missing.jpg"], sdk.NoSuchKey)
+    with pytest.raises(sdk.UnprocessableObject, match=re.escape("broken/bad.jpg")):
+        reply.raise_for_errors()
+    one = s3.get_features(bucket, keys[0], model="r18", split=2).features
+    assert np.abs(reply.features[1] - one[0]).max() <= 1e-2 * np.abs(one).max()
+
+
+def test_endpoint_comes_from_argument_then_s3_variable_then_generic(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://generic.example:1")
+    assert sdk.client(region_name="us-east-1").meta.endpoint_url == "http://generic.example:1"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://s3.example:2")
+    assert sdk.client(region_name="us-east-1").meta.endpoint_url == "http://s3.example:2"
+    given = sdk.client("http://given.example:3", region_name="us-east-1")
+    assert given.meta.endpoint_url == "http://given.example:3"
+
+
+def test_client_errors_are_typed_and_name_the_key(gateway, registered, data):
+    s3 = sdk.client(gateway.endpoint_url, **_credentials(gateway))
+    bucket = data["bucket"]
+    with pytest.raises(
+        sdk.NoSuchModel, match=re.escape(f"s3://{bucket}/train/circle/000.jpg")
+    ) as caught:
+        s3.get_features(bucket, "train/circle/000.jpg", model="no-such-model", split=1)
+    assert caught.value.status == 404 and caught.value.request_id
+    with pytest.raises(sdk.UnprocessableObject, match=re.escape("broken/bad.jpg")):
+        s3.get_features(bucket, "broken/bad.jpg", model="r18", split=1)
+    with pytest.raises(sdk.InvalidArgument, match="split"):
+        s3.get_features(bucket, "train/circle/000.jpg", model="r18", split=9)
+
+
+# -- same features at every split --------------------------------------------------------
+
+
+@pytest.mark.parametrize(("model", "splits"), [("r18", (0, 1, 4, 6)), ("enl0", (0, 7, 19))])
+def test_features_at_split_k_equal_raw_objects_computed_here(
+    gateway, registered, data, model, splits
+):
+    local = _local(data, gateway, model)
+    want, want_labels = _all(local)
+    assert local.split is None and not local.pushdown
+    assert want.shape[1:] == tuple(registered[model].blocks[local.freeze - 1].output_shape)
+    for split in splits:
+        dataset = sdk.FeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/", model=model, **_through(gateway, split=split)
+        )
+        got, labels = _all(dataset)
+        _close(got, want)
+        assert labels == want_labels == [n // PER_CLASS for n in range(len(CLASSES) * PER_CLASS)]
+        assert dataset.pushdown and dataset.classes == CLASSES
+
+
+def test_same_loss_trajectory_at_two_splits(gateway, registered, data):
+    def losses(split: int) -> list[float]:
+        dataset = sdk.IterableFeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/",
+            model="r18",
+            **_through(gateway, split=split, shuffle=True, seed=7, request_size=5),
+        )
+        torch.manual_seed(0)
+        head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(256 * 14 * 14, 3))
+        optimizer = torch.optim.SGD(head.parameters(), lr=1e-3)
+        trajectory = []
+        for epoch in range(2):
+            dataset.set_epoch(epoch)
+            for features, labels in DataLoader(dataset, batch_size=4):
+                loss = torch.nn.functional.cross_entropy(head(features), labels)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                trajectory.append(loss.item())
+        return trajectory
+
+    first, second = losses(2), losses(6)
+    assert len(first) == 6
+    np.testing.assert_allclose(first, second, rtol=1e-4, atol=1e-5)
+
+
+def test_shards_give_every_member_with_its_cls_label(gateway, registered, data):
+    uri = f"s3://{data['bucket']}/shards/"
+    pushed = sdk.FeatureDataset.from_shards(uri, model="enl0", **_through(gateway, split=5))
+    local = sdk.IterableFeatureDataset.from_shards(
+        uri, model="enl0", **_through(gateway, split=None)
+    )
+    assert isinstance(pushed, sdk.IterableFeatureDataset)
+    got, labels = _all(pushed)
+    want, want_labels = _all(local)
+    _close(got, want)
+    assert labels == want_labels == [n // PER_CLASS for n in range(12)]
+    flat, _ = _all(_local(data, gateway, "enl0"))
+    _close(got, flat)  # a shard member gives what the same image alone gives
+
+
+# -- processes --------------------------------------------------------------------------
+
+
+# Not "fork": this process has run onnxruntime already (here and in earlier tests), and
+# onnxruntime is not fork-safe once it has run (a forked worker can hang; README says so).
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_dataloader_with_two_workers(gateway, registered, data, start):
+    dataset = sdk.FeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/", model="r18", **_through(gateway, split=4, request_size=3)
+    )
+    want, want_labels = _all(dataset)
+    loaded = DataLoader(dataset, batch_size=5, num_workers=2, multiprocessing_context=start)
+    batches = list(loaded)
+    got = torch.cat([features for features, _ in batches]).numpy()
+    _close(got, want)
+    assert torch.cat([labels for _, labels in batches]).tolist() == want_labels
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert copy._runtime is None and len(copy) == len(dataset)
+    _close(copy[2][0].numpy()[None], want[2:3])
+
+
+def test_rank_then_worker_sharding_reads_each_sample_once(gateway, registered, data):
+    seen: Counter[int] = Counter()
+    lengths = []
+    for rank in range(2):
+        dataset = sdk.IterableFeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/",
+            model="enl0",
+            labels=f"manifest:s3://{data['bucket']}/labels.csv",
+            **_through(gateway, split=7, shuffle=True, seed=3, rank=rank, world_size=2),
+        )
+        dataset.set_epoch(5)
+        lengths.append(len(dataset))
+        for _, labels in DataLoader(dataset, batch_size=2, num_workers=2):
+            seen.update(labels.tolist())
+    assert lengths == [6, 6]
+    assert seen == Counter(range(len(CLASSES) * PER_CLASS))  # every sample exactly once
+
+
+# -- fallback ---------------------------------------------------------------------------
+
+
+def test_plain_store_falls_back_to_local_compute_with_one_warning(store, gateway, registered, data):
+    want, _ = _all(_local(data, gateway, "enl0"))
+    dataset = sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/",
+        model="enl0",
+        **_through(store, split=4, request_size=4, prefetch=2),
+    )
+    with pytest.warns(sdk.FallbackWarning, match="does not serve hapi pushdown") as caught:
+        got, _ = _all(dataset)
+        again, _ = _all(dataset)
+    assert len([w for w in caught if w.category is sdk.FallbackWarning]) == 1
+    _close(got, want)
+    _close(again, want)
+    assert not dataset.pushdown and dataset.stats is not None and dataset.stats.mode == "local"
+    assert dataset.stats.bytes_received == dataset.raw_bytes
+
+
+def test_gateway_without_the_model_falls_back(gateway, registered, backend_s3, data):
+    private = f"sdk-models-{secrets.token_hex(4)}"
+    backend_s3.create_bucket(Bucket=private)
+    manifest = dataclasses.replace(registered["r18"], name="r18-private", version=1)
+    for digest in manifest.hashes:
+        source = {"Bucket": "hapi-models", "Key": f"blocks/sha256/{digest}.onnx"}
+        backend_s3.copy_object(CopySource=source, Bucket=private, Key=source["Key"])
+    backend_s3.put_object(Bucket=private, Key="models/r18-private/1.json", Body=manifest.to_json())
+    backend_s3.put_object(Bucket=private, Key="models/r18-private/latest", Body=b"1")
+    try:
+        want, _ = _all(_local(data, gateway, "r18"))
+        dataset = sdk.FeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/",
+            model="r18-private",
+            **_through(gateway, split=3, registry_bucket=private),
+        )
+        with pytest.warns(sdk.FallbackWarning, match=re.escape("has no model r18-private@1")):
+            got, _ = _all(dataset)
+        _close(got, want)
+    finally:
+        empty_bucket(backend_s3, private)
+        backend_s3.delete_bucket(Bucket=private)
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+def test_unknown_model_is_a_clear_error(gateway, registered, data):
+    with pytest.raises(sdk.NoSuchModel, match="no-such-model"):
+        sdk.FeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/", model="no-such-model", **_through(gateway)
+        )
+
+
+@pytest.mark.parametrize("split", [3, None])
+def test_corrupt_object_surfaces_in_the_training_loop_naming_the_key(
+    gateway, registered, data, split
+):
+    dataset = sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/broken/",
+        model="r18",
+        labels=None,
+        **_through(gateway, split=split, request_size=1, prefetch=2),
+    )
+    with pytest.raises(
+        sdk.UnprocessableObject, match=re.escape(f"s3://{data['bucket']}/broken/bad.jpg")
+    ):
+        for _features, label in DataLoader(dataset, batch_size=1):
+            assert label.item() == -1
+
+
+def test_bad_arguments_are_value_errors(gateway, registered, data):
+    uri = f"s3://{data['bucket']}/train/"
+    with pytest.raises(ValueError, match=r"0\.\.6"):
+        sdk.FeatureDataset.from_prefix(uri, model="r18", **_through(gateway, split=7))
+    with pytest.raises(ValueError, match="known: folder"):
+        sdk.FeatureDataset.from_prefix(uri, model="r18", **_through(gateway, labels="colour"))
+    with pytest.raises(sdk.LabelError, match="no label"):
+        sdk.FeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/broken/",
+            model="r18",
+            **_through(gateway, labels=f"manifest:s3://{data['bucket']}/labels.csv"),
+        )
+
+
+# -- split="auto" and stats -------------------------------------------------------------
+
+
+def test_auto_split_is_explained_and_gives_the_same_features(gateway, registered, data):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sdk.FallbackWarning)  # the planner may choose none
+        dataset = sdk.IterableFeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, progress=True)
+        )
+        got, _ = _all(dataset)
+    choice = dataset.split_choice
+    assert choice.split is None or 0 <= choice.split <= dataset.freeze
+    # The planner read the gateway's view and probed it (signed with the client's
+    # credentials): no fallback to the fewest-bytes rule.
+    assert choice.policy in {"planner", "replanned"} and choice.reason, choice.reason
+    want, _ = _all(_local(data, gateway, "enl0"))
+    _close(got, want)
+    stats = dataset.stats
+    assert stats is not None and stats.samples == len(got) and stats.requests == 1
+    assert stats.bytes_received > 0 and stats.wait_seconds >= 0 and stats.samples_per_s > 0
+    assert str(stats).startswith("epoch 0: 12 samples")
+
+
+def test_pushdown_receives_fewer_bytes_than_the_objects(gateway, registered, data):
+    dataset = sdk.FeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/",
+        model="enl0",
+        **_through(gateway, split=19, dtype="float16"),
+    )
+    _all(dataset)
+    stats = dataset.stats
+    assert stats.mode == "pushdown" and stats.split == 19 and stats.samples == 12
+    assert dataset.raw_bytes is not None and stats.bytes_received < dataset.raw_bytes
+
+
+def test_registry_reads_go_through_the_gateway(gateway, registered):
+    s3 = sdk.client(gateway.endpoint_url, **_credentials(gateway))
+    assert Registry(s3).get_manifest("enl0").ref == registered["enl0"].ref
+    key = f"models/enl0/{registered['enl0'].version}.json"
+    assert json.loads(s3.get_object(Bucket="hapi-models", Key=key)["Body"].read())["name"] == "enl0"
+
+
+def test_auto_split_on_one_box_never_receives_more_than_the_raw_objects(gateway, registered, data):
+    # The gateway runs on this machine: the plan must know the tiers share its cores and
+    # must not buy a "speedup" with more bytes than the objects themselves.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sdk.FallbackWarning)  # the planner may choose none
+        dataset = sdk.FeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
+        )
+        _all(dataset)
+    choice = dataset.split_choice
+    assert choice.plan is not None and choice.plan.profile.shared_compute
+    assert "same machine" in choice.reason
+    stats = dataset.stats
+    assert dataset.raw_bytes is not None and stats.bytes_received <= dataset.raw_bytes
+
+
+# -- the client-side feature cache ------------------------------------------------------
+
+
+def test_local_cache_makes_the_second_epoch_cross_no_network(gateway, registered, data, tmp_path):
+    dataset = sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/",
+        model="enl0",
+        **_through(gateway, split=19, dtype="float16", local_cache=tmp_path / "features"),
+    )
+    first, labels = _all(dataset)
+    cold = dataset.stats
+    assert cold.bytes_received > 0 and cold.local_samples == 0 and cold.requests > 0
+    second, again = _all(dataset)
+    warm = dataset.stats
+    assert warm.bytes_received == 0 and warm.requests == 0
+    assert warm.local_hit_ratio == 1.0 and "100% from the local cache" in str(warm)
+    assert first.tobytes() == second.tobytes() and labels == again
+    plain = sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/",
+        model="enl0",
+        **_through(gateway, split=19, dtype="float16"),
+    )
+    assert _all(plain)[0].tobytes() == first.tobytes()
+
+
+def test_local_cache_misses_an_overwritten_object(gateway, registered, data, backend_s3, tmp_path):
+    bucket, cache = data["bucket"], tmp_path / "features"
+    options = _through(gateway, split=19, dtype="float16", local_cache=cache)
+    key = next(
+        k
+        for k in sdk.FeatureDataset.from_prefix(
+            f"s3://{bucket}/train/", model="enl0", **options
+        ).keys
+    )
+    warm = sdk.FeatureDataset.from_prefix(f"s3://{bucket}/train/", model="enl0", **options)
+    _all(warm)
+    original = backend_s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    try:
+        backend_s3.put_object(Bucket=bucket, Key=key, Body=original + b"\0")  # a new ETag
+        relisted = sdk.FeatureDataset.from_prefix(f"s3://{bucket}/train/", model="enl0", **options)
+        relisted.reset_stats()
+        _all(relisted)
+        stats = relisted.stats
+        assert stats.samples - stats.local_samples == 1  # only the overwritten object
+    finally:
+        backend_s3.put_object(Bucket=bucket, Key=key, Body=original)
