@@ -217,7 +217,11 @@ class Pushdown:
     def choose_split(self, manifest: Manifest, params: Params) -> int:
         """``split=auto`` on the gateway's view (see :func:`._pushdown_plan.choose_split`)."""
         return choose_split(
-            manifest, params, self.tenants.budget, self._settings.assumed_bandwidth_bps
+            manifest,
+            params,
+            self.tenants.budget,
+            self._settings.assumed_bandwidth_bps,
+            self.tenants.profiler.profile(manifest),
         )
 
     # -- step 2: decode, run and send in windows -----------------------------------------

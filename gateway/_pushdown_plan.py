@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hapi import planner
-from hapi.models import Manifest
+from hapi.models import Manifest, StorageProfile
 
 from ._batcher import MemoryBudget
 from ._errors import InsufficientMemory
@@ -13,20 +13,31 @@ __all__ = ["choose_split"]
 
 
 def choose_split(
-    manifest: Manifest, params: Params, budget: MemoryBudget, assumed_bandwidth_bps: float
+    manifest: Manifest,
+    params: Params,
+    budget: MemoryBudget,
+    assumed_bandwidth_bps: float,
+    storage: StorageProfile,
 ) -> int:
-    """``split=auto``: the planner's best split on the gateway's view (its memory share
-    and load; the client's bandwidth from ``x-hapi-bandwidth``, else the configured
-    assumption; a client on this machine shares its cores). Raw objects are not an
-    option here: the client asked for features. As in the planner, a split sending
-    more bytes than a raw object must be clearly faster than one that does not.
+    """``split=auto``: the planner's best split on the gateway's view: its own measured
+    block, decode and availability figures (``storage``, the manifest's where nothing
+    ran), its memory share and load; the client's bandwidth from ``x-hapi-bandwidth``,
+    else the configured assumption; a client on this machine shares its cores. Raw
+    objects are not an option here: the client asked for features. As in the planner,
+    a split sending more bytes than a raw object must be clearly faster than one that
+    does not.
     """
-    profile = planner.profile_from_manifest(
-        manifest,
-        storage_memory_bytes=budget.share(),
-        storage_load=float(max(1, budget.active_tenants)),
-        wire_dtype=params.dtype,
-        shared_compute=params.colocated,
+    view = planner.GatewayProfile(
+        model=manifest.ref,
+        cpu_ms=tuple(block.cpu_ms for block in manifest.blocks[: manifest.freeze]),
+        storage=storage,
+        memory_bytes=budget.share(),
+        busy_tenants=max(0, budget.active_tenants - 1),
+    )
+    profile = view.apply(
+        planner.profile_from_manifest(
+            manifest, wire_dtype=params.dtype, shared_compute=params.colocated
+        )
     )
     bandwidth = params.bandwidth_bps or assumed_bandwidth_bps
     options = [
