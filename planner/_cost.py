@@ -81,7 +81,8 @@ class Profile:
             device is time-shared in turn with ``n - 1`` busy tenants.
         storage_available: The share of a core the storage side gets on its host
             (``0 < available <= 1``; measured by the gateway): the storage stage is
-            divided by it.
+            divided by it, except with ``shared_compute``, where what takes the rest
+            of the core is largely the client itself, which pays the same.
         storage_origin: Where the storage-side figures came from and how old they are,
             in words (for the explanation); empty when not from a gateway.
         storage_batch: The batch the storage side must fit at least. The gateway sizes
@@ -445,7 +446,9 @@ def _candidate(
     storage = 0.0
     if split is not None:
         storage = (profile.storage_decode_ms + sum(profile.storage_ms[:split])) * batch
-        storage *= profile.storage_load / profile.storage_available
+        storage *= profile.storage_load
+        if not profile.shared_compute:  # on one box the client's compute shares the cores
+            storage /= profile.storage_available
     client_decode = profile.client_decode_ms if split is None else 0.0
     client = (client_decode + sum(profile.client_ms[start:]) + profile.head_ms) * batch
     sent = profile.bytes_at(split)

@@ -49,6 +49,17 @@ def test_on_one_box_the_pick_never_sends_more_than_the_raw_objects() -> None:
     assert "share" in chosen.reason() or "same machine" in chosen.reason()
 
 
+def test_on_one_box_the_gateways_share_of_the_cores_is_not_a_storage_penalty() -> None:
+    # On one machine the gateway's measured share of a core is low because the client
+    # computes on the same cores: the client pays the same, so it must not tilt the
+    # choice towards raw-ish splits that send more bytes.
+    model, quiet = _one_box(shared_compute=True)
+    busy = replace(quiet, storage_available=0.3)
+    picked = planner.plan(model, busy, LOOPBACK_BPS)
+    assert picked.split == planner.plan(model, quiet, LOOPBACK_BPS).split
+    assert picked.chosen.bytes_per_sample <= JPEG_BYTES
+
+
 def test_more_bytes_than_raw_only_when_clearly_faster() -> None:
     # A slow client CPU makes decoding on the storage side worth its extra bytes: split 0
     # sends 600 KB for a 68 KB JPEG, but saves most of the epoch, so it is kept (the
