@@ -108,6 +108,7 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
         "seconds": options["seconds"],
         "splits": _integers(options["splits"], "--splits"),
         "storage_batch": options["storage_batch"],
+        "storage_competitor": options["storage_competitor"] or None,
         "niceness": options["nice"],
         "bound_factor": 0.0 if options["full_sweep"] else None,
         "epochs": options.get("epochs"),
@@ -144,6 +145,11 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
     "--storage-batch",
     type=click.IntRange(min=1),
     help="Fixed storage-side batch size for the gateway [default: its adaptive batching].",
+)
+@click.option(
+    "--storage-competitor",
+    is_flag=True,
+    help="Run a CPU-bound busy loop on the storage tier's core for the whole sweep.",
 )
 @click.option(
     "--nice",

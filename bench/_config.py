@@ -37,6 +37,8 @@ class BenchConfig:
             ``None`` for all.
         storage_batch: The gateway's storage-side batch size; ``None`` for its adaptive
             batching.
+        storage_competitor: Run a CPU-bound process on the storage tier's core for the
+            whole sweep (a loaded storage side).
         niceness: Scheduling niceness of both tiers: 0 shares the cores fairly with other
             work on the machine; negative (root only) puts the benchmark ahead of it.
         seed: Dataset seed.
@@ -58,6 +60,7 @@ class BenchConfig:
     bound_factor: float = 1.5
     splits: tuple[int, ...] | None = None
     storage_batch: int | None = None
+    storage_competitor: bool = False
     niceness: int = 0
     seed: int = 0
     epochs: int = 0

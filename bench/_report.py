@@ -286,11 +286,21 @@ def _run_line(meta: dict[str, Any]) -> list[str]:
     return [
         f"Finished {meta.get('date', '')} on {machine.get('cpu')} ({machine.get('cores')} cores; client "
         f"on CPU {machine.get('client_cpu')}, storage on CPU {machine.get('storage_cpu')}, "
-        f"niceness {machine.get('niceness', 0)}); {phases.get('total_s', 0):.0f} s in all; "
+        f"niceness {machine.get('niceness', 0)}{_competitor_note(machine, phases)}); "
+        f"{phases.get('total_s', 0):.0f} s in all; "
         f"load average {phases.get('load_average_before', 0):.2f} before, "
         f"{phases.get('load_average_after', 0):.2f} after.",
         "",
     ]
+
+
+def _competitor_note(machine: dict[str, Any], phases: dict[str, Any]) -> str:
+    if not machine.get("storage_competitor"):
+        return ""
+    return (
+        f"; a CPU-bound competitor on CPU {machine.get('storage_cpu')} "
+        f"used {phases.get('competitor_cpu_s', 0):.0f} CPU s"
+    )
 
 
 def summary_text(cells: Sequence[CellResult]) -> str:

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from typing import Any
 from hapi.models import Manifest, Registry
 
 from ._client import BUCKET, ClientSettings, ModelClient
+from ._competitor import storage_competitor
 from ._config import REGIMES, BenchConfig
 from ._data import Sample, generate, upload
 from ._netns import Link
@@ -80,6 +81,15 @@ def testbed(config: BenchConfig, storage_cpu: int) -> Iterator[tuple[Link, Stora
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _competition(
+    config: BenchConfig, storage_cpu: int, phases: dict[str, float]
+) -> AbstractContextManager[object]:
+    """The storage competitor when the config asks for one; nothing otherwise."""
+    if not config.storage_competitor:
+        return nullcontext()
+    return storage_competitor(storage_cpu, config.niceness, phases)
+
+
 def _store_client(tier: StorageTier) -> Any:
     import boto3
     from botocore.config import Config
@@ -104,7 +114,7 @@ def run_bench(config: BenchConfig, progress: Progress) -> tuple[list[CellResult]
     client_cpu, storage_cpu = check_environment()
     started = time.monotonic()
     phases: dict[str, float] = {"load_average_before": os.getloadavg()[0]}
-    with testbed(config, storage_cpu) as (link, tier):
+    with testbed(config, storage_cpu) as (link, tier), _competition(config, storage_cpu, phases):
         phases["testbed_s"] = time.monotonic() - started
         cells = _run(config, link, tier, client_cpu, progress, phases)
         gateway = tier.gateway_stats()
@@ -214,6 +224,7 @@ def _meta(
             "client_cpu": client_cpu,
             "storage_cpu": storage_cpu,
             "niceness": config.niceness,
+            "storage_competitor": config.storage_competitor,
         },
         "client": "hapi.sdk.IterableFeatureDataset (prefetch 4) + linear head",
         "regimes": {name: REGIMES[name] for name in config.regimes},

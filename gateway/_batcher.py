@@ -10,7 +10,14 @@ fetching or decoding): a lone client pays no queueing delay. The size comes from
     share of budget = (budget - weights of cached sessions) / active tenants
     max batch       = share // per-sample estimate
 
-and an out-of-memory error splits the batch in two, retries both halves, and raises the
+A request of several samples is already a batch (the SDK sends its request batches that
+way), so a batch closes once it holds the largest waiting request's worth of whole
+requests: merging requests of 4 into batches of 8 delays every first response by the
+second request's compute, and the link idles while the storage side computes (the
+pipeline loses its overlap; docs/results.md measured it). Single-sample requests (plain
+GETs) still merge up to the memory bound.
+
+An out-of-memory error splits the batch in two, retries both halves, and raises the
 per-sample estimate so the next batch is smaller. Only a single sample that does not fit
 fails, and then only the requests it belongs to.
 
@@ -230,7 +237,7 @@ class Batcher:
             size = self.max_batch_size()
             deadline = self._jobs[0].enqueued + self._max_delay
             while (
-                self._queued < size
+                self._queued < self._target(size)
                 and self._incoming > 0
                 and (remaining := deadline - loop.time()) > 0
             ):
@@ -239,12 +246,17 @@ class Batcher:
                     await asyncio.wait_for(self._wakeup.wait(), remaining)
                 except TimeoutError:
                     break
-            await self._run_one(size)
+            await self._run_one(size, self._target(size))
             if not self._jobs:  # idle: no longer a tenant sharing the budget
                 self._budget.deactivate(self.name)
 
-    async def _run_one(self, size: int) -> None:
-        slices = self._take(size)
+    def _target(self, size: int) -> int:
+        """Samples after which a batch closes: one largest waiting request's worth."""
+        largest = max((len(job.samples) for job in self._jobs), default=1)
+        return size if largest == 1 else min(size, largest)
+
+    async def _run_one(self, size: int, target: int) -> None:
+        slices = self._take(size, target)
         if not slices:
             return
         batch = np.concatenate([s.job.samples[s.start : s.stop] for s in slices])
@@ -259,14 +271,17 @@ class Batcher:
         self.stats.record(len(batch), time.perf_counter() - started, self._queued)
         self._deliver(slices, outputs, len(batch))
 
-    def _take(self, size: int) -> list[_Slice]:
+    def _take(self, size: int, target: int) -> list[_Slice]:
+        """Whole requests in arrival order until ``target``; only ``size`` cuts the first."""
         slices: list[_Slice] = []
         room = size
-        while self._jobs and room:
+        while self._jobs and room and size - room < target:
             job = self._jobs[0]
             if job.future.done():  # cancelled: take no more of it
                 self._drop(self._jobs.popleft())
                 continue
+            if slices and len(job.samples) - job.taken > room:
+                break  # only a batch's first request is cut, so each leaves in one piece
             count = min(room, len(job.samples) - job.taken)
             slices.append(_Slice(job, job.taken, job.taken + count))
             job.taken += count

@@ -11,10 +11,11 @@ instead, decodes them exactly as the gateway would (``hapi.models._decode``) and
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,18 +142,32 @@ class Engine:
                 gateway refused the request.
             ModelUnavailable: The blocks cannot be loaded or run here.
         """
+        return self.receive(bucket, keys)()
+
+    def receive(self, bucket: str, keys: Sequence[str]) -> Callable[[], Batch]:
+        """Does the network part of :meth:`fetch` now; returns the compute left to do.
+
+        A pipeline fetches the next request while an earlier one decodes and runs its
+        blocks, as a plain-GET loader does; the returned call holds the received bytes
+        until it runs.
+        """
         spec = self.spec
         if spec.local_cache is None:
-            return self._fetch(bucket, keys)
+            return self._receive(bucket, keys)
         cache = self._local_cache(spec.local_cache)
         parts = {key: cache.get(bucket, key) for key in keys}
         missing = [key for key, part in parts.items() if part is None]
-        fetched = self._fetch(bucket, missing) if missing else None
-        if fetched is not None:
-            for key, part in _per_object(fetched).items():
-                cache.put(bucket, key, *part)
-                parts[key] = part
-        return _assemble(keys, parts, fetched)
+        pending = self._receive(bucket, missing) if missing else None
+
+        def finish() -> Batch:
+            fetched = pending() if pending is not None else None
+            if fetched is not None:
+                for key, part in _per_object(fetched).items():
+                    cache.put(bucket, key, *part)
+                    parts[key] = part
+            return _assemble(keys, parts, fetched)
+
+        return finish
 
     def _local_cache(self, root: str) -> LocalCache:
         """The local cache for the split in use now (one per split: it keys the entries)."""
@@ -164,7 +179,7 @@ class Engine:
             self._local_caches[split] = cache
         return cache
 
-    def _fetch(self, bucket: str, keys: Sequence[str]) -> Batch:
+    def _receive(self, bucket: str, keys: Sequence[str]) -> Callable[[], Batch]:
         if self.pushdown:
             try:
                 return self._pushdown(bucket, keys)
@@ -191,18 +206,19 @@ class Engine:
             stacklevel=2,
         )
 
-    def _pushdown(self, bucket: str, keys: Sequence[str]) -> Batch:
+    def _pushdown(self, bucket: str, keys: Sequence[str]) -> Callable[[], Batch]:
         spec = self.spec
         assert spec.split is not None
+        split = spec.split
         started = time.perf_counter()
         reply = self.s3.get_features_batch(
-            bucket, list(keys), model=spec.manifest.ref, split=spec.split, dtype=spec.dtype
+            bucket, list(keys), model=spec.manifest.ref, split=split, dtype=spec.dtype
         )
         round_trip = (started, time.perf_counter())
         reply.raise_for_errors()
         labels = [-1] * len(reply.keys) if reply.labels is None else reply.labels.tolist()
-        return Batch(
-            features=self.run(reply.features, spec.split, spec.freeze),
+        return lambda: Batch(
+            features=self.run(reply.features, split, spec.freeze),
             objects=_owners(keys, reply.keys),
             carried=[None if label < 0 else int(label) for label in labels],
             nbytes=reply.nbytes,
@@ -212,12 +228,13 @@ class Engine:
             gateway_cache=reply.cache,
         )
 
-    def _local(self, bucket: str, keys: Sequence[str]) -> Batch:
+    def _local(self, bucket: str, keys: Sequence[str]) -> Callable[[], Batch]:
+        objects = [(key, self._read(bucket, key)) for key in keys]
+        return functools.partial(self._decode_and_run, bucket, objects)
+
+    def _decode_and_run(self, bucket: str, objects: list[tuple[str, bytes]]) -> Batch:
         samples: list[tuple[str, Sample]] = []
-        nbytes = 0
-        for key in keys:
-            data = self._read(bucket, key)
-            nbytes += len(data)
+        for key, data in objects:
             try:
                 decoded = decode_object(data, self.spec.manifest.preprocess, key=key)
             except UndecodableObject as exc:
@@ -230,7 +247,7 @@ class Engine:
             features=self.run(inputs, 0, self.spec.freeze),
             objects=[key for key, _ in samples],
             carried=[sample.label for _, sample in samples],
-            nbytes=nbytes,
+            nbytes=sum(len(data) for _, data in objects),
             mode="local",
         )
 

@@ -29,7 +29,7 @@ from hapi.models import DEFAULT_BUCKET, RuntimeSettings
 from ._build import LabelsArg, Options, Prepared, SplitArg
 from ._compute import Batch, Engine
 from ._constructors import Constructors, DatasetOptions
-from ._prefetch import Prefetcher
+from ._prefetch import Pipeline
 from ._split import SplitChoice, replanned
 from ._stats import EpochStats, Meter
 
@@ -65,8 +65,8 @@ class _FeatureSource(Constructors):
         state["_runtime"] = None  # clients and sessions never cross processes
         return state
 
-    def _fetcher(self) -> Callable[[Sequence[str]], Batch]:
-        return functools.partial(self._engine().fetch, self._source.bucket)
+    def _fetcher(self) -> Callable[[Sequence[str]], Callable[[], Batch]]:
+        return functools.partial(self._engine().receive, self._source.bucket)
 
     def _chunks(self, keys: Sequence[str]) -> list[Sequence[str]]:
         size = self._request_size
@@ -231,8 +231,8 @@ class FeatureDataset(_FeatureSource, Dataset[Item]):
     def _fetch_all(self, chunks: list[Sequence[str]]) -> list[Batch]:
         fetch = self._fetcher()
         if len(chunks) == 1:
-            return [fetch(chunks[0])]
-        with Prefetcher(chunks, fetch, depth=min(self._prefetch, len(chunks))) as running:
+            return [fetch(chunks[0])()]
+        with Pipeline(chunks, fetch, depth=min(self._prefetch, len(chunks))) as running:
             return list(running)
 
     def _current_meter(self) -> Meter:
@@ -268,8 +268,9 @@ class IterableFeatureDataset(_FeatureSource, IterableDataset[Item]):
     Args:
         prepared: Use the ``from_*`` constructors.
         request_size: Objects per request.
-        prefetch: Requests in flight ahead of the training loop (memory stays bounded
-            by ``prefetch + 1`` batches).
+        prefetch: Requests fetched ahead of the one computing; fetching overlaps the
+            client's decoding and blocks (memory stays bounded by ``2 * prefetch + 1``
+            requests, raw or computed).
         shuffle: Shuffle the objects each epoch (the same order on every rank).
         seed: Shuffle seed; call :meth:`set_epoch` each epoch for a new order.
         rank: This process's DDP rank.
@@ -387,7 +388,7 @@ class IterableFeatureDataset(_FeatureSource, IterableDataset[Item]):
         keys, main = self._worker_keys()
         total = None if self._source.shards else len(keys)
         meter = Meter(len(self.history), total=total, progress=self._progress and main)
-        prefetcher = Prefetcher(self._chunks(keys), self._fetcher(), depth=self._prefetch)
+        prefetcher = Pipeline(self._chunks(keys), self._fetcher(), depth=self._prefetch)
         complete = False
         try:
             for batch in prefetcher:

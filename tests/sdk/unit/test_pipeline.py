@@ -1,0 +1,87 @@
+"""The datasets' fetch/compute pipeline: fetching runs ahead while a request computes,
+computes run one at a time, and received bytes stay bounded (events from instrumented
+fakes, no timing)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from hapi.sdk._prefetch import Pipeline
+
+WAIT = 5.0  # bound on every wait; the events come much sooner
+
+
+class Recorder:
+    """A fetch whose returned compute is held at job 0 until released."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.release = threading.Event()
+        self.fetch_started = {n: threading.Event() for n in range(16)}
+        self.held = 0  # received, compute not started
+        self.most_held = 0
+        self.computing = 0
+        self.most_computing = 0
+        self._lock = threading.Lock()
+
+    def fetch(self, job: int) -> Callable[[], int]:
+        with self._lock:
+            self.events.append(f"fetch {job}")
+            self.held += 1
+            self.most_held = max(self.most_held, self.held)
+        self.fetch_started[job].set()
+        return lambda: self._compute(job)
+
+    def _compute(self, job: int) -> int:
+        with self._lock:
+            self.events.append(f"compute {job}")
+            self.held -= 1
+            self.computing += 1
+            self.most_computing = max(self.most_computing, self.computing)
+        if job == 0:
+            self.release.wait(WAIT)
+        with self._lock:
+            self.computing -= 1
+            self.events.append(f"computed {job}")
+        return job * 10
+
+
+def test_fetches_run_ahead_while_a_request_computes():
+    fake = Recorder()
+    with Pipeline(range(8), fake.fetch, depth=2) as running:
+        # compute 0 is held: both fetch slots move on to the next two requests
+        assert fake.fetch_started[1].wait(WAIT) and fake.fetch_started[2].wait(WAIT)
+        assert "computed 0" not in fake.events
+        fake.release.set()
+        assert list(running) == [n * 10 for n in range(8)]
+    order = fake.events
+    assert order.index("fetch 2") < order.index("computed 0")
+
+
+def test_computes_run_one_at_a_time_and_received_bytes_stay_bounded():
+    fake = Recorder()
+    fake.release.set()
+    assert list(Pipeline(range(12), fake.fetch, depth=3)) == [n * 10 for n in range(12)]
+    assert fake.most_computing == 1
+    assert fake.most_held <= 3 + 1  # three received ahead of the one computing
+
+
+def test_an_error_in_a_compute_surfaces_at_its_item():
+    def fetch(job: int) -> Callable[[], int]:
+        def compute() -> int:
+            if job == 3:
+                raise RuntimeError("job 3 failed")
+            return job
+
+        return compute
+
+    seen = []
+    running = Pipeline(range(10), fetch, depth=2)
+    try:
+        for result in running:
+            seen.append(result)
+    except RuntimeError as exc:
+        assert "job 3" in str(exc)
+    assert seen == [0, 1, 2]
+    assert not [t for t in threading.enumerate() if t.name.startswith("hapi-prefetch")]
