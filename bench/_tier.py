@@ -251,6 +251,14 @@ def _gateway_settings(spec: TierSpec, backend_url: str, *, cache: bool) -> Any:
     )
 
 
+def main_gateway_settings(spec: TierSpec, backend_url: str | None = None) -> Any:
+    """The tier's gateway: with the feature cache only in the cache scenario (where a
+    second, uncached gateway runs beside it). The split sweep repeats epochs over the
+    same objects, so a cache would time the warm-up's entries instead of the blocks."""
+    cache = spec.uncached_port is not None
+    return _gateway_settings(spec, backend_url or spec.store_url, cache=cache)
+
+
 def _start_uncached(spec: TierSpec) -> subprocess.Popen[bytes] | None:
     """The second gateway (cache off) as a child: same namespace, core and niceness."""
     if spec.uncached_port is None:
@@ -296,9 +304,7 @@ def main() -> None:
     try:
         store.start()
         child = _start_uncached(spec)
-        run_gateway(
-            _gateway_settings(spec, store.endpoint_url, cache=True), spec.host, spec.gateway_port
-        )
+        run_gateway(main_gateway_settings(spec, store.endpoint_url), spec.host, spec.gateway_port)
     finally:
         _stop(child)
         store.stop()

@@ -24,7 +24,7 @@ from hapi.bench._epochs_results import (
     summarize,
     targets,
 )
-from hapi.bench._tier import UNCACHED_PORT, TierSpec, _gateway_settings
+from hapi.bench._tier import UNCACHED_PORT, TierSpec, _gateway_settings, main_gateway_settings
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -225,3 +225,12 @@ def test_the_uncached_gateway_is_asked_for_and_has_its_cache_off(tmp_path: Path)
     assert both.uncached_url == f"http://10.0.0.2:{UNCACHED_PORT}"
     assert _gateway_settings(both, both.store_url, cache=False).cache_enabled is False
     assert _gateway_settings(both, both.store_url, cache=True).cache_enabled is True
+
+
+def test_the_split_sweep_gateway_computes_every_epoch(tmp_path: Path) -> None:
+    """The sweep repeats epochs over the same objects: a feature cache would serve the
+    measured epoch from the warm-up's entries, timing reads instead of the blocks."""
+    sweep = TierSpec.generate("10.0.0.2", tmp_path)
+    scenario = TierSpec.generate("10.0.0.2", tmp_path, uncached_port=UNCACHED_PORT)
+    assert main_gateway_settings(sweep).cache_enabled is False
+    assert main_gateway_settings(scenario).cache_enabled is True
