@@ -253,7 +253,9 @@ class Batcher:
     def _target(self, size: int) -> int:
         """Samples after which a batch closes: one largest waiting request's worth."""
         largest = max((len(job.samples) for job in self._jobs), default=1)
-        return size if largest == 1 else min(size, largest)
+        # single samples merge up to the bound; so does an empty request (every sample
+        # of a batch came from the cache or failed), which a target of 0 would never take
+        return size if largest <= 1 else min(size, largest)
 
     async def _run_one(self, size: int, target: int) -> None:
         slices = self._take(size, target)

@@ -231,11 +231,18 @@ class GatewayProfile:
         return describe_storage(self.storage, self.scale)
 
     def apply(self, profile: Profile) -> Profile:
-        """``profile`` with this view's storage-side times, decode, memory budget and load."""
+        """``profile`` with this view's storage-side times, decode, memory budget and load.
+
+        With ``shared_compute`` (client and gateway on one machine) the client's blocks
+        are priced by the same figures: they run on the same cores, and the gateway's are
+        measured on real traffic.
+        """
         decode = self.storage.decode
+        storage_ms = self.storage_ms[: profile.blocks]
         return replace(
             profile,
-            storage_ms=self.storage_ms[: profile.blocks],
+            storage_ms=storage_ms,
+            client_ms=storage_ms if profile.shared_compute else profile.client_ms,
             storage_decode_ms=decode.ms if decode is not None else profile.storage_decode_ms,
             storage_memory_bytes=self.memory_bytes or profile.storage_memory_bytes,
             storage_load=self.storage_load,

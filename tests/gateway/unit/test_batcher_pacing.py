@@ -25,7 +25,8 @@ class RecordingDevice:
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         self.gate.wait(5)
         self.sizes.append(len(batch))
-        self.events.append(("infer", float(batch[0, 0])))
+        if len(batch):
+            self.events.append(("infer", float(batch[0, 0])))
         return batch * 2
 
 
@@ -87,3 +88,26 @@ def test_single_sample_requests_still_merge():
 def test_the_memory_bound_still_cuts_a_request_larger_than_it():
     _, sizes = _run([4, 10, 4], budget=6 * SAMPLE)
     assert sizes == [4, 6, 4, 4]
+
+
+def test_an_empty_request_is_answered_and_the_batcher_goes_on() -> None:
+    """A batch whose every sample came from the cache or failed submits nothing to run;
+    the batcher must answer it (empty) and keep serving, not spin on it."""
+
+    async def main() -> tuple[list[int], list[int]]:
+        pool = ThreadPoolExecutor(1)
+        device = RecordingDevice([])
+        device.gate.set()
+        batcher = Batcher(
+            "t", device, per_sample_bytes=SAMPLE, budget=MemoryBudget(total=64 * SAMPLE), pool=pool
+        )
+        try:
+            empty, _ = await asyncio.wait_for(batcher.submit(_samples(0, 0)), 5)
+            after, _ = await asyncio.wait_for(batcher.submit(_samples(2, 7)), 5)
+            return list(empty.shape), after.ravel().tolist()
+        finally:
+            await batcher.close()
+            pool.shutdown()
+
+    empty_shape, after = asyncio.run(main())
+    assert empty_shape[0] == 0 and after == [14.0, 16.0]

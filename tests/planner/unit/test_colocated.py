@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from hapi import planner
+from hapi.models import BlockTime, StorageLoad, StorageProfile
 from tests.planner import synthetic
 
 LOOPBACK_BPS = 20e9
@@ -113,3 +114,26 @@ def test_the_explanation_shows_what_half_precision_would_give() -> None:
     assert loose.dtype == "float16"
     assert loose.chosen.bytes_per_sample < strict.chosen.bytes_per_sample
     assert loose.chosen.epoch_s < strict.chosen.epoch_s
+
+
+def test_on_one_box_measured_storage_blocks_price_the_client_side_too() -> None:
+    # The gateway measures its blocks on this machine's cores: the same blocks on the
+    # client side cost the same there. Pricing them by the manifest on one side and by
+    # a slower measurement on the other tilted the pick towards sending more than raw.
+    model, profile = _one_box(shared_compute=True)
+    blocks = [
+        BlockTime(block=i, device="cpu", ms=3 * ms, source="measured", samples=32, age_s=1.0)
+        for i, ms in enumerate(profile.storage_ms)
+    ]
+    view = planner.GatewayProfile(
+        model=model.ref,
+        cpu_ms=profile.storage_ms,
+        storage=StorageProfile(
+            blocks=blocks, decode=None, load=StorageLoad(available=1.0, source="manifest")
+        ),
+        memory_bytes=None,
+        busy_tenants=0,
+    )
+    applied = view.apply(profile)
+    assert applied.client_ms == applied.storage_ms
+    assert planner.plan(model, applied, LOOPBACK_BPS).chosen.bytes_per_sample <= JPEG_BYTES
