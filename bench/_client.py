@@ -225,20 +225,7 @@ class ModelClient:
         if stats is None or stats.samples != len(self.settings.keys):
             got = 0 if stats is None else stats.samples
             raise BenchError(f"{self.model} {split=}: {got} of {len(self.settings.keys)} samples")
-        link_bytes = after.rx_bytes - before.rx_bytes
-        rate = self.link.rate_bps
-        return RunResult(
-            split=split,
-            loader=loader,
-            epoch_s=after.wall - before.wall,
-            samples=stats.samples,
-            link_bytes=link_bytes,
-            payload_bytes=stats.bytes_received,
-            stall_s=stats.wait_seconds,
-            client_cpu_s=after.client_cpu - before.client_cpu,
-            storage_cpu_s=after.storage_cpu - before.storage_cpu,
-            link_s=link_bytes * 8 / rate if rate else 0.0,
-        )
+        return run_result(split, stats, before, after, self.link.rate_bps, loader=loader)
 
     def close(self) -> None:
         """Drop the datasets, the loader and their sessions."""
@@ -263,3 +250,28 @@ def _closing(items: Iterator[Any]) -> Iterator[Iterator[Any]]:
         close = getattr(items, "close", None)
         if close is not None:
             close()
+
+
+def run_result(
+    split: int | None,
+    stats: Any,
+    before: Snapshot,
+    after: Snapshot,
+    rate_bps: float | None,
+    *,
+    loader: str = "sdk",
+) -> RunResult:
+    """One epoch's figures from the dataset's stats and the snapshots around it."""
+    link_bytes = after.rx_bytes - before.rx_bytes
+    return RunResult(
+        split=split,
+        loader=loader,
+        epoch_s=after.wall - before.wall,
+        samples=stats.samples,
+        link_bytes=link_bytes,
+        payload_bytes=stats.bytes_received,
+        stall_s=stats.wait_seconds,
+        client_cpu_s=after.client_cpu - before.client_cpu,
+        storage_cpu_s=after.storage_cpu - before.storage_cpu,
+        link_s=link_bytes * 8 / rate_bps if rate_bps else 0.0,
+    )

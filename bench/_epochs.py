@@ -40,6 +40,7 @@ from ._client import (
     ModelClient,
     Snapshot,
     _closing,
+    run_result,
 )
 from ._config import REGIMES, BenchConfig, bandwidth_for
 from ._epochs_results import BASELINE, CLIENT, GATEWAY, UNCACHED, CacheCell, EpochRun, SweepResult
@@ -205,7 +206,7 @@ class CacheClient:
         if stats is None or stats.samples != len(self.keys):
             got = 0 if stats is None else stats.samples
             raise BenchError(f"{self.manifest.name} {config}: {got} of {len(self.keys)} samples")
-        result = _run_result(split, stats, before, after, self.link.rate_bps or 0.0)
+        result = run_result(split, stats, before, after, self.link.rate_bps)
         drained = 0.0 if config == UNCACHED else self.drain()
         run = EpochRun(
             config=config,
@@ -288,23 +289,6 @@ def _train(dataset: Any, head: Head, batch_size: int, advance: Callable[[int], N
     if rows:
         head_s += step()
     return head_s
-
-
-def _run_result(
-    split: int, stats: Any, before: Snapshot, after: Snapshot, rate_bps: float
-) -> RunResult:
-    link_bytes = after.rx_bytes - before.rx_bytes
-    return RunResult(
-        split=split,
-        epoch_s=after.wall - before.wall,
-        samples=stats.samples,
-        link_bytes=link_bytes,
-        payload_bytes=stats.bytes_received,
-        stall_s=stats.wait_seconds,
-        client_cpu_s=after.client_cpu - before.client_cpu,
-        storage_cpu_s=after.storage_cpu - before.storage_cpu,
-        link_s=link_bytes * 8 / rate_bps if rate_bps else 0.0,
-    )
 
 
 def choose_split(config: BenchConfig, plan: Any) -> int:
