@@ -123,6 +123,10 @@ class ModelClient:
         self._s3: Any = None
         self._raw: RawLoader | None = None
 
+    def s3(self) -> Any:
+        """The boto3 client for the gateway across the link."""
+        return self._client()
+
     def _client(self) -> Any:
         if self._s3 is None:
             from hapi import sdk

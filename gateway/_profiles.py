@@ -202,6 +202,12 @@ class ProfiledRun:
         self._lock = threading.Lock()
         self.shares: tuple[float, ...] | None = None
 
+    @property
+    def profiling(self) -> bool:
+        """Whether the next run is still profiled per node (its time is not the
+        serving time: every node adds an event)."""
+        return self._left > 0
+
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         out = self._run(batch)
         with self._lock:
@@ -244,6 +250,8 @@ class TimedRun:
     The division comes from ``run.shares`` when the run has learned it (a
     :class:`ProfiledRun`: onnxruntime's per-node profile of real batches), else from the
     manifest's per-block times (export-time); each figure says which (``split_by``).
+    The session's first run (it plans and allocates its memory) and the runs profiled
+    per node are not counted: neither is what a batch costs once the session serves.
 
     Args:
         run: Runs one batch through blocks ``[0, split)``.
@@ -274,6 +282,7 @@ class TimedRun:
         self._device = device
         self._profiler = profiler
         self._cpu_clock = cpu_clock
+        self._cold = True
 
     def close(self) -> None:
         """Let the run release what it holds (a :class:`ProfiledRun`'s trace)."""
@@ -282,6 +291,10 @@ class TimedRun:
             close()
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
+        warming = self._cold or bool(getattr(self._run, "profiling", False))
+        self._cold = False
+        if warming:
+            return self._run(batch)
         clock = time.thread_time if self._cpu_clock else time.perf_counter
         cpu_started, wall_started, started = time.process_time(), time.perf_counter(), clock()
         out = self._run(batch)

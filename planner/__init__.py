@@ -7,8 +7,8 @@ Plan from a manifest's own profile::
     chosen = planner.plan(manifest, profile, planner.parse_bandwidth("100mbit"))
     print(chosen.explain())
 
-Measure instead of assuming: :func:`measure_client_blocks` and :func:`measure_decode_ms`
-time the client side here, :func:`probe_bandwidth` and :func:`fetch_gateway_profile`
+Measure instead of assuming: :func:`measure_client_blocks`, :func:`measure_decode_ms` and
+:func:`measure_request_ms` time the client side here, :func:`probe_bandwidth` and :func:`fetch_gateway_profile`
 ask a running gateway. After a run, :func:`needs_replan` says whether what was measured
 left the plan's assumptions by more than 25%.
 
@@ -44,6 +44,7 @@ from ._profile import (
     DEFAULT_RAW_BYTES,
     measure_client_blocks,
     measure_decode_ms,
+    measure_request_ms,
     profile_from_manifest,
 )
 from ._units import format_bandwidth, format_bytes, parse_bandwidth, parse_size
@@ -75,6 +76,7 @@ __all__ = [
     "gain_over",
     "measure_client_blocks",
     "measure_decode_ms",
+    "measure_request_ms",
     "needs_replan",
     "parse_bandwidth",
     "parse_size",

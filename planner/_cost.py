@@ -13,7 +13,9 @@ cost per sample:
   its host (about 0.5 next to one CPU-bound process): a loaded host is modelled by its
   measured load, never by inflating the block times,
 - transfer: ``B * bytes_per_sample * 8 / bandwidth``,
-- client: ``B * ((decode if no pushdown) + blocks [split, freeze) + head step)``.
+- client: ``B * ((decode if no pushdown) + blocks [split, freeze) + head step)``, plus
+  the client's CPU for its requests: one GET per object without pushdown, one request
+  per batch with it.
 
 The stages overlap (the client requests batch ``i + 1`` before training on batch ``i``),
 so an epoch of ``n`` batches takes ``fill + (n - 1) * cycle + drain``, where the first
@@ -74,6 +76,9 @@ class Profile:
         storage_decode_ms: Decode and preprocess time on the storage side.
         client_decode_ms: Decode and preprocess time on the client.
         head_ms: The trainable head's training step (forward, backward, update) on the client.
+        client_request_ms: The client's CPU time per HTTP request (signing, sending,
+            parsing the answer), whatever its size: no pushdown makes one GET per
+            object, pushdown one request per batch.
         head_memory_bytes: Client memory the head's training needs beyond the frozen blocks.
         storage_memory_bytes: The storage side's memory budget; ``None`` for unlimited.
         client_memory_bytes: The client's memory budget; ``None`` for unlimited.
@@ -104,6 +109,7 @@ class Profile:
     storage_decode_ms: float
     client_decode_ms: float
     head_ms: float = 0.0
+    client_request_ms: float = 0.0
     head_memory_bytes: int = 0
     storage_memory_bytes: int | None = None
     client_memory_bytes: int | None = None
@@ -130,6 +136,7 @@ class Profile:
             self.storage_decode_ms,
             self.client_decode_ms,
             self.head_ms,
+            self.client_request_ms,
             self.head_memory_bytes,
         )
         if min((*scalars, *(v for values in blocks for v in values))) < 0:
@@ -451,6 +458,7 @@ def _candidate(
             storage /= profile.storage_available
     client_decode = profile.client_decode_ms if split is None else 0.0
     client = (client_decode + sum(profile.client_ms[start:]) + profile.head_ms) * batch
+    client += profile.client_request_ms * (batch if split is None else 1)
     sent = profile.bytes_at(split)
     transfer = 1000.0 * batch * sent * 8 / bandwidth
     stages: dict[Stage, float] = {"storage": storage, "transfer": transfer, "client": client}

@@ -3,7 +3,8 @@
 A manifest records each block's output bytes, peak activation bytes, weights and CPU time
 per sample on the exporting machine; :func:`profile_from_manifest` assumes those times
 for both sides. :func:`measure_client_blocks` and :func:`measure_decode_ms` replace the
-client side's figures with what onnxruntime and Pillow take here, on real photos.
+client side's figures with what onnxruntime and Pillow take here, on real photos, and
+:func:`measure_request_ms` what one GET costs this process's CPU.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,6 +51,7 @@ def profile_from_manifest(
     storage_decode_ms: float = DEFAULT_DECODE_MS,
     client_decode_ms: float = DEFAULT_DECODE_MS,
     head_ms: float = 0.0,
+    client_request_ms: float = 0.0,
     head_memory_bytes: int = 0,
     storage_memory_bytes: int | None = None,
     client_memory_bytes: int | None = None,
@@ -69,6 +72,8 @@ def profile_from_manifest(
         storage_decode_ms: Decode and preprocess ms per sample on the storage side.
         client_decode_ms: The same on the client (see :func:`measure_decode_ms`).
         head_ms: The head's training step, ms per sample.
+        client_request_ms: The client's CPU time per request (see
+            :func:`measure_request_ms`); 0 leaves requests unpriced.
         head_memory_bytes: Client memory the head's training needs.
         storage_memory_bytes: The storage side's budget; ``None`` for unlimited.
         client_memory_bytes: The client's budget; ``None`` for unlimited.
@@ -95,6 +100,7 @@ def profile_from_manifest(
         storage_decode_ms=storage_decode_ms,
         client_decode_ms=client_decode_ms,
         head_ms=head_ms,
+        client_request_ms=client_request_ms,
         head_memory_bytes=head_memory_bytes,
         storage_memory_bytes=storage_memory_bytes,
         client_memory_bytes=client_memory_bytes,
@@ -182,6 +188,30 @@ def _best_ms(call: Callable[[], Any], runs: int) -> float:
         call()
         best = min(best, time.perf_counter() - start)
     return best * 1000.0
+
+
+def measure_request_ms(s3: Any, bucket: str, key: str, *, runs: int = 8) -> float:
+    """The CPU time this thread spends on one GET of ``s3://bucket/key`` with ``s3`` (a
+    boto3 client): signing, sending, reading and parsing, the median of ``runs`` after
+    one warm-up. CPU time, not wall time: waiting for the network costs no CPU, and
+    the network is priced apart.
+
+    Raises:
+        InvalidInput: ``runs`` < 1.
+    """
+    if runs < 1:
+        raise InvalidInput("runs must be >= 1")
+
+    def get() -> None:
+        s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    get()  # the connection and the client's lazy set-up
+    times = []
+    for _ in range(runs):
+        started = time.thread_time()
+        get()
+        times.append(time.thread_time() - started)
+    return 1000.0 * statistics.median(times)
 
 
 def measure_decode_ms(

@@ -52,6 +52,7 @@ class _Learned:
 def test_a_run_is_divided_by_what_it_learned_else_by_the_manifest() -> None:
     profiler = StorageProfiler()
     plain = TimedRun(lambda x: x, MODEL, 3, device="cpu", profiler=profiler, cpu_clock=False)
+    plain(np.zeros((2, 1), np.float32))  # the cold run, not counted
     plain(np.zeros((2, 1), np.float32))
     storage = profiler.profile(MODEL)
     assert [(b.block, b.batch, b.samples, b.clock, b.split_by) for b in storage.batches] == [
@@ -63,6 +64,7 @@ def test_a_run_is_divided_by_what_it_learned_else_by_the_manifest() -> None:
     assert storage.load.source == "manifest"  # wall time already holds any load
 
     learned = TimedRun(_Learned(), MODEL, 3, device="cpu", profiler=profiler, cpu_clock=True)
+    learned(np.zeros((2, 1), np.float32))  # the cold run, not counted
     assert learned(np.zeros((2, 1), np.float32)).tolist() == [[1.0], [1.0]]
     storage = profiler.profile(MODEL)
     cpu = [b for b in storage.batches if b.clock == "cpu"]
@@ -96,3 +98,46 @@ def test_a_session_closed_before_it_learned_leaves_no_trace(tmp_path: Path) -> N
     run(np.ones((4, 256), np.float32))
     run.close()
     assert run.shares is None and list(tmp_path.iterdir()) == []
+
+
+class _Profiling:
+    """A run profiled per node for its first ``batches`` runs, as a new session is."""
+
+    def __init__(self, batches: int) -> None:
+        self.left = batches
+        self.shares = (0.5, 0.25, 0.25)
+
+    @property
+    def profiling(self) -> bool:
+        return self.left > 0
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        self.left -= 1
+        return batch
+
+
+def test_cold_and_profiled_runs_are_not_counted_as_inference_time() -> None:
+    # A session's first run allocates and plans its memory, and per-node profiling adds
+    # an event per node: neither is what a batch costs once the session serves.
+    profiler = StorageProfiler()
+    run = TimedRun(_Profiling(3), MODEL, 3, device="cpu", profiler=profiler, cpu_clock=True)
+    for _ in range(5):
+        run(np.zeros((2, 1), np.float32))
+    assert [b.samples for b in profiler.profile(MODEL).batches] == [4, 4, 4]
+
+    profiler = StorageProfiler()
+    plain = TimedRun(lambda x: x, MODEL, 3, device="cpu", profiler=profiler, cpu_clock=True)
+    plain(np.zeros((2, 1), np.float32))
+    assert profiler.profile(MODEL).batches == []  # the first run is the cold one
+    plain(np.zeros((2, 1), np.float32))
+    assert [b.samples for b in profiler.profile(MODEL).batches] == [2, 2, 2]
+
+
+def test_a_profiled_run_says_while_it_profiles(tmp_path: Path) -> None:
+    run = _profiled(tmp_path)
+    batch = np.ones((4, 256), np.float32)
+    states = []
+    for _ in range(4):
+        states.append(run.profiling)
+        run(batch)
+    assert states == [True, True, True, False]

@@ -60,6 +60,17 @@ def test_epoch_time_is_fill_plus_bottleneck_per_batch_plus_drain() -> None:
     assert chosen.split == 1 and chosen.batches == 10
 
 
+def test_raw_objects_pay_a_request_per_object_pushdown_one_per_batch() -> None:
+    # A GET costs the client CPU (signing, sending, parsing) whatever the object's size:
+    # without pushdown every object is one; a pushdown request carries the whole batch.
+    model, profile = _tiny()
+    requests = dataclasses.replace(profile, client_request_ms=2.0)
+    chosen = plan(model, requests, 8 * MBIT, batch_size=10, dataset_size=100)
+    assert chosen.candidate(None).client_ms == pytest.approx(80 + 10 * 2.0)
+    assert chosen.candidate(0).client_ms == pytest.approx(50 + 2.0)
+    assert chosen.candidate(1).client_ms == pytest.approx(10 + 2.0)
+
+
 def test_storage_load_slows_the_storage_stage() -> None:
     model, profile = _tiny()
     loaded = dataclasses.replace(profile, storage_load=3.0)
@@ -224,6 +235,7 @@ def test_split_zero_sends_the_preprocessed_input() -> None:
     [
         ({"storage_ms": (1.0,)}, "one entry per block"),
         ({"raw_bytes": -1}, ">= 0"),
+        ({"client_request_ms": -1.0}, ">= 0"),
         ({"storage_load": 0.0}, "storage_load"),
         ({"client_memory_bytes": 0}, "memory budgets"),
     ],

@@ -1,0 +1,34 @@
+"""What one GET costs the client's CPU, measured against the real store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hapi import planner
+
+
+class _Counting:
+    """A boto3 client that counts its GETs."""
+
+    def __init__(self, s3: Any) -> None:
+        self._s3 = s3
+        self.gets = 0
+
+    def get_object(self, **kwargs: Any) -> Any:
+        self.gets += 1
+        return self._s3.get_object(**kwargs)
+
+
+def test_a_get_costs_cpu_time_and_the_runs_are_counted(backend_s3: Any, bucket: str) -> None:
+    backend_s3.put_object(Bucket=bucket, Key="object.bin", Body=b"x" * 30_000)
+    counting = _Counting(backend_s3)
+    ms = planner.measure_request_ms(counting, bucket, "object.bin", runs=5)
+    assert counting.gets == 6  # one warm-up, five timed
+    assert 0 < ms < 1000  # signing and parsing take CPU; a second would be absurd
+
+
+def test_runs_must_be_positive(backend_s3: Any, bucket: str) -> None:
+    with pytest.raises(planner.InvalidInput, match="runs"):
+        planner.measure_request_ms(backend_s3, bucket, "object.bin", runs=0)
