@@ -148,12 +148,18 @@ def accuracy(head: torch.nn.Module, dataset: sdk.FeatureDataset, batch: int) -> 
     return correct / total
 
 
-def report_bytes(received: int, raw: int) -> str:
-    """The bytes comparison: what crossed the network against the raw objects."""
+def report_bytes(received: int, raw: int, *, split: int | None, freeze: int) -> str:
+    """The bytes comparison: what crossed the network against the raw objects, with
+    what to change when it is more."""
     if received <= raw:
         verdict = f"{raw / received:.1f}x fewer bytes than the raw images"
     else:
-        verdict = f"{received / raw:.1f}x MORE bytes than the raw images: choose a later split"
+        advice = (
+            "choose a later split"
+            if split is not None and split < freeze
+            else "try --dtype float16, or --split none to read the images"
+        )
+        verdict = f"{received / raw:.1f}x MORE bytes than the raw images: {advice}"
     return (
         f"bytes received: {received / 1e6:.2f} MB, the raw objects: {raw / 1e6:.2f} MB ({verdict})"
     )
@@ -194,7 +200,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     received = sum(s.bytes_received for s in train.history) + tested.bytes_received
     raw = (train.raw_bytes or 0) * len(train.history) + (test.raw_bytes or 0)
     print(f"test accuracy: {score:.1%} on {len(test)} digits")
-    print(f"{report_bytes(received, raw)}; mode {tested.mode}, dtype {args.dtype}")
+    verdict = report_bytes(received, raw, split=test.split, freeze=test.freeze)
+    print(f"{verdict}; mode {tested.mode}, dtype {args.dtype}")
     print(f"wall time: {time.perf_counter() - started:.1f} s")
 
 

@@ -116,10 +116,12 @@ def reason(plan: Plan) -> str:
     shared-compute note when they applied."""
     extra = [plan.note] if plan.note else []
     if plan.profile.shared_compute:
-        extra.append(
+        shared = (
             "The storage side and this client share the same machine's cores, so their "
-            "compute does not overlap and pushdown saves bytes rather than time."
+            "compute does not overlap"
         )
+        saves = plan.split is not None and plan.chosen.bytes_per_sample < plan.profile.raw_bytes
+        extra.append(shared + (" and pushdown saves bytes rather than time." if saves else "."))
     return " ".join([_fastest_reason(plan), *extra])
 
 

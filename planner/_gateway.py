@@ -234,16 +234,19 @@ class GatewayProfile:
         """``profile`` with this view's storage-side times, decode, memory budget and load.
 
         With ``shared_compute`` (client and gateway on one machine) the client's blocks
-        are priced by the same figures: they run on the same cores, and the gateway's are
-        measured on real traffic.
+        and decoding are priced by the same figures: they run on the same cores, and the
+        gateway's are measured on real traffic.
         """
         decode = self.storage.decode
         storage_ms = self.storage_ms[: profile.blocks]
+        decode_ms = decode.ms if decode is not None else profile.storage_decode_ms
+        shared = profile.shared_compute
         return replace(
             profile,
             storage_ms=storage_ms,
-            client_ms=storage_ms if profile.shared_compute else profile.client_ms,
-            storage_decode_ms=decode.ms if decode is not None else profile.storage_decode_ms,
+            client_ms=storage_ms if shared else profile.client_ms,
+            client_decode_ms=decode_ms if shared else profile.client_decode_ms,
+            storage_decode_ms=decode_ms,
             storage_memory_bytes=self.memory_bytes or profile.storage_memory_bytes,
             storage_load=self.storage_load,
             storage_available=self.storage.load.available,

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from hapi import planner
-from hapi.models import BlockTime, StorageLoad, StorageProfile
+from hapi.models import BlockTime, Figure, StorageLoad, StorageProfile
 from tests.planner import synthetic
 
 LOOPBACK_BPS = 20e9
@@ -137,3 +137,36 @@ def test_on_one_box_measured_storage_blocks_price_the_client_side_too() -> None:
     applied = view.apply(profile)
     assert applied.client_ms == applied.storage_ms
     assert planner.plan(model, applied, LOOPBACK_BPS).chosen.bytes_per_sample <= JPEG_BYTES
+
+
+def test_on_one_box_the_gateways_measured_decode_prices_the_clients_too() -> None:
+    # `hapi demo --split auto --dtype float32` chose split 19, sending 1.4x the raw bytes,
+    # "1.39x faster than no pushdown": the gateway had measured decoding these small
+    # digits at about 2 ms, the client side assumed an ImageNet JPEG's 10 ms. On the
+    # same cores, decoding costs the same on both sides.
+    model, profile = _one_box(shared_compute=True, client_decode_ms=10.0)
+    view = planner.GatewayProfile(
+        model=model.ref,
+        cpu_ms=profile.storage_ms,
+        storage=StorageProfile(
+            blocks=[],
+            decode=Figure(ms=2.0, source="measured", samples=64, age_s=1.0),
+            load=StorageLoad(available=1.0, source="manifest"),
+        ),
+        memory_bytes=None,
+        busy_tenants=0,
+    )
+    applied = view.apply(profile)
+    assert applied.client_decode_ms == applied.storage_decode_ms == 2.0
+    apart = view.apply(replace(profile, shared_compute=False))
+    assert apart.client_decode_ms == 10.0  # on separate machines the client keeps its own
+
+
+def test_on_one_box_the_reason_says_bytes_are_saved_only_when_they_are() -> None:
+    model, profile = _one_box(shared_compute=True)
+    fewer = planner.plan(model, profile, LOOPBACK_BPS)
+    assert fewer.chosen.bytes_per_sample < JPEG_BYTES
+    assert fewer.reason().endswith("pushdown saves bytes rather than time.")
+    raw = planner.plan(model, replace(profile, raw_bytes=100.0), LOOPBACK_BPS)
+    assert raw.split is None
+    assert "saves bytes" not in raw.reason() and "share the same machine's cores" in raw.reason()
