@@ -151,7 +151,9 @@ def accuracy(head: torch.nn.Module, dataset: sdk.FeatureDataset, batch: int) -> 
 def report_bytes(received: int, raw: int, *, split: int | None, freeze: int) -> str:
     """The bytes comparison: what crossed the network against the raw objects, with
     what to change when it is more."""
-    if received <= raw:
+    if received == raw:
+        verdict = "the raw images themselves"
+    elif received < raw:
         verdict = f"{raw / received:.1f}x fewer bytes than the raw images"
     else:
         advice = (

@@ -19,3 +19,8 @@ def test_more_bytes_at_the_freeze_point_suggests_what_can_still_help() -> None:
     line = report_bytes(1400, 1000, split=19, freeze=19)
     assert "a later split" not in line
     assert "--dtype float16" in line and "--split none" in line
+
+
+def test_the_raw_images_themselves_are_not_called_fewer_bytes() -> None:
+    line = report_bytes(1000, 1000, split=None, freeze=19)
+    assert "fewer" not in line and "MORE" not in line and "the raw images themselves" in line
