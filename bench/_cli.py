@@ -79,8 +79,11 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP interrupt like Ctrl-C, so the same teardown runs."""
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    """SIGINT, SIGTERM and SIGHUP interrupt, so the same teardown runs. SIGINT is handled
+    explicitly too: a background job of a non-interactive shell (a CI script) starts with
+    it ignored, and Python then never turns it into KeyboardInterrupt."""
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in signals}
     try:
         yield
     finally:

@@ -99,8 +99,11 @@ def _wait_for_line(process: subprocess.Popen[str], text: str, timeout: float) ->
 
 @pytest.mark.parametrize("when", ["while the tier starts", "during an epoch"])
 def test_an_interrupt_tears_the_testbed_down(tmp_path: Path, when: str) -> None:
+    # Started with SIGINT ignored, as a non-interactive shell starts a background job (a CI
+    # script): Ctrl-C (here, SIGINT) must still interrupt it.
     process = subprocess.Popen([*MODULE, *SMALL, "--out", str(tmp_path)], text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               preexec_fn=_ignore_sigint)  # fmt: skip
     namespace_pids: list[str] = []
     try:
         deadline = time.monotonic() + 60
@@ -125,6 +128,10 @@ def test_an_interrupt_tears_the_testbed_down(tmp_path: Path, when: str) -> None:
     assert "torn down" in output
     assert namespace_pids
     assert _running(namespace_pids) == []
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _running(pids: list[str]) -> list[str]:
