@@ -124,10 +124,7 @@ class ModelClient:
         self._raw: RawLoader | None = None
 
     def s3(self) -> Any:
-        """The boto3 client for the gateway across the link."""
-        return self._client()
-
-    def _client(self) -> Any:
+        """The boto3 client for the gateway across the link (built on first use)."""
         if self._s3 is None:
             from hapi import sdk
 
@@ -151,10 +148,10 @@ class ModelClient:
         )
 
     def _build_raw(self) -> RawLoader:
-        registry = Registry(self._client())
+        registry = Registry(self.s3())
         graph = registry.load_blocks(self.manifest, 0, self.manifest.freeze)
         return RawLoader(
-            self._client(),
+            self.s3(),
             BUCKET,
             self.settings.keys,
             self.manifest,
@@ -179,7 +176,7 @@ class ModelClient:
                     next(items)
                 self._datasets[split] = dataset
             elif split:
-                reply = self._client().get_features_batch(
+                reply = self.s3().get_features_batch(
                     BUCKET, list(self.settings.keys[:1]), model=self.model, split=split
                 )
                 reply.raise_for_errors()

@@ -8,9 +8,9 @@ Plan from a manifest's own profile::
     print(chosen.explain())
 
 Measure instead of assuming: :func:`measure_client_blocks`, :func:`measure_decode_ms` and
-:func:`measure_request_ms` time the client side here, :func:`probe_bandwidth` and :func:`fetch_gateway_profile`
-ask a running gateway. After a run, :func:`needs_replan` says whether what was measured
-left the plan's assumptions by more than 25%.
+:func:`measure_request_ms` time the client side here, :func:`probe_bandwidth` and
+:func:`fetch_gateway_profile` ask a running gateway. After a run, :func:`needs_replan`
+says whether what was measured left the plan's assumptions by more than 25%.
 
 The command line is ``hapi plan`` (:data:`hapi.planner._cli.plan`).
 """

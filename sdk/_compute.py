@@ -12,7 +12,6 @@ instead, decodes them exactly as the gateway would (``hapi.models._decode``) and
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 import warnings
@@ -47,22 +46,11 @@ from ._errors import (
 from ._local_cache import LocalCache
 
 GET_THREADS = 4
-"""GETs in flight at once per process when objects are read raw (as a plain-GET loader
+"""GETs in flight at once per engine when objects are read raw (as a plain-GET loader
 keeps them); requests queue for them in order."""
 
 _warned: set[tuple[tuple[str, ...], str]] = set()
 _warned_lock = threading.Lock()
-_gets: tuple[int, ThreadPoolExecutor] | None = None
-_gets_lock = threading.Lock()
-
-
-def _get_pool() -> ThreadPoolExecutor:
-    """This process's pool of raw reads (a forked worker makes its own)."""
-    global _gets
-    with _gets_lock:
-        if _gets is None or _gets[0] != os.getpid():
-            _gets = (os.getpid(), ThreadPoolExecutor(GET_THREADS, thread_name_prefix="hapi-get"))
-        return _gets[1]
 
 
 class FallbackWarning(UserWarning):
@@ -144,6 +132,8 @@ class Engine:
         self._sessions: dict[tuple[int, int], Any] = {}
         self._local_caches: dict[int | None, LocalCache] = {}
         self._lock = threading.Lock()
+        # Raw reads; the engine already belongs to one process. Threads start on first use.
+        self._reads = ThreadPoolExecutor(GET_THREADS, thread_name_prefix="hapi-get")
 
     @property
     def split(self) -> int | None:
@@ -246,12 +236,13 @@ class Engine:
         )
 
     def _local(self, bucket: str, keys: Sequence[str]) -> Callable[[], Batch]:
-        reads = [_get_pool().submit(self._read, bucket, key) for key in keys]
+        reads = [self._reads.submit(self._read, bucket, key) for key in keys]
         try:
             objects = [(key, read.result()) for key, read in zip(keys, reads, strict=True)]
-        finally:
-            for read in reads:  # after a failure, the reads not started are dropped
+        except BaseException:
+            for read in reads:  # the reads not started yet are dropped
                 read.cancel()
+            raise
         return functools.partial(self._decode_and_run, bucket, objects)
 
     def _decode_and_run(self, bucket: str, objects: list[tuple[str, bytes]]) -> Batch:
