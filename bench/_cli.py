@@ -116,6 +116,7 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
         "bound_factor": 0.0 if options["full_sweep"] else None,
         "epochs": options.get("epochs"),
         "sweep_jobs": options.get("sweep_jobs"),
+        "repeats": options.get("repeats"),
     }
     try:
         return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
@@ -153,6 +154,13 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
     "--storage-competitor",
     is_flag=True,
     help="Run a CPU-bound busy loop on the storage tier's core for the whole sweep.",
+)
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    help="Epochs of each contender of a cell (the pick, the baseline, the SDK without "
+    "pushdown, every run within 15% of the best), in interleaved rounds; the fastest "
+    "counts [default: 3; 2 with --quick].",
 )
 @click.option(
     "--nice",

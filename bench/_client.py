@@ -13,6 +13,7 @@ bandwidth, so model blocks never cross the shaped link.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from ._baseline import FETCH_THREADS, RawLoader
 from ._errors import BenchError
 from ._netns import Link
 from ._results import RunResult
-from ._tier import StorageTier
+from ._tier import StorageTier, steal_seconds
 
 BUCKET = "bench-data"
 PREFETCH = 4
@@ -68,10 +69,19 @@ class Snapshot:
     rx_bytes: int
     client_cpu: float
     storage_cpu: float
+    client_steal: float = 0.0
+    storage_steal: float = 0.0
 
     @classmethod
     def take(cls, link: Link, tier: StorageTier) -> Snapshot:
-        return cls(time.perf_counter(), link.rx_bytes(), time.process_time(), tier.cpu_seconds())
+        return cls(
+            time.perf_counter(),
+            link.rx_bytes(),
+            time.process_time(),
+            tier.cpu_seconds(),
+            steal_seconds(os.sched_getaffinity(0)),  # the client's core, once pinned
+            tier.steal_seconds(),
+        )
 
 
 class Head:
@@ -264,10 +274,12 @@ def run_result(
 ) -> RunResult:
     """One epoch's figures from the dataset's stats and the snapshots around it."""
     link_bytes = after.rx_bytes - before.rx_bytes
+    epoch_s = after.wall - before.wall
     return RunResult(
         split=split,
         loader=loader,
-        epoch_s=after.wall - before.wall,
+        epoch_s=epoch_s,
+        attempts_s=(epoch_s,),
         samples=stats.samples,
         link_bytes=link_bytes,
         payload_bytes=stats.bytes_received,
@@ -275,4 +287,6 @@ def run_result(
         client_cpu_s=after.client_cpu - before.client_cpu,
         storage_cpu_s=after.storage_cpu - before.storage_cpu,
         link_s=link_bytes * 8 / rate_bps if rate_bps else 0.0,
+        client_steal_s=after.client_steal - before.client_steal,
+        storage_steal_s=after.storage_steal - before.storage_steal,
     )

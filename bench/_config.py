@@ -49,6 +49,9 @@ class BenchConfig:
         sweep_jobs: In the cache scenario, also this many jobs one after another, each
             training its own head for ``epochs`` epochs on the same backbone and objects,
             with each cache and without (0: none).
+        repeats: Epochs of each contender of a cell (the pick, the baseline, the SDK's
+            no-pushdown path, every run within 15% of the best), in interleaved rounds;
+            the fastest counts.
     """
 
     out: Path
@@ -65,6 +68,7 @@ class BenchConfig:
     seed: int = 0
     epochs: int = 0
     sweep_jobs: int = 4
+    repeats: int = 3
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.models if m not in FAMILIES]
@@ -83,6 +87,8 @@ class BenchConfig:
             raise ValueError("bound_factor must be >= 0")
         if not -20 <= self.niceness <= 19:
             raise ValueError("niceness must be in -20..19")
+        if self.repeats < 1:
+            raise ValueError("repeats must be >= 1")
         if self.epochs == 1 or self.epochs < 0 or self.sweep_jobs < 0:
             raise ValueError("epochs must be 0 (the split sweep) or >= 2; sweep_jobs >= 0")
 
@@ -96,6 +102,7 @@ class BenchConfig:
             seconds=2.5,
             min_batches=8,
             max_samples=96,
+            repeats=2,
         )
 
     def sizing(self, client_rate: float) -> tuple[int, int]:

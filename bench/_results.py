@@ -43,7 +43,13 @@ class RunResult:
         storage_cpu_s: CPU time of the storage tier (store and gateway) during the epoch.
         link_s: ``link_bytes`` at the shaped rate: the least time the link needs.
         predicted_s: The planner's predicted epoch time for this configuration.
-        repeats: How many times it was measured (contenders twice; the faster counts).
+        repeats: How many times it was measured (contenders ``--repeats`` times; the
+            fastest counts).
+        attempts_s: Every measured epoch time of the configuration, in order (the
+            spread of the repeats).
+        client_steal_s: Time the host's hypervisor held the client's core back while it
+            had work (``steal`` in ``/proc/stat``) during the counted epoch.
+        storage_steal_s: The same for the storage tier's core.
     """
 
     split: int | None
@@ -59,6 +65,9 @@ class RunResult:
     link_s: float = 0.0
     predicted_s: float | None = None
     repeats: int = 1
+    attempts_s: tuple[float, ...] = ()
+    client_steal_s: float = 0.0
+    storage_steal_s: float = 0.0
 
     @property
     def label(self) -> str:
@@ -114,7 +123,14 @@ class RunResult:
     def from_dict(cls, data: Mapping[str, Any]) -> RunResult:
         """The inverse of :meth:`to_dict` (derived figures are ignored)."""
         names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        values["attempts_s"] = tuple(values.get("attempts_s", ()))
+        return cls(**values)
+
+    @property
+    def steal_s(self) -> float:
+        """The larger of the two cores' steal: what the host took from the pipeline."""
+        return max(self.client_steal_s, self.storage_steal_s)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,9 +6,11 @@ its probe); measure the baseline, the SDK without pushdown and the planner's pic
 sweep every other split in order of predicted time. A split whose bytes alone need the
 link longer than ``bound_factor`` times the best epoch measured so far is not run: the
 link cannot carry it faster (``bytes * 8 / rate`` is a hard lower bound), so it can be
-neither the best nor within 5% of it; it is recorded as that bound. Last, the pick and
-every run within 15% of the best are measured once more, and the faster time counts:
-the machine's noise is of the order of the 5% that decides a good pick.
+neither the best nor within 5% of it; it is recorded as that bound. Last, the
+*contenders* (the pick, the baseline, the SDK's no-pushdown path and every run within
+15% of the best) are measured again, in interleaved rounds, until each has ``repeats``
+epochs; the fastest counts. The machine's noise (the host's steal time, which only ever
+slows an epoch) is of the order of the 5% that decides a good pick.
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ def sweep_cell(
             cell.bounded(split, bound)
         else:
             cell.measure(split)
-    cell.confirm(pick=(chosen.split, "raw" if chosen.split is None else "sdk"))
+    cell.confirm((chosen.split, "raw" if chosen.split is None else "sdk"), config.repeats)
     return CellResult(
         model=measured.manifest.name,
         freeze=measured.manifest.freeze,
@@ -234,7 +236,8 @@ class _Cell:
         previous = self.runs.get(result.key)
         if previous is not None:
             faster = min(previous, result, key=lambda run: run.epoch_s)
-            result = replace(faster, repeats=previous.repeats + 1)
+            attempts = previous.attempts_s + result.attempts_s
+            result = replace(faster, repeats=previous.repeats + 1, attempts_s=attempts)
         self.runs[result.key] = result
         return result
 
@@ -242,11 +245,11 @@ class _Cell:
         self.runs[(split, "sdk")] = _bounded(split, bound, self.profile, self.predicted.get(split))
         self.progress.done(self.runs[(split, "sdk")])
 
-    def confirm(self, pick: tuple[int | None, str]) -> None:
-        """Measure the pick and every run near the best once more; the faster counts."""
-        limit = (1 + CONTENDER_MARGIN) * self.best()
-        again = [key for key, run in self.runs.items() if run.measured and run.epoch_s <= limit]
-        for split, loader in [pick, *(key for key in again if key != pick)]:
+    def confirm(self, pick: tuple[int | None, str], repeats: int) -> None:
+        """Measure the contenders (the pick, both no-pushdown loaders and every run near
+        the best) in rounds, each round all of them in turn, until each has ``repeats``
+        epochs; the fastest counts."""
+        for split, loader in contenders(self.runs, pick, repeats):
             self.measure(split, loader)
 
     def ordered(self) -> tuple[RunResult, ...]:
@@ -254,6 +257,29 @@ class _Cell:
             return (-1, 0 if run.loader == "raw" else 1) if run.split is None else (run.split, 0)
 
         return tuple(sorted(self.runs.values(), key=order))
+
+
+def contenders(
+    runs: Mapping[tuple[int | None, str], RunResult],
+    pick: tuple[int | None, str],
+    repeats: int,
+) -> list[tuple[int | None, str]]:
+    """The measurements still to make, in order: interleaved rounds over the pick, the
+    baseline, the SDK's no-pushdown path and every measured run within
+    :data:`CONTENDER_MARGIN` of the best, until each has been measured ``repeats`` times.
+    """
+    best = min(run.epoch_s for run in runs.values() if run.measured)
+    near = [
+        key
+        for key, run in runs.items()
+        if run.measured and run.epoch_s <= (1 + CONTENDER_MARGIN) * best
+    ]
+    keys = list(dict.fromkeys([pick, (None, "raw"), (None, "sdk"), *near]))
+    done = {key: runs[key].repeats if key in runs else 0 for key in keys}
+    order = []
+    for round_ in range(1, repeats + 1):
+        order += [key for key in keys if done[key] < round_]
+    return order
 
 
 def _with_prediction(result: RunResult, predicted: float | None) -> RunResult:

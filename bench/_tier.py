@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -104,6 +105,19 @@ def cpu_seconds(pids: list[int]) -> float:
         except (OSError, IndexError):
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / _TICKS
+
+
+def steal_seconds(cpus: Iterable[int], stat: Path = Path("/proc/stat")) -> float:
+    """Seconds the hypervisor has held ``cpus`` back while they had work to run (the
+    ``steal`` column of ``/proc/stat``; 0 on bare metal). On a virtual machine it is the
+    host's share of an epoch's noise: a vCPU woken from idle waits for the host."""
+    wanted = {f"cpu{cpu}" for cpu in cpus}
+    total = 0
+    for line in stat.read_text().splitlines():
+        fields = line.split()
+        if fields and fields[0] in wanted and len(fields) > 8:
+            total += int(fields[8])  # user nice system idle iowait irq softirq steal
     return total / _TICKS
 
 
@@ -208,6 +222,10 @@ class StorageTier:
     def cpu_seconds(self) -> float:
         """CPU seconds the tier's processes have used so far."""
         return cpu_seconds(self.pids)
+
+    def steal_seconds(self) -> float:
+        """Seconds the host has held the tier's core back so far."""
+        return steal_seconds([self.cpu])
 
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the tier (it stops the gateway and the store), SIGKILL after ``grace_s``."""

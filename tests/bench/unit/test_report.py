@@ -77,6 +77,34 @@ def test_targets_judge_each_goal(cells: list[CellResult]) -> None:
     assert found["picks within 5% of the best"].met is False
     assert found["pipeline efficiency at the pick (max)"].value == pytest.approx(5.0 / 4.6)
     assert found["pipeline efficiency at the pick (max)"].met is True
+    assert found["sdk no-pushdown / baseline epoch (max)"].value == pytest.approx(1.3)
+    assert found["sdk no-pushdown / baseline epoch (max)"].met is False
+
+
+def test_the_no_pushdown_target_is_met_within_three_percent() -> None:
+    close = cell("balanced", None, [run(None, 10.0), run(None, 10.3, loader="sdk")])
+    found = {t.name: t for t in _report.targets([_report.summarize_cell(close)])}
+
+    assert found["sdk no-pushdown / baseline epoch (max)"].met is True
+
+
+def test_steal_is_summed_over_counted_epochs_and_named_where_worst() -> None:
+    quiet = cell("network-bound", None, [run(None, 10.0, client_steal_s=0.1)])
+    noisy = cell(
+        "compute-bound",
+        10,
+        [run(None, 5.0, storage_steal_s=1.0), run(10, 5.0, client_steal_s=0.5)],
+    )
+    lines = _report.steal_lines([_report.summarize_cell(c) for c in (quiet, noisy)])
+
+    assert lines == [
+        "- host steal: 1.6 s over 20 s of counted epochs (8.0%; the busier core of each run), "
+        "most in resnet18 compute-bound (15.0%)"
+    ]
+    assert (
+        _report.steal_lines([_report.summarize_cell(cell("balanced", None, [run(None, 1.0)]))])
+        == []
+    )
 
 
 def test_targets_without_a_network_bound_cell_say_so(cells: list[CellResult]) -> None:
@@ -98,9 +126,13 @@ def test_markdown_and_summary_show_every_cell_and_run(cells: list[CellResult]) -
     text = _report.markdown(cells, {"description": "the testbed"})
     summary = _report.summary_text(cells)
 
-    assert "| resnet18 | network-bound | 2 Mbit/s | 4 | 20.00 | 26.00 | 10 | 5.00 | 10 |" in text
+    assert (
+        "| resnet18 | network-bound | 2 Mbit/s | 4 | 20.00 | 26.00 (+30.0%) | 10 | 5.00 | 10 |"
+        in text
+    )
     assert "| split 9 | >= 40.0 (link bound, not run)" in text
     assert "| split 10 (pick) | 5.00 |" in text
+    assert "| 0.00 / 0.00 | 5.00 |" in text  # steal, then every epoch measured
     assert "| sdk, no pushdown | 26.00 |" in text
     assert "4.00x" in summary and "MISSED" in summary
 

@@ -1,0 +1,120 @@
+"""Contenders: which configurations of a cell are measured again, in what order, and
+how the repeats and the host's steal time are recorded."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hapi.bench._cli import _config
+from hapi.bench._config import BenchConfig
+from hapi.bench._results import RunResult
+from hapi.bench._sweep import _Cell, contenders
+from hapi.bench._tier import steal_seconds
+from tests.bench.support import run
+
+OPTIONS = {
+    "models": None,
+    "regimes": None,
+    "seconds": None,
+    "splits": None,
+    "storage_batch": None,
+    "storage_competitor": False,
+    "nice": None,
+    "full_sweep": False,
+}
+
+
+def _runs(*results: RunResult) -> dict[tuple[int | None, str], RunResult]:
+    return {result.key: result for result in results}
+
+
+def test_rounds_interleave_the_pick_both_no_pushdown_loaders_and_near_runs() -> None:
+    runs = _runs(
+        run(None, 12.0),
+        run(None, 12.5, loader="sdk"),
+        run(8, 4.6),  # the pick, 15% behind the best: a contender
+        run(9, 4.0),
+        run(10, 4.7),  # 17.5% behind: not a contender
+        run(3, 1.0, measured=False),  # a bound is never re-measured
+    )
+
+    order = contenders(runs, (8, "sdk"), repeats=3)
+
+    round_ = [(8, "sdk"), (None, "raw"), (None, "sdk"), (9, "sdk")]
+    assert order == round_ + round_  # measured once each already: two rounds to go
+
+
+def test_a_run_already_repeated_is_not_measured_again_and_one_repeat_measures_nothing() -> None:
+    runs = _runs(run(None, 3.0, repeats=2), run(None, 3.1, loader="sdk"), run(10, 5.0))
+
+    assert contenders(runs, (None, "raw"), repeats=2) == [(None, "sdk")]
+    assert contenders(runs, (None, "raw"), repeats=1) == []
+
+
+def test_the_no_pushdown_loaders_are_contenders_even_far_behind() -> None:
+    runs = _runs(run(None, 30.0), run(None, 33.0, loader="sdk"), run(10, 5.0))
+
+    assert contenders(runs, (10, "sdk"), repeats=2) == [(10, "sdk"), (None, "raw"), (None, "sdk")]
+
+
+def test_repeats_reach_the_config_and_bad_values_are_refused(tmp_path: Path) -> None:
+    assert _config(False, tmp_path, {**OPTIONS, "repeats": None}).repeats == 3
+    assert _config(True, tmp_path, {**OPTIONS, "repeats": None}).repeats == 2
+    assert _config(True, tmp_path, {**OPTIONS, "repeats": 5}).repeats == 5
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        BenchConfig(out=tmp_path, repeats=0)
+
+
+def test_steal_is_read_per_core_from_proc_stat(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  100 0 50 900 0 0 0 30 0 0\n"
+        "cpu0 50 0 25 450 0 0 0 10 0 0\n"
+        "cpu1 50 0 25 450 0 0 0 20 0 0\n"
+        "intr 12345\n"
+    )
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+
+    assert steal_seconds([0], stat) == pytest.approx(10 * tick)
+    assert steal_seconds([1], stat) == pytest.approx(20 * tick)
+    assert steal_seconds([0, 1], stat) == pytest.approx(30 * tick)  # not the "cpu" total
+    assert steal_seconds([7], stat) == 0.0
+
+
+class _Client:
+    """Epoch times in the order given (a seam: the testbed's client tier)."""
+
+    def __init__(self, times: list[float]) -> None:
+        self._times = iter(times)
+
+    def epoch(self, split: int | None, advance: object, loader: str) -> RunResult:
+        epoch_s = next(self._times)
+        return run(
+            split, epoch_s, loader=loader, attempts_s=(epoch_s,), client_steal_s=epoch_s / 10
+        )
+
+
+class _Quiet:
+    def log(self, message: str) -> None:
+        pass
+
+    def run(self, label: str, total: int) -> object:
+        return lambda n: None
+
+    def done(self, result: RunResult) -> None:
+        pass
+
+
+def test_the_fastest_epoch_counts_and_every_epoch_is_kept() -> None:
+    measured = SimpleNamespace(manifest=SimpleNamespace(name="resnet18"), samples=100)
+    cell = _Cell(_Client([5.0, 4.0, 4.5]), measured, "balanced", _Quiet(), {})  # type: ignore[arg-type]
+    for _ in range(3):
+        result = cell.measure(10)
+
+    assert result.epoch_s == 4.0 and result.repeats == 3
+    assert result.attempts_s == (5.0, 4.0, 4.5)
+    assert result.client_steal_s == pytest.approx(0.4)  # the counted epoch's own steal
