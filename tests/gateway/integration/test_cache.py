@@ -18,7 +18,7 @@ from skimage import data as samples
 from hapi import models
 from hapi.gateway._sigv4 import Credentials
 from hapi.models._wire import decode
-from tests.support import HAPI, encode_image, signed_headers
+from tests.support import HAPI, control_get, encode_image, gateway_process, signed_headers
 
 CACHE_BUCKET = "hapi-cache"
 
@@ -341,3 +341,40 @@ def test_an_anonymous_caller_gets_no_cached_features_of_a_private_object(
     direct = httpx.get(f"{store.endpoint_url}/{bucket}/cat.jpg", timeout=60)
     assert direct.status_code == 403
     assert unsigned.status_code == 403 and b"AccessDenied" in unsigned.content
+
+
+def test_a_window_of_cache_hits_submits_no_empty_batch(
+    store, registered, backend_s3, photos, tmp_path
+):
+    """With windows of one sample, a batch of a hit then a miss has a window answered
+    entirely by the cache: it must not reach the batcher as a batch of zero rows."""
+    bucket, _ = photos
+    with gateway_process(
+        backend_url=store.endpoint_url,
+        backend_key=store.credentials.access_key_id,
+        backend_secret=store.credentials.secret_access_key,
+        log_dir=tmp_path,
+        extra_args=("--max-decoded-bytes", "1MiB"),  # one r18 sample per window
+    ) as small:
+        _get(small, bucket, "coffee.jpg", model="r18", split=1)
+        _wait_for(
+            lambda: (
+                _get(small, bucket, "coffee.jpg", model="r18", split=1).headers["x-hapi-cache"]
+                == "hit"
+            ),
+            "a hit",
+        )
+        mixed = _batch(small, bucket, ["coffee.jpg", "cat.jpg"], model="r18", split=1)
+        plain = _batch(
+            small, bucket, ["coffee.jpg", "cat.jpg"], model="r18", split=1, cache="bypass"
+        )
+
+        assert mixed.status_code == plain.status_code == 200, mixed.text
+        assert mixed.headers["x-hapi-cache"] == "miss"
+        assert (
+            decode(mixed.content)[0]["features"].tobytes()
+            == decode(plain.content)[0]["features"].tobytes()
+        )
+        tenants = control_get(small, "/_hapi/stats", timeout=30).json()["tenants"]
+        sizes = [size for tenant in tenants for size in tenant["recent_batch_sizes"]]
+        assert sizes and 0 not in sizes, sizes
