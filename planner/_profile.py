@@ -145,6 +145,7 @@ def measure_client_blocks(
     runs: int = 3,
     images: Sequence[Image.Image] | None = None,
     settings: RuntimeSettings | None = None,
+    inputs: np.ndarray | None = None,
 ) -> tuple[float, ...]:
     """Time each frozen block here with onnxruntime, on real preprocessed photos.
 
@@ -158,6 +159,8 @@ def measure_client_blocks(
         runs: Timed runs per block.
         images: Photos to use; scikit-image's sample photos if omitted.
         settings: onnxruntime device and threads (``auto``: CUDA when usable).
+        inputs: Preprocessed samples ``[n, ...]`` to use instead of photos (e.g. a
+            dataset's own objects, decoded as the gateway decodes them).
 
     Returns:
         Milliseconds per sample for each block of ``[0, freeze)``.
@@ -166,10 +169,17 @@ def measure_client_blocks(
         hapi.models.ModelError: A block cannot be fetched or run, or no photos (without
             scikit-image installed, pass ``images``).
     """
-    photos = list(images) if images is not None else sample_images()
-    if not photos or batch_size < 1 or runs < 1:
-        raise InvalidInput("need at least one image, a batch size >= 1 and runs >= 1")
-    batch: np.ndarray = preprocess_batch((photos * batch_size)[:batch_size], manifest.preprocess)
+    if batch_size < 1 or runs < 1:
+        raise InvalidInput("need a batch size >= 1 and runs >= 1")
+    if inputs is not None:
+        if not len(inputs):
+            raise InvalidInput("need at least one sample")
+        batch: np.ndarray = np.resize(inputs, (batch_size, *inputs.shape[1:])).astype(np.float32)
+    else:
+        photos = list(images) if images is not None else sample_images()
+        if not photos:
+            raise InvalidInput("need at least one image")
+        batch = preprocess_batch((photos * batch_size)[:batch_size], manifest.preprocess)
     if manifest.input.dtype == "float16":
         batch = batch.astype(np.float16)
     times = []

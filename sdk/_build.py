@@ -27,7 +27,14 @@ from ._sources import (
     resolve_labels,
     same_bucket,
 )
-from ._split import SplitChoice, choose_split, gateway_auth, parse_bandwidth
+from ._split import (
+    ClientTimes,
+    SplitChoice,
+    choose_split,
+    gateway_auth,
+    measure_client,
+    parse_bandwidth,
+)
 
 SplitArg = int | Literal["auto"] | None
 LabelsArg = str | Callable[[str], int] | None
@@ -170,6 +177,15 @@ def _choose(
         return SplitChoice(None, "no pushdown, as asked: raw objects, every block here", "given")
     if split == "auto":
         raw = source.raw_bytes
+        runtime = options.runtime or RuntimeSettings()
+        registry = Registry(s3, options.registry_bucket)
+
+        def measure(blocks: bool) -> ClientTimes:
+            first = source.keys[0]
+            return measure_client(
+                s3, registry, manifest, source.bucket, first, runtime, blocks=blocks
+            )
+
         return choose_split(
             manifest,
             freeze,
@@ -180,6 +196,7 @@ def _choose(
             dataset_size=len(source.keys),
             batch_size=options.request_size,
             auth=gateway_auth(s3),
+            measure=measure,
         )
     last = min(freeze, manifest.freeze)
     if isinstance(split, bool) or not isinstance(split, int) or not 0 <= split <= last:

@@ -11,6 +11,10 @@ A gateway on this machine (loopback, or this host's own address) shares the trai
 loop's cores: the plan then models the two tiers' compute as taking turns, so on one box
 pushdown is chosen for the bytes it saves, never for a speedup that cannot exist.
 
+The client's own figures (its blocks, decoding one of the dataset's objects, the CPU a
+request costs it) are measured here when the dataset is built (:func:`measure_client`),
+not taken from the manifest, which recorded the exporting machine's.
+
 After each full epoch, what was measured (bandwidth, the gateway's time per sample) is
 compared with what the plan assumed; :func:`hapi.planner.needs_replan` decides whether
 to plan again (a drift beyond 25%), and a :class:`hapi.planner.SplitKeeper` changes the
@@ -21,12 +25,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+from botocore.exceptions import BotoCoreError, ClientError
+
 from hapi import planner
-from hapi.models import Manifest
+from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, decode_object
 
 from ._stats import EpochStats
 
@@ -56,6 +64,66 @@ class SplitChoice:
     plan: planner.Plan | None = None
     measured_bandwidth: bool = True
     keeper: planner.SplitKeeper | None = None
+
+
+@dataclass(frozen=True)
+class ClientTimes:
+    """What the client side costs on this machine, measured on one of the dataset's
+    objects (ms; ``block_ms``/``decode_ms`` ``None`` when not measured: on one machine
+    the gateway's figures price the client's blocks and decoding)."""
+
+    request_ms: float
+    block_ms: tuple[float, ...] | None = None
+    decode_ms: float | None = None
+
+    def profile_args(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`hapi.planner.profile_from_manifest`."""
+        found: dict[str, Any] = {"client_request_ms": self.request_ms}
+        if self.block_ms is not None:
+            found["client_ms"] = self.block_ms
+        if self.decode_ms is not None:
+            found["client_decode_ms"] = self.decode_ms
+        return found
+
+
+MEASURE_SAMPLES = 2
+"""Samples per timed run when measuring the client's blocks: a few hundred ms for the
+largest zoo models on one core, once per dataset."""
+
+
+def measure_client(
+    s3: Any,
+    registry: Registry,
+    manifest: Manifest,
+    bucket: str,
+    key: str,
+    runtime: RuntimeSettings,
+    *,
+    blocks: bool,
+) -> ClientTimes:
+    """Time a GET of ``s3://bucket/key`` (this process's CPU), and with ``blocks`` also
+    decoding it and running each frozen block on it here, with ``runtime``.
+
+    Raises:
+        planner.PlannerError: The object could not be read, decoded or run.
+    """
+    try:
+        request_ms = planner.measure_request_ms(s3, bucket, key, runs=4)
+        if not blocks:
+            return ClientTimes(request_ms)
+        data = bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        decode_s = math.inf
+        for _ in range(3):  # the best of three: the first pays for lazy imports
+            started = time.thread_time()
+            samples = decode_object(data, manifest.preprocess, key=key)
+            decode_s = min(decode_s, (time.thread_time() - started) / max(1, len(samples)))
+        inputs = np.stack([sample.array for sample in samples[:MEASURE_SAMPLES]])
+        block_ms = planner.measure_client_blocks(
+            registry, manifest, batch_size=MEASURE_SAMPLES, runs=2, settings=runtime, inputs=inputs
+        )
+    except (ClientError, BotoCoreError, ModelError, ValueError) as exc:
+        raise planner.PlannerError(f"cannot time s3://{bucket}/{key} here: {exc}") from exc
+    return ClientTimes(request_ms, block_ms, 1000.0 * decode_s)
 
 
 def wire_bytes(manifest: Manifest, split: int, dtype: str) -> int:
@@ -103,6 +171,7 @@ def choose_split(
     dataset_size: int,
     batch_size: int,
     auth: planner.GatewayAuth | None = None,
+    measure: Callable[[bool], ClientTimes] | None = None,
 ) -> SplitChoice:
     """Ask the planner for the split; fall back to :func:`fewest_bytes`.
 
@@ -117,6 +186,9 @@ def choose_split(
         dataset_size: Samples per epoch.
         batch_size: Objects per request.
         auth: Signs the requests to the gateways' control plane (see :func:`gateway_auth`).
+        measure: Times the client side here (see :func:`measure_client`), called with
+            whether the blocks and decoding need timing (not on one machine); without
+            it, or when it fails (said in the reason), the manifest's figures are used.
     """
     if freeze != manifest.freeze:
         return fewest_bytes(manifest, freeze, dtype, f"it plans for freeze {manifest.freeze}")
@@ -125,14 +197,18 @@ def choose_split(
     given = bandwidth_bps is not None
     raw = raw_bytes or planner.DEFAULT_RAW_BYTES
     shared = all(planner.same_host(endpoint) for endpoint in endpoints)
-    profile = planner.profile_from_manifest(
-        manifest, wire_dtype=dtype, raw_bytes=raw, shared_compute=shared
-    )
+    view: planner.GatewayProfile | None = None
     try:
-        profile, bandwidth_bps = _probe(endpoints, manifest, profile, bandwidth_bps, auth)
+        view, bandwidth_bps = _probe(endpoints, manifest, bandwidth_bps, auth)
     except planner.ProbeError as exc:  # not a hapi gateway, or one without the model
         if bandwidth_bps is None:
             return fewest_bytes(manifest, freeze, dtype, str(exc))
+    times, unmeasured = _measured(measure, blocks=not shared)
+    profile = planner.profile_from_manifest(
+        manifest, wire_dtype=dtype, raw_bytes=raw, shared_compute=shared, **times
+    )
+    if view is not None:
+        profile = view.apply(profile)
     try:
         plan = planner.plan(
             manifest, profile, bandwidth_bps, batch_size=batch_size, dataset_size=dataset_size
@@ -140,17 +216,31 @@ def choose_split(
     except planner.PlannerError as exc:  # no feasible split
         return fewest_bytes(manifest, freeze, dtype, str(exc))
     keeper = planner.SplitKeeper(plan)
-    return SplitChoice(plan.split, plan.reason(), "planner", plan, not given, keeper)
+    return SplitChoice(plan.split, plan.reason() + unmeasured, "planner", plan, not given, keeper)
+
+
+def _measured(
+    measure: Callable[[bool], ClientTimes] | None, *, blocks: bool
+) -> tuple[dict[str, Any], str]:
+    """The client's measured figures as profile arguments, and what the reason must add
+    when they could not be measured (the manifest's figures are used then)."""
+    if measure is None:
+        return {}, ""
+    try:
+        return measure(blocks).profile_args(), ""
+    except planner.PlannerError as exc:
+        logger.warning("planning with the manifest's client figures: %s", exc)
+        return {}, f" (client figures from the manifest: {exc})"
 
 
 def _probe(
     endpoints: Sequence[str],
     manifest: Manifest,
-    profile: planner.Profile,
     bandwidth_bps: float | None,
     auth: planner.GatewayAuth | None,
-) -> tuple[planner.Profile, float]:
-    """The gateway's measurements and the bandwidth, from the first endpoint that answers.
+) -> tuple[planner.GatewayProfile, float]:
+    """The gateway's view of the model and the bandwidth, from the first endpoint that
+    answers.
 
     Raises:
         planner.ProbeError: No endpoint answered (the last one's error).
@@ -159,11 +249,10 @@ def _probe(
     for endpoint in endpoints:
         try:
             view = planner.fetch_gateway_profile(endpoint, manifest.ref, auth=auth)
-            measured = view.apply(profile)
             if bandwidth_bps is None:
                 bits = planner.probe_bandwidth(endpoint, bytes=PROBE_BYTES, auth=auth)
-                return measured, bits
-            return measured, bandwidth_bps
+                return view, bits
+            return view, bandwidth_bps
         except planner.ProbeError as exc:
             failure = exc
     assert failure is not None  # endpoints is not empty

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from hapi import planner
@@ -32,3 +33,16 @@ def test_a_get_costs_cpu_time_and_the_runs_are_counted(backend_s3: Any, bucket: 
 def test_runs_must_be_positive(backend_s3: Any, bucket: str) -> None:
     with pytest.raises(planner.InvalidInput, match="runs"):
         planner.measure_request_ms(backend_s3, bucket, "object.bin", runs=0)
+
+
+def test_client_blocks_are_timed_on_given_samples(backend_s3: Any, registered: Any) -> None:
+    from hapi import models
+
+    manifest = registered["r18"]
+    samples = np.random.default_rng(0).standard_normal((1, *manifest.input.shape), np.float32)
+    times = planner.measure_client_blocks(
+        models.Registry(backend_s3), manifest, batch_size=2, runs=1, inputs=samples
+    )
+    assert len(times) == manifest.freeze and all(ms > 0 for ms in times)
+    with pytest.raises(planner.InvalidInput, match="at least one sample"):
+        planner.measure_client_blocks(models.Registry(backend_s3), manifest, inputs=samples[:0])

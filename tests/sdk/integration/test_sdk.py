@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from hapi import sdk
+from hapi import planner, sdk
 from hapi.models import Registry
 from tests.sdk.support import picture
 from tests.support import empty_bucket
@@ -396,6 +396,45 @@ def test_auto_split_on_one_box_never_receives_more_than_the_raw_objects(gateway,
     assert "same machine" in choice.reason
     stats = dataset.stats
     assert dataset.raw_bytes is not None and stats.bytes_received <= dataset.raw_bytes
+
+
+def test_auto_split_times_the_client_here(gateway, registered, data, monkeypatch):
+    # On one machine only a request's CPU is timed here (the gateway's figures price the
+    # blocks); across machines the blocks and decoding are timed on a dataset object,
+    # replacing the exporting machine's figures from the manifest.
+    shared = sdk.FeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/", model="r18", **_through(gateway, split="auto")
+    )
+    assert shared.split_choice.plan is not None
+    assert shared.split_choice.plan.profile.client_request_ms > 0
+
+    monkeypatch.setattr(planner, "same_host", lambda endpoint: False)
+    remote = sdk.FeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/", model="r18", **_through(gateway, split="auto")
+    )
+    plan = remote.split_choice.plan
+    manifest = registered["r18"]
+    assert plan is not None and not plan.profile.shared_compute
+    assert len(plan.profile.client_ms) == manifest.freeze
+    assert all(ms > 0 for ms in plan.profile.client_ms)
+    assert plan.profile.client_ms != tuple(b.cpu_ms for b in manifest.blocks[: manifest.freeze])
+    assert plan.profile.client_decode_ms != planner.DEFAULT_DECODE_MS
+    assert "client figures from the manifest" not in remote.split_choice.reason
+
+
+def test_auto_split_says_when_the_client_could_not_be_timed(gateway, registered, data, monkeypatch):
+    monkeypatch.setattr(planner, "same_host", lambda endpoint: False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sdk.FallbackWarning)
+        dataset = sdk.FeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/broken/", model="r18", **_through(gateway, split="auto")
+        )
+    reason = dataset.split_choice.reason
+    assert dataset.split_choice.policy == "planner"
+    assert (
+        f"client figures from the manifest: cannot time s3://{data['bucket']}/broken/bad.jpg"
+        in reason
+    )
 
 
 # -- the client-side feature cache ------------------------------------------------------
