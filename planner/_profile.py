@@ -185,9 +185,9 @@ def measure_client_blocks(
     times = []
     for index in range(manifest.freeze):
         session = create_session(registry.load_blocks(manifest, index, index + 1), settings)
-        inputs = {session.get_inputs()[0].name: batch}
-        batch = np.asarray(session.run(None, inputs)[0])  # a warm-up; feeds the next block
-        times.append(_best_ms(functools.partial(session.run, None, inputs), runs) / batch_size)
+        feed = {session.get_inputs()[0].name: batch}
+        batch = np.asarray(session.run(None, feed)[0])  # a warm-up; feeds the next block
+        times.append(_best_ms(functools.partial(session.run, None, feed), runs) / batch_size)
     return tuple(times)
 
 
