@@ -159,8 +159,8 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
     "--repeats",
     type=click.IntRange(min=1),
     help="Epochs of each contender of a cell (the pick, the baseline, the SDK without "
-    "pushdown, every run within 15% of the best), in interleaved rounds; the fastest "
-    "counts [default: 3; 2 with --quick].",
+    "pushdown, every run within 15% of the best), in interleaved rounds; the median "
+    "counts (the faster of two) [default: 3; 2 with --quick].",
 )
 @click.option(
     "--nice",

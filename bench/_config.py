@@ -51,7 +51,7 @@ class BenchConfig:
             with each cache and without (0: none).
         repeats: Epochs of each contender of a cell (the pick, the baseline, the SDK's
             no-pushdown path, every run within 15% of the best), in interleaved rounds;
-            the fastest counts.
+            the median counts (the faster of two).
     """
 
     out: Path

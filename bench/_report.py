@@ -279,8 +279,10 @@ DEFINITIONS = """\
 - *stall*: time the training loop waited for its next batch (in `hapi.sdk` the client's
   blocks run in the prefetch threads, so for SDK runs it includes them).
 - *contenders* (the pick, the baseline, the SDK's no-pushdown path and every run within
-  15% of the best) are measured in interleaved rounds, `xN` times in all; the fastest
-  epoch counts (the others are listed): noise only ever slows an epoch down.
+  15% of the best) are measured in interleaved rounds, `xN` times in all; the median
+  epoch counts (the faster of two; every epoch is listed, in order): the host's speed
+  drifts within minutes, and a median of interleaved rounds compares configurations
+  under the same drift where the fastest epoch would compare their luckiest minutes.
 - *steal*: time the host's hypervisor held the tier's core back while it had work
   (`/proc/stat`), during the counted epoch; on a virtual machine a core woken from idle
   waits for the host, so it is the part of the noise the machine accounts for."""

@@ -44,7 +44,7 @@ class RunResult:
         link_s: ``link_bytes`` at the shaped rate: the least time the link needs.
         predicted_s: The planner's predicted epoch time for this configuration.
         repeats: How many times it was measured (contenders ``--repeats`` times; the
-            fastest counts).
+            median counts, the faster of two).
         attempts_s: Every measured epoch time of the configuration, in order (the
             spread of the repeats).
         client_steal_s: Time the host's hypervisor held the client's core back while it

@@ -9,8 +9,11 @@ link cannot carry it faster (``bytes * 8 / rate`` is a hard lower bound), so it 
 neither the best nor within 5% of it; it is recorded as that bound. Last, the
 *contenders* (the pick, the baseline, the SDK's no-pushdown path and every run within
 15% of the best) are measured again, in interleaved rounds, until each has ``repeats``
-epochs; the fastest counts. The machine's noise (the host's steal time, which only ever
-slows an epoch) is of the order of the 5% that decides a good pick.
+epochs; the median epoch counts. On a virtual machine the host's speed drifts by tens of
+percent within minutes (the baseline's client CPU per sample measured 46-68 ms in three
+cells of one sweep), far more than the 5% that decides a good pick: the fastest of a few epochs
+would compare each configuration's luckiest minute, the median of interleaved rounds
+compares them under the same drift.
 """
 
 from __future__ import annotations
@@ -223,6 +226,7 @@ class _Cell:
         self.progress = progress
         self.predicted = predicted
         self.runs: dict[tuple[int | None, str], RunResult] = {}
+        self._attempts: dict[tuple[int | None, str], list[RunResult]] = {}
 
     def best(self) -> float:
         return min(run.epoch_s for run in self.runs.values() if run.measured)
@@ -233,13 +237,10 @@ class _Cell:
         result = self.client.epoch(split, advance, loader)
         result = _with_prediction(result, self.predicted.get(split))
         self.progress.done(result)
-        previous = self.runs.get(result.key)
-        if previous is not None:
-            faster = min(previous, result, key=lambda run: run.epoch_s)
-            attempts = previous.attempts_s + result.attempts_s
-            result = replace(faster, repeats=previous.repeats + 1, attempts_s=attempts)
-        self.runs[result.key] = result
-        return result
+        attempts = self._attempts.setdefault(result.key, [])
+        attempts.append(result)
+        self.runs[result.key] = counted(attempts)
+        return self.runs[result.key]
 
     def bounded(self, split: int, bound: float) -> None:
         self.runs[(split, "sdk")] = _bounded(split, bound, self.profile, self.predicted.get(split))
@@ -248,7 +249,7 @@ class _Cell:
     def confirm(self, pick: tuple[int | None, str], repeats: int) -> None:
         """Measure the contenders (the pick, both no-pushdown loaders and every run near
         the best) in rounds, each round all of them in turn, until each has ``repeats``
-        epochs; the fastest counts."""
+        epochs; the median counts."""
         for split, loader in contenders(self.runs, pick, repeats):
             self.measure(split, loader)
 
@@ -257,6 +258,16 @@ class _Cell:
             return (-1, 0 if run.loader == "raw" else 1) if run.split is None else (run.split, 0)
 
         return tuple(sorted(self.runs.values(), key=order))
+
+
+def counted(attempts: Sequence[RunResult]) -> RunResult:
+    """The epoch that counts for a configuration measured ``len(attempts)`` times: the
+    median one (the lower of the two middle ones for an even count), with every epoch's
+    time kept in ``attempts_s``, in order."""
+    ranked = sorted(attempts, key=lambda run: run.epoch_s)
+    middle = ranked[(len(ranked) - 1) // 2]
+    times = tuple(t for run in attempts for t in run.attempts_s)
+    return replace(middle, repeats=len(attempts), attempts_s=times)
 
 
 def contenders(

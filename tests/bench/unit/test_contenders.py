@@ -109,12 +109,15 @@ class _Quiet:
         pass
 
 
-def test_the_fastest_epoch_counts_and_every_epoch_is_kept() -> None:
+def test_the_median_epoch_counts_and_every_epoch_is_kept() -> None:
     measured = SimpleNamespace(manifest=SimpleNamespace(name="resnet18"), samples=100)
-    cell = _Cell(_Client([5.0, 4.0, 4.5]), measured, "balanced", _Quiet(), {})  # type: ignore[arg-type]
-    for _ in range(3):
-        result = cell.measure(10)
+    cell = _Cell(_Client([5.0, 4.0, 4.5, 3.0]), measured, "balanced", _Quiet(), {})  # type: ignore[arg-type]
+    first = cell.measure(10)
+    assert (first.epoch_s, first.repeats, first.attempts_s) == (5.0, 1, (5.0,))
+    assert cell.measure(10).epoch_s == 4.0  # of two, the faster
+    result = cell.measure(10)
 
-    assert result.epoch_s == 4.0 and result.repeats == 3
+    assert result.epoch_s == 4.5 and result.repeats == 3  # the median, not the luckiest
     assert result.attempts_s == (5.0, 4.0, 4.5)
-    assert result.client_steal_s == pytest.approx(0.4)  # the counted epoch's own steal
+    assert result.client_steal_s == pytest.approx(0.45)  # the counted epoch's own steal
+    assert cell.measure(10).epoch_s == 4.0  # of four, the lower middle one
