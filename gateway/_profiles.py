@@ -17,12 +17,21 @@ storage side's CPU work by that share, instead of reading inflated block times.
 
 Figures are keyed by block content hash (models sharing a block share its figure),
 device and batch-size bucket (powers of two); each is the mean of its latest batches.
+
+A run that starts after the process has run no block for :data:`COLD_GAP_S` is *cold*:
+on a virtual machine a core woken from idle can run the same batch slower than back to
+back (ResNet18's ten blocks measured 33 ms per sample back to back, 36-50 ms after 0.3 s
+asleep, the same after 0.3 s of busy waiting). The storage side's figure decides a plan
+where the storage side is the bottleneck, and there it runs back to back: so
+back-to-back figures are served whenever there are any, and figures (and the host's
+availability) from runs after idle gaps only where nothing else was measured.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -36,6 +45,8 @@ from hapi.models import BlockTime, Figure, Manifest, StorageLoad, StorageProfile
 
 BlockRun = Callable[[np.ndarray], np.ndarray]
 _WINDOW = 64  # batches a figure averages over: recent enough to follow a change of load
+COLD_GAP_S = 0.05
+"""A block run starting this long after the process's previous one ended is cold."""
 
 
 def batch_bucket(size: int) -> int:
@@ -73,16 +84,41 @@ class _Key:
     bucket: int
     clock: str
     split_by: str
+    warm: bool = True  # run back to back with the previous one (see COLD_GAP_S)
 
 
 class StorageProfiler:
-    """Per-block inference times, decode time and the host's availability, as measured."""
+    """Per-block inference times, decode time and the host's availability, as measured.
 
-    def __init__(self) -> None:
+    Args:
+        clock: Wall seconds (``time.perf_counter``); tests pass their own.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._blocks: dict[_Key, _Tally] = {}
         self._decode = _Tally()
-        self._cpu = _Tally()  # (process CPU seconds, wall milliseconds) while blocks ran
+        # (process CPU seconds, wall microseconds) while blocks ran: back to back, cold
+        self._cpu = {True: _Tally(), False: _Tally()}
+        self._running = 0
+        self._last_end: float | None = None
+
+    def run_started(self) -> bool:
+        """A block run starts; returns whether it is warm: another run is under way or
+        ended less than :data:`COLD_GAP_S` ago."""
+        with self._lock:
+            now = self._clock()
+            idle = self._last_end is None or now - self._last_end > COLD_GAP_S
+            warm = self._running > 0 or not idle
+            self._running += 1
+            return warm
+
+    def run_ended(self) -> None:
+        """The run :meth:`run_started` announced has ended."""
+        with self._lock:
+            self._running -= 1
+            self._last_end = self._clock()
 
     def record_block(
         self,
@@ -93,33 +129,41 @@ class StorageProfiler:
         *,
         clock: str = "cpu",
         split_by: str = "measured",
+        warm: bool = True,
     ) -> None:
-        """``block`` (a content hash) took ``seconds`` of a run on ``batch`` samples."""
-        key = _Key(block, device, batch_bucket(batch), clock, split_by)
+        """``block`` (a content hash) took ``seconds`` of a run on ``batch`` samples
+        (``warm``: run back to back with the previous one)."""
+        key = _Key(block, device, batch_bucket(batch), clock, split_by, warm)
         with self._lock:
             tally = self._blocks.setdefault(key, _Tally())
             tally.add(seconds, batch)
             if split_by == "measured":  # a learned division replaces the manifest's
-                self._blocks.pop(_Key(block, device, key.bucket, clock, "manifest"), None)
+                self._blocks.pop(_Key(block, device, key.bucket, clock, "manifest", warm), None)
 
     def record_decode(self, seconds: float) -> None:
         """One sample took ``seconds`` of CPU time to decode and preprocess."""
         with self._lock:
             self._decode.add(seconds, 1)
 
-    def record_availability(self, cpu_s: float, wall_s: float) -> None:
-        """The process used ``cpu_s`` of CPU time during ``wall_s`` of block runs."""
+    def record_availability(self, cpu_s: float, wall_s: float, *, warm: bool = True) -> None:
+        """The process used ``cpu_s`` of CPU time during ``wall_s`` of a block run."""
         if wall_s > 0:
             with self._lock:
-                self._cpu.add(cpu_s, max(1, round(wall_s * 1e6)))
+                self._cpu[warm].add(cpu_s, max(1, round(wall_s * 1e6)))
 
     def profile(self, manifest: Manifest) -> StorageProfile:
-        """The figures of ``manifest``'s frozen blocks (the manifest's where never run)."""
+        """The figures of ``manifest``'s frozen blocks (the manifest's where never run;
+        back-to-back runs' where there are any)."""
         with self._lock:
+            kept = {
+                key: tally
+                for key, tally in self._blocks.items()
+                if key.warm or dataclasses.replace(key, warm=True) not in self._blocks
+            }
             batches = [
                 self._batch_time(index, key, tally)
                 for index, block in enumerate(manifest.blocks[: manifest.freeze])
-                for key, tally in sorted(self._blocks.items(), key=lambda kv: kv[0].bucket)
+                for key, tally in sorted(kept.items(), key=lambda kv: kv[0].bucket)
                 if key.block == block.hash
             ]
             return StorageProfile(
@@ -153,15 +197,16 @@ class StorageProfiler:
         )
 
     def _load(self) -> StorageLoad:
-        if not self._cpu.samples:
+        tally = self._cpu[True] if self._cpu[True].samples else self._cpu[False]
+        if not tally.samples:
             return StorageLoad(available=1.0, source="manifest")
-        cpu_s = sum(s for s, _ in self._cpu.window)
-        wall_s = sum(n for _, n in self._cpu.window) / 1e6
+        cpu_s = sum(s for s, _ in tally.window)
+        wall_s = sum(n for _, n in tally.window) / 1e6
         return StorageLoad(
             available=round(min(1.0, max(0.01, cpu_s / wall_s)), 4),
             source="measured",
-            samples=len(self._cpu.window),
-            age_s=self._cpu.age(),
+            samples=len(tally.window),
+            age_s=tally.age(),
         )
 
 
@@ -291,6 +336,13 @@ class TimedRun:
             close()
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
+        warm = self._profiler.run_started()
+        try:
+            return self._timed(batch, warm)
+        finally:
+            self._profiler.run_ended()
+
+    def _timed(self, batch: np.ndarray, warm: bool) -> np.ndarray:
         warming = self._cold or bool(getattr(self._run, "profiling", False))
         self._cold = False
         if warming:
@@ -301,7 +353,7 @@ class TimedRun:
         seconds = clock() - started
         if self._cpu_clock:
             self._profiler.record_availability(
-                time.process_time() - cpu_started, time.perf_counter() - wall_started
+                time.process_time() - cpu_started, time.perf_counter() - wall_started, warm=warm
             )
         learned: tuple[float, ...] | None = getattr(self._run, "shares", None)
         shares = learned or self._manifest_shares
@@ -314,5 +366,6 @@ class TimedRun:
                 seconds * share,
                 clock="cpu" if self._cpu_clock else "wall",
                 split_by=split_by,
+                warm=warm,
             )
         return out

@@ -141,3 +141,56 @@ def test_a_profiled_run_says_while_it_profiles(tmp_path: Path) -> None:
         states.append(run.profiling)
         run(batch)
     assert states == [True, True, True, False]
+
+
+class _Clock:
+    """Wall seconds that move only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_runs_after_an_idle_gap_are_served_only_where_nothing_ran_back_to_back() -> None:
+    clock = _Clock()
+    profiler = StorageProfiler(clock)
+    first = MODEL.blocks[0].hash
+
+    def run(gap_s: float) -> bool:
+        clock.now += gap_s
+        warm = profiler.run_started()
+        profiler.run_ended()
+        return warm
+
+    assert not run(0.0)  # nothing ran before: cold
+    assert run(0.01)  # back to back
+    assert not run(0.5)  # after half a second idle
+
+    profiler.record_block(first, "cpu", 4, 0.008, warm=False)  # 2 ms per sample, cold
+    assert profiler.profile(MODEL).blocks[0].ms == pytest.approx(2.0)  # all there is
+    profiler.record_block(first, "cpu", 4, 0.004, warm=True)  # 1 ms per sample, warm
+    profiler.record_block(first, "cpu", 4, 0.012, warm=False)
+    storage = profiler.profile(MODEL)
+    assert storage.blocks[0].ms == pytest.approx(1.0) and storage.blocks[0].samples == 4
+    assert [b.ms for b in storage.batches if b.block == 0] == [pytest.approx(1.0)]
+
+    profiler.record_availability(0.5, 1.0, warm=False)  # half a core, after idle
+    assert profiler.profile(MODEL).load.available == pytest.approx(0.5)
+    profiler.record_availability(0.9, 1.0, warm=True)
+    assert profiler.profile(MODEL).load.available == pytest.approx(0.9)
+
+
+def test_a_timed_run_records_whether_it_ran_back_to_back() -> None:
+    clock = _Clock()
+    profiler = StorageProfiler(clock)
+    run = TimedRun(lambda x: x, MODEL, 3, device="cpu", profiler=profiler, cpu_clock=True)
+    batch = np.zeros((2, 1), np.float32)
+    run(batch)  # the session's first run: not counted
+    clock.now += 1.0
+    run(batch)  # after a second idle: counted cold
+    assert profiler.profile(MODEL).blocks[0].samples == 2
+    run(batch)  # back to back: the warm figure replaces the cold one
+    run(batch)
+    assert profiler.profile(MODEL).blocks[0].samples == 4
