@@ -88,6 +88,23 @@ def test_the_no_pushdown_target_is_met_within_three_percent() -> None:
     assert found["sdk no-pushdown / baseline epoch (max)"].met is True
 
 
+def test_the_no_pushdown_overhead_is_the_median_of_paired_rounds() -> None:
+    # The host slowed down in round 2 for both loaders; pairing cancels it.
+    paired = cell(
+        "balanced",
+        None,
+        [
+            run(None, 10.0, attempts_s=(10.0, 15.0, 10.0)),
+            run(None, 10.2, loader="sdk", attempts_s=(10.2, 15.3, 9.9)),
+        ],
+    )
+    summary = _report.summarize_cell(paired)
+
+    assert summary.local_overhead == pytest.approx(1.02)  # median of 1.02, 1.02, 0.99
+    unpaired = cell("balanced", None, [run(None, 10.0), run(None, 10.5, loader="sdk")])
+    assert _report.summarize_cell(unpaired).local_overhead == pytest.approx(1.05)
+
+
 def test_steal_is_summed_over_counted_epochs_and_named_where_worst() -> None:
     quiet = cell("network-bound", None, [run(None, 10.0, client_steal_s=0.1)])
     noisy = cell(
