@@ -170,3 +170,17 @@ def test_on_one_box_the_reason_says_bytes_are_saved_only_when_they_are() -> None
     raw = planner.plan(model, replace(profile, raw_bytes=100.0), LOOPBACK_BPS)
     assert raw.split is None
     assert "saves bytes" not in raw.reason() and "share the same machine's cores" in raw.reason()
+
+
+def test_on_one_box_more_bytes_than_raw_must_buy_a_quarter() -> None:
+    # hapi demo in float32: the pooled features (2 KB here) outweigh tiny images, and the
+    # client's CPU per GET made split 10 predicted 1.14x faster than reading the images.
+    # On one machine that is within what the model leaves out (the gateway's own work per
+    # object on the same cores): the raw images are kept, and the reason says why.
+    model, profile = synthetic.r18(raw_bytes=1500.0, shared_compute=True, client_request_ms=6.0)
+    chosen = planner.plan(model, profile, LOOPBACK_BPS)
+    gain = chosen.candidate(None).epoch_s / chosen.candidate(10).epoch_s - 1
+    assert 0.10 < gain < planner.SHARED_BYTE_MARGIN  # past the 10% margin of two machines
+    assert chosen.split is None and "more bytes" in chosen.reason()
+    clearly = replace(profile, client_request_ms=16.0)  # 1.38x: worth its bytes even here
+    assert planner.plan(model, clearly, LOOPBACK_BPS).split == 10
