@@ -128,13 +128,16 @@ def reason(plan: Plan) -> str:
 def _fastest_reason(plan: Plan) -> str:
     chosen = plan.chosen
     base = plan.candidate(None)
+    fastest = min(c.epoch_s for c in plan.candidates if c.feasible)
+    # the byte guard may keep a candidate that is not the fastest: then it only "takes"
+    verb = "is fastest at" if chosen.epoch_s <= fastest else "takes"
     if plan.split is None:
         others = [c for c in plan.candidates if c.split is not None and c.feasible]
         if not others:
             return "Reading raw objects is the only candidate that fits in memory."
         runner = min(others, key=lambda c: c.epoch_s)
         return (
-            f"No pushdown is fastest at {format_duration(chosen.epoch_s)} per epoch "
+            f"No pushdown {verb} {format_duration(chosen.epoch_s)} per epoch "
             f"(bound by the {STAGE_WORDS[chosen.bottleneck]}); the best split, "
             f"{split_label(runner.split)}, would take {format_duration(runner.epoch_s)}, "
             f"bound by the {STAGE_WORDS[runner.bottleneck]} at "
@@ -148,7 +151,7 @@ def _fastest_reason(plan: Plan) -> str:
             f"{STAGE_WORDS[base.bottleneck]}"
         )
     return (
-        f"Split {split_label(plan.split)} is fastest at {format_duration(chosen.epoch_s)} per "
+        f"Split {split_label(plan.split)} {verb} {format_duration(chosen.epoch_s)} per "
         f"epoch ({compared}): it sends {format_bytes(chosen.bytes_per_sample)} per sample "
         f"instead of {format_bytes(base.bytes_per_sample)} and is bound by the "
         f"{STAGE_WORDS[chosen.bottleneck]} at {chosen.bottleneck_ms:.1f} ms per batch."
