@@ -133,9 +133,9 @@ def summarize_cell(cell: CellResult, tolerance: float = TOLERANCE) -> CellSummar
 def overhead(local: RunResult, baseline: RunResult) -> float:
     """The SDK's no-pushdown epoch over the baseline's: the median of their paired rounds
     (epoch ``i`` of each was measured back to back), else of the counted epochs."""
-    pairs = list(zip(local.attempts_s, baseline.attempts_s, strict=False))
-    if len(pairs) < 2 or len(local.attempts_s) != len(baseline.attempts_s):
+    if len(local.attempts_s) < 2 or len(local.attempts_s) != len(baseline.attempts_s):
         return local.epoch_s / baseline.epoch_s
+    pairs = zip(local.attempts_s, baseline.attempts_s, strict=True)
     return statistics.median(mine / theirs for mine, theirs in pairs)
 
 

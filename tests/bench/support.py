@@ -41,3 +41,16 @@ def cell(regime: str, pick: int | None, runs: list[RunResult], **fields: object)
     }
     values.update(fields)
     return CellResult(**values)  # type: ignore[arg-type]
+
+
+CLI_OPTIONS: dict[str, object] = {
+    "models": None,
+    "regimes": None,
+    "seconds": None,
+    "splits": None,
+    "storage_batch": None,
+    "storage_competitor": False,
+    "nice": None,
+    "full_sweep": False,
+}
+"""``hapi bench``'s options as click passes them when none is given."""

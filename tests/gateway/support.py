@@ -25,6 +25,16 @@ CLIENT = ("CLIENTKEY", "client-secret")
 GATEWAY = "http://gw.test"
 
 
+class ManualClock:
+    """Seconds that move only when a test moves them (``clock.now += 1.0``)."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class MemoryRegistry:
     """A registry of manifests held in a dict (no blocks: the runner is a fake)."""
 

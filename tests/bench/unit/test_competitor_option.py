@@ -7,22 +7,15 @@ from pathlib import Path
 from hapi.bench._cli import _config
 from hapi.bench._competitor import competitor_command
 from hapi.bench._report import _run_line
-
-OPTIONS = {
-    "models": None,
-    "regimes": None,
-    "seconds": None,
-    "splits": None,
-    "storage_batch": None,
-    "nice": None,
-    "full_sweep": False,
-}
+from tests.bench.support import CLI_OPTIONS
 
 
 def test_the_flag_reaches_the_config_quick_or_not(tmp_path: Path) -> None:
-    assert _config(True, tmp_path, {**OPTIONS, "storage_competitor": True}).storage_competitor
-    assert _config(False, tmp_path, {**OPTIONS, "storage_competitor": True}).storage_competitor
-    assert not _config(True, tmp_path, {**OPTIONS, "storage_competitor": False}).storage_competitor
+    assert _config(True, tmp_path, {**CLI_OPTIONS, "storage_competitor": True}).storage_competitor
+    assert _config(False, tmp_path, {**CLI_OPTIONS, "storage_competitor": True}).storage_competitor
+    assert not _config(
+        True, tmp_path, {**CLI_OPTIONS, "storage_competitor": False}
+    ).storage_competitor
 
 
 def test_the_competitor_is_pinned_to_the_storage_core_at_the_tiers_niceness() -> None:

@@ -14,18 +14,7 @@ from hapi.bench._config import BenchConfig
 from hapi.bench._results import RunResult
 from hapi.bench._sweep import _Cell, contenders
 from hapi.bench._tier import steal_seconds
-from tests.bench.support import run
-
-OPTIONS = {
-    "models": None,
-    "regimes": None,
-    "seconds": None,
-    "splits": None,
-    "storage_batch": None,
-    "storage_competitor": False,
-    "nice": None,
-    "full_sweep": False,
-}
+from tests.bench.support import CLI_OPTIONS, run
 
 
 def _runs(*results: RunResult) -> dict[tuple[int | None, str], RunResult]:
@@ -62,9 +51,9 @@ def test_the_no_pushdown_loaders_are_contenders_even_far_behind() -> None:
 
 
 def test_repeats_reach_the_config_and_bad_values_are_refused(tmp_path: Path) -> None:
-    assert _config(False, tmp_path, {**OPTIONS, "repeats": None}).repeats == 3
-    assert _config(True, tmp_path, {**OPTIONS, "repeats": None}).repeats == 2
-    assert _config(True, tmp_path, {**OPTIONS, "repeats": 5}).repeats == 5
+    assert _config(False, tmp_path, {**CLI_OPTIONS, "repeats": None}).repeats == 3
+    assert _config(True, tmp_path, {**CLI_OPTIONS, "repeats": None}).repeats == 2
+    assert _config(True, tmp_path, {**CLI_OPTIONS, "repeats": 5}).repeats == 5
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         BenchConfig(out=tmp_path, repeats=0)
 

@@ -31,6 +31,17 @@ def _get(gateway, bucket: str, key: str, *, cache: str | None = None, **params: 
     return httpx.get(gateway.endpoint_url + path, headers=headers, timeout=120)
 
 
+def _hits(gateway, bucket: str, key: str, **params: object) -> bool:
+    """Whether a GET of features is answered from the cache."""
+    return _get(gateway, bucket, key, **params).headers["x-hapi-cache"] == "hit"
+
+
+def _warm(gateway, bucket: str, key: str, **params: object) -> None:
+    """Compute ``key``'s features once, then wait until the cache answers them."""
+    _get(gateway, bucket, key, **params)
+    _wait_for(lambda: _hits(gateway, bucket, key, **params), f"a hit on {key}")
+
+
 def _batch(gateway, bucket: str, keys: list[str], **spec: object) -> httpx.Response:
     body = json.dumps({"keys": keys, **spec}).encode()
     path = f"/{bucket}?hapi-batch"
@@ -145,9 +156,7 @@ def test_an_overwritten_object_misses(gateway, registered, backend_s3, photos):
     bucket, _ = photos
     _get(gateway, bucket, "cat.jpg", model="r18", split=5)
     _wait_for(
-        lambda: (
-            _get(gateway, bucket, "cat.jpg", model="r18", split=5).headers["x-hapi-cache"] == "hit"
-        ),
+        lambda: _hits(gateway, bucket, "cat.jpg", model="r18", split=5),
         "a hit",
     )
     backend_s3.put_object(
@@ -167,24 +176,14 @@ def test_models_sharing_a_frozen_prefix_share_entries(gateway, registered, backe
     assert [b.hash for b in twin.blocks] == [b.hash for b in registered["r18"].blocks]
     _get(gateway, bucket, "coffee.jpg", model="r18", split=6)
     _wait_for(
-        lambda: (
-            _get(gateway, bucket, "coffee.jpg", model="r18-twin", split=6).headers["x-hapi-cache"]
-            == "hit"
-        ),
+        lambda: _hits(gateway, bucket, "coffee.jpg", model="r18-twin", split=6),
         "the twin to hit the first model's entry",
     )
 
 
 def test_a_batch_mixes_hits_and_misses_in_key_order(gateway, registered, backend_s3, photos):
     bucket, _ = photos
-    _get(gateway, bucket, "coffee.jpg", model="r18", split=1)
-    _wait_for(
-        lambda: (
-            _get(gateway, bucket, "coffee.jpg", model="r18", split=1).headers["x-hapi-cache"]
-            == "hit"
-        ),
-        "a hit",
-    )
+    _warm(gateway, bucket, "coffee.jpg", model="r18", split=1)
     keys = ["rocket.jpg", "missing.jpg", "coffee.jpg", "cat.jpg"]
     mixed = _batch(gateway, bucket, keys, model="r18", split=1)
     plain = _batch(gateway, bucket, keys, model="r18", split=1, cache="bypass")
@@ -331,9 +330,7 @@ def test_an_anonymous_caller_gets_no_cached_features_of_a_private_object(
     bucket, _ = photos
     _get(gateway, bucket, "cat.jpg", model="r18", split=4)  # signed: computed and cached
     _wait_for(
-        lambda: (
-            _get(gateway, bucket, "cat.jpg", model="r18", split=4).headers["x-hapi-cache"] == "hit"
-        ),
+        lambda: _hits(gateway, bucket, "cat.jpg", model="r18", split=4),
         "a hit",
     )
     url = f"{gateway.endpoint_url}/{bucket}/cat.jpg?hapi-model=r18&hapi-split=4"
@@ -356,14 +353,7 @@ def test_a_window_of_cache_hits_submits_no_empty_batch(
         log_dir=tmp_path,
         extra_args=("--max-decoded-bytes", "1MiB"),  # one r18 sample per window
     ) as small:
-        _get(small, bucket, "coffee.jpg", model="r18", split=1)
-        _wait_for(
-            lambda: (
-                _get(small, bucket, "coffee.jpg", model="r18", split=1).headers["x-hapi-cache"]
-                == "hit"
-            ),
-            "a hit",
-        )
+        _warm(small, bucket, "coffee.jpg", model="r18", split=1)
         mixed = _batch(small, bucket, ["coffee.jpg", "cat.jpg"], model="r18", split=1)
         plain = _batch(
             small, bucket, ["coffee.jpg", "cat.jpg"], model="r18", split=1, cache="bypass"

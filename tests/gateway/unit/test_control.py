@@ -13,19 +13,18 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 
 from hapi.gateway import Credentials, GatewaySettings, ProbeMeter, S3Error, create_app
-from tests.gateway.support import CLIENT, GATEWAY, MemoryRegistry, client_signed, memory_store
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.gateway.support import (
+    CLIENT,
+    GATEWAY,
+    ManualClock,
+    MemoryRegistry,
+    client_signed,
+    memory_store,
+)
 
 
 def test_meter_allows_a_minutes_bytes_then_refills_at_its_rate() -> None:
-    clock = Clock()
+    clock = ManualClock()
     meter = ProbeMeter(600, clock=clock)  # 10 bytes per second
     meter.take("a", 600)
     with pytest.raises(S3Error) as refused:

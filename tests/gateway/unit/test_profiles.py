@@ -9,6 +9,7 @@ import pytest
 
 from hapi.gateway._profiles import ProfiledRun, StorageProfiler, TimedRun, batch_bucket
 from hapi.models import RuntimeSettings, compose, create_session
+from tests.gateway.support import ManualClock
 from tests.models.unit.test_block_times import _block
 from tests.planner.synthetic import manifest
 
@@ -143,18 +144,8 @@ def test_a_profiled_run_says_while_it_profiles(tmp_path: Path) -> None:
     assert states == [True, True, True, False]
 
 
-class _Clock:
-    """Wall seconds that move only when told to."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_runs_after_an_idle_gap_are_served_only_where_nothing_ran_back_to_back() -> None:
-    clock = _Clock()
+    clock = ManualClock(100.0)
     profiler = StorageProfiler(clock)
     first = MODEL.blocks[0].hash
 
@@ -183,7 +174,7 @@ def test_runs_after_an_idle_gap_are_served_only_where_nothing_ran_back_to_back()
 
 
 def test_a_timed_run_records_whether_it_ran_back_to_back() -> None:
-    clock = _Clock()
+    clock = ManualClock(100.0)
     profiler = StorageProfiler(clock)
     run = TimedRun(lambda x: x, MODEL, 3, device="cpu", profiler=profiler, cpu_clock=True)
     batch = np.zeros((2, 1), np.float32)
