@@ -23,6 +23,9 @@ from ._settings import GatewaySettings
 from ._types import ASGIReceive, ASGISend, Scope
 
 _WORKER_STARTUP_S = 120
+_SHUTDOWN_GRACE_S = 5
+"""On SIGINT or SIGTERM, requests still open after this long are cancelled: a client
+stalled mid-upload would otherwise hold the gateway (and ``hapi up``) forever."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +189,7 @@ def edge_config(settings: GatewaySettings, host: str, port: int) -> EdgeConfig:
         # A spawned worker answers health checks only once it has imported the gateway,
         # which takes seconds on a busy machine: a short deadline kills it in a loop.
         timeout_worker_healthcheck=_WORKER_STARTUP_S,
+        timeout_graceful_shutdown=_SHUTDOWN_GRACE_S,
     )
     config.edge = EdgeLimits.from_settings(settings)
     return config
