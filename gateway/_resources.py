@@ -67,7 +67,9 @@ async def open_pushdown(
     sessions (the seams in-process tests use).
     """
     workers = settings.decode_workers or os.cpu_count() or 2
-    runtime = RuntimeSettings(device=settings.device, intra_op_threads=settings.intra_op_threads)
+    runtime = RuntimeSettings(
+        device=settings.device, intra_op_threads=settings.intra_op_threads, tf32=settings.tf32
+    )
     with (
         ThreadPoolExecutor(workers, thread_name_prefix="hapi-decode") as decode_pool,
         ThreadPoolExecutor(1, thread_name_prefix="hapi-infer") as infer_pool,

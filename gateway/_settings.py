@@ -70,6 +70,8 @@ class GatewaySettings:
         decode_workers: Threads decoding and preprocessing (0: one per core).
         device: Where blocks run: auto (CUDA when usable), cpu or cuda.
         intra_op_threads: onnxruntime threads per operator (0: onnxruntime decides).
+        tf32: On a GPU, let convolutions and matrix products run in TF32: faster, but
+            features then differ from float32's by about 1e-3 of their largest value.
         fixed_batch_size: A fixed storage-side batch size instead of the adaptive one (for
             benchmarks and comparisons).
         assumed_bandwidth_bps: The client link split=auto plans for when a request does not
@@ -139,6 +141,7 @@ class GatewaySettings:
     decode_workers: int = 0
     device: Device = "auto"
     intra_op_threads: int = 0
+    tf32: bool = False
     fixed_batch_size: int | None = None
     assumed_bandwidth_bps: float = field(
         default=1e9,
