@@ -34,13 +34,14 @@ from hapi.models import (
     TenantStats,
     assemble_blocks,
     create_session,
+    cuda_usable,
     parse_ref,
 )
 from hapi.models import NoSuchModel as RegistryNoSuchModel
 
 from ._batcher import Batcher, MemoryBudget, OutOfMemory
 from ._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
-from ._profiles import ProfiledRun, StorageProfiler, TimedRun
+from ._profiles import ChainedRun, ProfiledRun, StorageProfiler, TimedRun
 from ._registry import AsyncRegistry
 
 _OOM_MARKERS = (
@@ -93,6 +94,10 @@ class _Tenant:
         await self.batcher.close()
         if self.run is not None:
             await asyncio.to_thread(self.run.close)
+
+
+def _device_of(session: Any) -> str:
+    return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
 
 
 def ort_runner(session: Any) -> Callable[[np.ndarray], np.ndarray]:
@@ -286,12 +291,19 @@ class Tenants:
     def _session(
         self, manifest: Manifest, split: int, blobs: list[bytes | None]
     ) -> Callable[[np.ndarray], np.ndarray]:
-        prefix = os.path.join(tempfile.gettempdir(), f"hapi-profile-{os.getpid()}-")
         graph = assemble_blocks(manifest, 0, blobs)
-        session = create_session(graph, self._runtime, profile_prefix=prefix)
-        on_cuda = session.get_providers()[0] == "CUDAExecutionProvider"
-        self._device = "cuda" if on_cuda else "cpu"
-        return ProfiledRun(ort_runner(session), session, split)
+        if not (self._runtime.device != "cpu" and cuda_usable()):
+            prefix = os.path.join(tempfile.gettempdir(), f"hapi-profile-{os.getpid()}-")
+            session = create_session(graph, self._runtime, profile_prefix=prefix)
+            self._device = _device_of(session)
+            return ProfiledRun(ort_runner(session), session, split)
+        session = create_session(graph, self._runtime)
+        self._device = _device_of(session)
+        chain = [
+            ort_runner(create_session(assemble_blocks(manifest, i, [blob]), self._runtime))
+            for i, blob in enumerate(blobs)
+        ]
+        return ChainedRun(ort_runner(session), chain)
 
     async def _evict(self) -> None:
         while len(self._tenants) > self._max_tenants:

@@ -123,9 +123,9 @@ class BlockTime(Figure):
     0 in the all-batches figure and in the manifest's). ``clock`` is ``cpu`` when the run's
     thread CPU time was taken (one intra-op thread on the CPU provider: immune to the core
     being shared), ``wall`` otherwise. A run of blocks ``[0, split)`` is timed as a whole;
-    ``split_by`` says how its time was divided among the blocks: ``measured`` by
-    onnxruntime's per-node profile of real batches, ``manifest`` by the export-time
-    per-block times."""
+    ``split_by`` says how its time was divided among the blocks: ``measured`` from real
+    batches (onnxruntime's per-node profile on the CPU; on a GPU each block timed alone,
+    per batch bucket), ``manifest`` by the export-time per-block times."""
 
     block: int
     device: str

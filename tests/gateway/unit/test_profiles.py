@@ -7,7 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hapi.gateway._profiles import ProfiledRun, StorageProfiler, TimedRun, batch_bucket
+from hapi.gateway._profiles import (
+    ChainedRun,
+    ProfiledRun,
+    StorageProfiler,
+    TimedRun,
+    batch_bucket,
+)
 from hapi.models import RuntimeSettings, compose, create_session
 from tests.gateway.support import ManualClock
 from tests.models.unit.test_block_times import _block
@@ -185,3 +191,100 @@ def test_a_timed_run_records_whether_it_ran_back_to_back() -> None:
     run(batch)  # back to back: the warm figure replaces the cold one
     run(batch)
     assert profiler.profile(MODEL).blocks[0].samples == 4
+
+
+class _Block:
+    """A block that takes ``seconds`` of a manual clock per run (``first`` the first time),
+    and adds one."""
+
+    def __init__(self, clock: ManualClock, seconds: float, first: float | None = None) -> None:
+        self.clock, self.seconds, self.first, self.runs = clock, seconds, first, 0
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        self.clock.now += self.first if self.runs == 0 and self.first else self.seconds
+        self.runs += 1
+        return batch + 1
+
+
+def test_a_gpu_session_learns_each_buckets_shares_from_each_block_timed_alone() -> None:
+    # On a GPU onnxruntime's per-node profile times kernel launches (an H100 gave
+    # ResNet18's blocks shares up to 0.18 off), so each block runs alone instead; and the
+    # division moves with the batch size there, so each bucket learns its own.
+    clock = ManualClock()
+    chain = [_Block(clock, 0.03, first=10.0), _Block(clock, 0.01, first=10.0)]
+    run = ChainedRun(lambda x: x * 2, chain, repeats=3, clock=clock)
+    four = np.ones((4, 1), np.float32)
+    assert run.profiling_for(4) and run.shares_for(4) is None
+    assert run(four).tolist() == (four * 2).tolist()  # the composed run's output
+    assert [b.runs for b in chain] == [4, 4]  # the warm-up (cuDNN's search), three timed
+    assert run.shares_for(3) == pytest.approx((0.75, 0.25))  # 3 counts under bucket 4
+    assert not run.profiling_for(4) and run.profiling_for(32)
+    run(four)
+    assert [b.runs for b in chain] == [4, 4]  # a learned bucket runs the composed graph only
+
+    chain[0].seconds, chain[1].seconds = 0.01, 0.03  # larger batches divide differently
+    run(np.ones((32, 1), np.float32))
+    assert run.shares_for(32) == pytest.approx((0.25, 0.75))
+    assert run.shares_for(4) == pytest.approx((0.75, 0.25))
+
+
+def test_the_median_of_the_repeats_counts_not_one_delayed_timing() -> None:
+    clock = ManualClock()
+    chain = [_Block(clock, 0.01), _Block(clock, 0.01)]
+    delayed = chain[1]
+
+    def late(batch: np.ndarray) -> np.ndarray:  # another thread held the core once
+        out = _Block.__call__(delayed, batch)
+        if delayed.runs == 3:
+            clock.now += 1.0
+        return out
+
+    run = ChainedRun(lambda x: x, [chain[0], late], repeats=5, clock=clock)
+    run(np.ones((8, 1), np.float32))
+    assert run.shares_for(8) == pytest.approx((0.5, 0.5))
+
+
+def test_one_block_needs_no_chain_and_a_closed_run_stops_chaining() -> None:
+    clock = ManualClock()
+    alone = _Block(clock, 0.01)
+    single = ChainedRun(lambda x: x, [alone], clock=clock)
+    assert single.shares_for(8) == (1.0,) and not single.profiling_for(8)
+    single(np.ones((1, 1), np.float32))
+    assert alone.runs == 0
+
+    chain = [_Block(clock, 0.01), _Block(clock, 0.02)]
+    run = ChainedRun(lambda x: x, chain, clock=clock)
+    run.close()
+    run(np.ones((1, 1), np.float32))
+    assert run.shares_for(1) is None and not run.profiling_for(1)
+    assert [b.runs for b in chain] == [0, 0]
+
+
+def test_timed_runs_take_the_division_of_their_batchs_bucket() -> None:
+    clock = ManualClock()
+    chain = [_Block(clock, 0.02), _Block(clock, 0.02)]
+    profiler = StorageProfiler()
+    composed = ChainedRun(lambda x: x, chain, clock=clock)
+    run = TimedRun(composed, MODEL, 2, device="cuda", profiler=profiler, cpu_clock=False)
+    run(np.ones((2, 1), np.float32))  # cold, and the bucket's chained batch: not counted
+    run(np.ones((4, 1), np.float32))  # a new bucket's chained batch: not counted either
+    assert profiler.profile(MODEL).batches == []
+    run(np.ones((2, 1), np.float32))
+    figures = [(b.block, b.batch, b.split_by, b.device) for b in profiler.profile(MODEL).batches]
+    assert figures == [(0, 2, "measured", "cuda"), (1, 2, "measured", "cuda")]
+
+
+def test_a_chain_of_real_sessions_learns_the_heavier_block() -> None:
+    settings = RuntimeSettings(device="cpu", intra_op_threads=1)
+    blocks = [_block(256, 1), _block(256, 6)]
+    composed = create_session(compose(blocks), settings)
+    chain = [create_session(b, settings) for b in blocks]
+    run = ChainedRun(
+        lambda x: composed.run(None, {"input": x})[0],
+        [lambda x, s=s: s.run(None, {"input": x})[0] for s in chain],
+    )
+    batch = np.ones((32, 256), np.float32)
+    while run.profiling_for(len(batch)):
+        assert np.array_equal(run(batch), batch)  # identity weights: every block returns x
+    shares = run.shares_for(len(batch))
+    assert shares is not None and shares[1] > shares[0]  # six matmuls against one
