@@ -10,7 +10,7 @@ PACKAGES := gateway planner models sdk store cli bench examples
 # instead, where every `hapi.*` import resolves to the real sources (mypy_path).
 MYPY_TREE := build/mypy/hapi
 
-.PHONY: run test test-slow check lint format bench-proxy bench-pushdown bench-load bench clean venv
+.PHONY: run test test-slow check lint format bench-proxy bench-pushdown bench-device bench-load bench clean venv
 
 venv: $(STAMP)
 
@@ -54,6 +54,11 @@ bench-proxy: $(STAMP)
 
 bench-pushdown: $(STAMP)
 	$(PY) -m hapi.bench._pushdown --out bench-results
+
+# The storage side's blocks on a GPU: fidelity (TF32 off and on), samples/s per batch
+# size, how a batch's time divides among blocks; needs a CUDA GPU (DEVICE_ARGS="--device cpu" to try it anywhere).
+bench-device: $(STAMP)
+	$(PY) -m hapi.bench._device --out bench-results $(DEVICE_ARGS)
 
 # Bounded load (150 clients, 60 s): gateway, nginx and the store; e.g. LOAD_ARGS="--workers 2".
 bench-load: $(STAMP)

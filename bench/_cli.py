@@ -112,6 +112,7 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
         "splits": _integers(options["splits"], "--splits"),
         "storage_batch": options["storage_batch"],
         "storage_competitor": options["storage_competitor"] or None,
+        "storage_device": options.get("storage_device"),
         "niceness": options["nice"],
         "bound_factor": 0.0 if options["full_sweep"] else None,
         "epochs": options.get("epochs"),
@@ -156,6 +157,12 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
     help="Run a CPU-bound busy loop on the storage tier's core for the whole sweep.",
 )
 @click.option(
+    "--storage-device",
+    type=click.Choice(["cpu", "cuda"]),
+    help="Where the storage tier's gateway runs blocks: its core, or onnxruntime's CUDA "
+    "provider (decoding and HTTP stay on its core) [default: cpu].",
+)
+@click.option(
     "--repeats",
     type=click.IntRange(min=1),
     help="Epochs of each contender of a cell (the pick, the baseline, the SDK without "
@@ -193,6 +200,11 @@ def bench(quick: bool, out: Path, **options: Any) -> None:
     from ._preflight import check_environment
 
     config = _config(quick, out, options)
+    if config.storage_device == "cuda":
+        from hapi.models import cuda_usable
+
+        if not cuda_usable():
+            raise UserError("--storage-device cuda: onnxruntime finds no usable CUDA GPU here")
     try:
         check_environment()
     except TestbedUnavailable as exc:

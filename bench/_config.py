@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from hapi.models import FAMILIES
 
@@ -39,6 +40,8 @@ class BenchConfig:
             batching.
         storage_competitor: Run a CPU-bound process on the storage tier's core for the
             whole sweep (a loaded storage side).
+        storage_device: Where the storage tier's gateway runs blocks: ``cpu`` or ``cuda``
+            (onnxruntime's CUDA provider; its decoding and HTTP stay on its core).
         niceness: Scheduling niceness of both tiers: 0 shares the cores fairly with other
             work on the machine; negative (root only) puts the benchmark ahead of it.
         seed: Dataset seed.
@@ -64,6 +67,7 @@ class BenchConfig:
     splits: tuple[int, ...] | None = None
     storage_batch: int | None = None
     storage_competitor: bool = False
+    storage_device: Literal["cpu", "cuda"] = "cpu"
     niceness: int = 0
     seed: int = 0
     epochs: int = 0
@@ -87,6 +91,8 @@ class BenchConfig:
             raise ValueError("bound_factor must be >= 0")
         if not -20 <= self.niceness <= 19:
             raise ValueError("niceness must be in -20..19")
+        if self.storage_device not in ("cpu", "cuda"):
+            raise ValueError(f"storage_device must be cpu or cuda, not {self.storage_device!r}")
         if self.repeats < 1:
             raise ValueError("repeats must be >= 1")
         if self.epochs == 1 or self.epochs < 0 or self.sweep_jobs < 0:

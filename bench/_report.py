@@ -343,7 +343,8 @@ def _run_line(meta: dict[str, Any]) -> list[str]:
         return []
     return [
         f"Finished {meta.get('date', '')} on {machine.get('cpu')} ({machine.get('cores')} cores; client "
-        f"on CPU {machine.get('client_cpu')}, storage on CPU {machine.get('storage_cpu')}, "
+        f"on CPU {machine.get('client_cpu')}, storage on CPU {machine.get('storage_cpu')}"
+        f"{' with its blocks on the GPU' if machine.get('storage_device') == 'cuda' else ''}, "
         f"niceness {machine.get('niceness', 0)}{_competitor_note(machine, phases)}); "
         f"{phases.get('total_s', 0):.0f} s in all; "
         f"load average {phases.get('load_average_before', 0):.2f} before, "

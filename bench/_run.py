@@ -75,6 +75,7 @@ def testbed(config: BenchConfig, storage_cpu: int) -> Iterator[tuple[Link, Stora
             config.storage_batch,
             config.niceness,
             uncached=config.epochs > 0,
+            device=config.storage_device,
         )
         with tier:
             yield link, tier
@@ -232,6 +233,7 @@ def _meta(
             "storage_cpu": storage_cpu,
             "niceness": config.niceness,
             "storage_competitor": config.storage_competitor,
+            "storage_device": config.storage_device,
         },
         "client": "hapi.sdk.IterableFeatureDataset (prefetch 4) + linear head",
         "regimes": {name: REGIMES[name] for name in config.regimes},

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from botocore.credentials import Credentials as BotoCredentials
@@ -40,6 +40,9 @@ MEMORY_BUDGET = 6 * 1024**3  # the sweep keeps a session per split; never the li
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+StorageDevice = Literal["cpu", "cuda"]
+
+
 @dataclass(frozen=True, kw_only=True)
 class TierSpec:
     """What the tier process needs."""
@@ -55,6 +58,7 @@ class TierSpec:
     fixed_batch: int | None = None
     uncached_port: int | None = None
     gateway_only: bool = False
+    device: StorageDevice = "cpu"
 
     @classmethod
     def generate(
@@ -63,6 +67,7 @@ class TierSpec:
         data_dir: Path,
         fixed_batch: int | None = None,
         uncached_port: int | None = None,
+        device: StorageDevice = "cpu",
     ) -> TierSpec:
         """Fresh credentials for one run."""
         return cls(
@@ -70,6 +75,7 @@ class TierSpec:
             data_dir=str(data_dir),
             fixed_batch=fixed_batch,
             uncached_port=uncached_port,
+            device=device,
             store_key="BENCHSTORE" + secrets.token_hex(5).upper(),
             store_secret=secrets.token_urlsafe(30),
             client_key="BENCHCLIENT" + secrets.token_hex(5).upper(),
@@ -133,6 +139,8 @@ class StorageTier:
         niceness: Scheduling niceness of the tier (negative: ahead of other work).
         uncached: Also run a second gateway with its feature cache off (on
             ``UNCACHED_PORT``, same store, same core), for the cache's overhead.
+        device: Where the gateway runs blocks: ``cpu`` (one intra-op thread, on ``cpu``)
+            or ``cuda`` (onnxruntime's CUDA provider; decoding and HTTP stay on ``cpu``).
     """
 
     def __init__(
@@ -144,12 +152,15 @@ class StorageTier:
         fixed_batch: int | None = None,
         niceness: int = 0,
         uncached: bool = False,
+        device: StorageDevice = "cpu",
     ) -> None:
         self.link = link
         self.cpu = cpu
         self.niceness = niceness
         second = UNCACHED_PORT if uncached else None
-        self.spec = TierSpec.generate(link.storage_ip, workdir / "store", fixed_batch, second)
+        self.spec = TierSpec.generate(
+            link.storage_ip, workdir / "store", fixed_batch, second, device=device
+        )
         self.log = log
         self.pids: list[int] = []
         self._process: subprocess.Popen[bytes] | None = None
@@ -255,7 +266,7 @@ def _gateway_settings(spec: TierSpec, backend_url: str, *, cache: bool) -> Any:
         backend_url=backend_url,
         backend_credentials=Credentials(spec.store_key, spec.store_secret),
         client_secrets={spec.client_key: spec.client_secret},
-        device="cpu",
+        device=spec.device,
         intra_op_threads=1,
         decode_workers=1,
         memory_budget_bytes=MEMORY_BUDGET,

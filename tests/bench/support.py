@@ -50,6 +50,7 @@ CLI_OPTIONS: dict[str, object] = {
     "splits": None,
     "storage_batch": None,
     "storage_competitor": False,
+    "storage_device": None,
     "nice": None,
     "full_sweep": False,
 }
