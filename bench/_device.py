@@ -113,8 +113,7 @@ def _normalized(values: Any) -> list[float]:
 
 def run(out: Path, families: list[str], device: Device, repeats: int) -> dict[str, Any]:
     """Every step for every model; returns and writes the results."""
-    from hapi.gateway import Credentials, GatewaySettings
-    from hapi.gateway._resources import memory_budget
+    from hapi.gateway import Credentials, GatewaySettings, memory_budget
 
     if device == "cuda" and not cuda_usable():
         raise SystemExit(

@@ -11,6 +11,7 @@ from ._control import ProbeMeter
 from ._errors import S3Error
 from ._knobs import Knob, markdown_table
 from ._registry import AsyncRegistry, StoreRegistry
+from ._resources import memory_budget
 from ._server import listen, run_gateway
 from ._settings import GatewaySettings, environment_variables, settings_knobs
 from ._sigv4 import Credentials, sign_request
@@ -30,6 +31,7 @@ __all__ = [
     "environment_variables",
     "listen",
     "markdown_table",
+    "memory_budget",
     "run_gateway",
     "serve",
     "settings_knobs",
