@@ -138,18 +138,18 @@ def run(out: Path, families: list[str], device: Device, repeats: int) -> dict[st
         exported = models.export_model(family, runtime=_CPU)
         freeze = len(exported.blocks)
         splits = sorted({max(1, freeze // 4), max(1, freeze // 2), freeze})
+        inputs = {size: _batch(exported.preprocess, size) for size in {*BATCHES, 4, 8}}
         rows = []
         for split in splits:
             graph = _graph(exported, 0, split)
-            fidelity = _fidelity(graph, device, _batch(exported.preprocess, 8))
+            fidelity = _fidelity(graph, device, inputs[8])
             speed: dict[bool, dict[int, float]] = {}
             for tf32 in (False, True):
                 session = _session(graph, device, tf32=tf32)
                 speed[tf32] = {
-                    size: size / _timed(session, _batch(exported.preprocess, size), repeats)
-                    for size in BATCHES
+                    size: size / _timed(session, inputs[size], repeats) for size in BATCHES
                 }
-            cpu = 4 / _timed(create_session(graph, _CPU), _batch(exported.preprocess, 4), 3)
+            cpu = 4 / _timed(create_session(graph, _CPU), inputs[4], 3)
             rows.append(
                 {
                     "split": split,

@@ -255,6 +255,15 @@ class ProfiledRun:
         serving time: every node adds an event)."""
         return self._left > 0
 
+    def profiling_for(self, size: int) -> bool:
+        """:attr:`profiling`, whatever the batch's size (the interface
+        :class:`TimedRun` reads, shared with :class:`ChainedRun`)."""
+        return self.profiling
+
+    def shares_for(self, size: int) -> tuple[float, ...] | None:
+        """:attr:`shares`: on the CPU the division barely moves with the batch size."""
+        return self.shares
+
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         out = self._run(batch)
         with self._lock:
@@ -379,8 +388,8 @@ class TimedRun:
     """Runs a batch through blocks ``[0, split)`` and times that run alone (no decode,
     queueing or HTTP) into a :class:`StorageProfiler`, divided among the blocks.
 
-    The division comes from the run when it has learned it (a :class:`ProfiledRun`'s
-    ``shares``, a :class:`ChainedRun`'s ``shares_for`` the batch's bucket), else from the
+    The division comes from the run's ``shares_for`` the batch when it has learned it (a
+    :class:`ProfiledRun` or a :class:`ChainedRun`), else from the
     manifest's per-block times (export-time); each figure says which (``split_by``).
     The session's first run (it plans and allocates its memory) and the runs profiled
     per node are not counted: neither is what a batch costs once the session serves.
@@ -459,16 +468,13 @@ class TimedRun:
 
 
 def _profiling(run: BlockRun, size: int) -> bool:
-    per_bucket = getattr(run, "profiling_for", None)
-    if callable(per_bucket):
-        return bool(per_bucket(size))
-    return bool(getattr(run, "profiling", False))
+    """Whether ``run`` learns from a batch of ``size`` (a plain run never does)."""
+    profiling_for = getattr(run, "profiling_for", None)
+    return callable(profiling_for) and bool(profiling_for(size))
 
 
 def _learned(run: BlockRun, size: int) -> tuple[float, ...] | None:
-    per_bucket = getattr(run, "shares_for", None)
-    if callable(per_bucket):
-        learned: tuple[float, ...] | None = per_bucket(size)
-        return learned
-    shares: tuple[float, ...] | None = getattr(run, "shares", None)
-    return shares
+    """The division ``run`` learned for a batch of ``size``; ``None`` if none."""
+    shares_for = getattr(run, "shares_for", None)
+    learned: tuple[float, ...] | None = shares_for(size) if callable(shares_for) else None
+    return learned

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from hapi.models import RuntimeSettings, cuda_usable
+from hapi.models import RuntimeSettings, runs_on_cuda
 
 from ._batcher import MemoryBudget
 from ._cache import FeatureCache
@@ -27,7 +27,7 @@ log = logging.getLogger("hapi.gateway")
 
 def memory_budget(settings: GatewaySettings) -> MemoryBudget:
     """Free GPU memory when inference runs on CUDA, the configured budget otherwise."""
-    if settings.device != "cpu" and cuda_usable():
+    if runs_on_cuda(settings.device):
         free = _gpu_free_bytes()
         if free is not None:
             return MemoryBudget(total=int(free * 0.9), source="90% of free GPU memory at start-up")

@@ -34,8 +34,8 @@ from hapi.models import (
     TenantStats,
     assemble_blocks,
     create_session,
-    cuda_usable,
     parse_ref,
+    runs_on_cuda,
 )
 from hapi.models import NoSuchModel as RegistryNoSuchModel
 
@@ -292,7 +292,7 @@ class Tenants:
         self, manifest: Manifest, split: int, blobs: list[bytes | None]
     ) -> Callable[[np.ndarray], np.ndarray]:
         graph = assemble_blocks(manifest, 0, blobs)
-        if not (self._runtime.device != "cpu" and cuda_usable()):
+        if not runs_on_cuda(self._runtime.device):
             prefix = os.path.join(tempfile.gettempdir(), f"hapi-profile-{os.getpid()}-")
             session = create_session(graph, self._runtime, profile_prefix=prefix)
             self._device = _device_of(session)

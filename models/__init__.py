@@ -81,7 +81,14 @@ from ._registry import (
     check_name,
     parse_ref,
 )
-from ._runtime import Device, RuntimeSettings, block_times, create_session, cuda_usable
+from ._runtime import (
+    Device,
+    RuntimeSettings,
+    block_times,
+    create_session,
+    cuda_usable,
+    runs_on_cuda,
+)
 from ._schema import (
     BlockProfile,
     BlockTime,
@@ -194,6 +201,7 @@ __all__ = [
     "preprocess",
     "preprocess_batch",
     "register_default_model",
+    "runs_on_cuda",
     "sample_images",
     "store_options",
     "to_wire_dtype",

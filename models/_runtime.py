@@ -103,13 +103,19 @@ def cuda_usable() -> bool:
         ort.set_default_logger_severity(_ORT_DEFAULT_SEVERITY)
 
 
+def runs_on_cuda(device: Device) -> bool:
+    """Whether sessions for ``device`` land on the CUDA provider here (``cpu`` never;
+    ``auto`` and ``cuda`` when it is usable)."""
+    return device != "cpu" and cuda_usable()
+
+
 def providers(settings: RuntimeSettings) -> list[str | tuple[str, dict[str, Any]]]:
     """The provider list for ``settings`` (CUDA first only when usable).
 
     Raises:
         SessionError: ``device="cuda"`` but no usable CUDA device.
     """
-    use_cuda = settings.device != "cpu" and cuda_usable()
+    use_cuda = runs_on_cuda(settings.device)
     if settings.device == "cuda" and not use_cuda:
         raise SessionError("device 'cuda' requested, but onnxruntime finds no usable CUDA GPU")
     if not use_cuda:

@@ -50,7 +50,8 @@ def test_availability_is_process_cpu_over_wall_at_most_one() -> None:
 class _Learned:
     """A run that has learned how its time divides among three blocks."""
 
-    shares = (0.5, 0.25, 0.25)
+    def shares_for(self, size: int) -> tuple[float, ...]:
+        return (0.5, 0.25, 0.25)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         return batch + 1
@@ -112,11 +113,12 @@ class _Profiling:
 
     def __init__(self, batches: int) -> None:
         self.left = batches
-        self.shares = (0.5, 0.25, 0.25)
 
-    @property
-    def profiling(self) -> bool:
+    def profiling_for(self, size: int) -> bool:
         return self.left > 0
+
+    def shares_for(self, size: int) -> tuple[float, ...]:
+        return (0.5, 0.25, 0.25)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         self.left -= 1
