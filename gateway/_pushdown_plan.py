@@ -23,9 +23,9 @@ def choose_split(
     block, decode and availability figures (``storage``, the manifest's where nothing
     ran), its memory share and load; the client's bandwidth from ``x-hapi-bandwidth``,
     else the configured assumption; a client on this machine shares its cores. Raw
-    objects are not an option here: the client asked for features. As in the planner,
-    a split sending more bytes than a raw object must be clearly faster than one that
-    does not.
+    objects are priced but not chosen: the client asked for features. The planner's
+    rule on bytes holds here too: a split sending more bytes than a raw object must be
+    clearly faster than one that does not (more so on one machine).
     """
     view = planner.GatewayProfile(
         model=manifest.ref,
@@ -40,20 +40,11 @@ def choose_split(
         )
     )
     bandwidth = params.bandwidth_bps or assumed_bandwidth_bps
-    options = [
-        c
-        for c in planner.plan(manifest, profile, bandwidth).candidates
-        if c.split is not None and c.feasible
-    ]
-    if not options:
+    try:
+        chosen = planner.plan(manifest, profile, bandwidth, features_only=True)
+    except planner.NoFeasibleSplit:
         raise InsufficientMemory(
             f"no split of {manifest.ref} fits the storage side's memory budget"
-        )
-    best = min(options, key=lambda c: (c.epoch_s, c.bytes_per_sample))
-    lean = [c for c in options if c.bytes_per_sample <= profile.raw_bytes]
-    if best.bytes_per_sample > profile.raw_bytes and lean:
-        fallback = min(lean, key=lambda c: (c.epoch_s, c.bytes_per_sample))
-        if fallback.epoch_s <= best.epoch_s * (1 + planner.DEFAULT_BYTE_MARGIN):
-            best = fallback
-    assert best.split is not None
-    return int(best.split)
+        ) from None
+    assert chosen.split is not None
+    return chosen.split

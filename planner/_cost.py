@@ -334,6 +334,7 @@ def plan(
     dataset_size: int = DEFAULT_DATASET_SIZE,
     byte_margin: float = DEFAULT_BYTE_MARGIN,
     allow_lower_precision: bool = False,
+    features_only: bool = False,
 ) -> Plan:
     """Predict every candidate's epoch time and choose the fastest feasible one.
 
@@ -349,6 +350,8 @@ def plan(
         allow_lower_precision: Also consider float16 features (half the bytes of
             float32) and choose them when faster; otherwise they are only priced, for
             the explanation.
+        features_only: Choose among splits only: the client asked for features (the
+            gateway's ``split=auto``). Reading raw objects is still priced.
 
     Returns:
         The plan. Ties go to the candidate sending fewer bytes, then to the earlier split.
@@ -362,7 +365,7 @@ def plan(
         raise InvalidInput(f"byte margin must be >= 0, not {byte_margin}")
     if profile.shared_compute:
         byte_margin = max(byte_margin, SHARED_BYTE_MARGIN)
-    sizes = (batch_size, dataset_size, byte_margin)
+    sizes = (batch_size, dataset_size, byte_margin, features_only)
     main = _plan_in(manifest, profile, bandwidth_bps, *sizes)
     if _ITEMSIZE[profile.wire_dtype] <= _ITEMSIZE[LOWER_PRECISION]:
         return main
@@ -379,6 +382,7 @@ def _plan_in(
     batch_size: int,
     dataset_size: int,
     byte_margin: float,
+    features_only: bool,
 ) -> Plan:
     batches = math.ceil(dataset_size / batch_size)
     splits: list[int | None] = [None, *range(manifest.freeze + 1)]
@@ -386,11 +390,11 @@ def _plan_in(
         _candidate(profile, split, manifest.freeze, bandwidth_bps, batch_size, batches)
         for split in splits
     )
-    feasible = [c for c in candidates if c.feasible]
+    feasible = [c for c in candidates if c.feasible and not (features_only and c.split is None)]
     if not feasible:
+        beyond = "" if features_only else ", not even reading raw objects"
         raise NoFeasibleSplit(
-            f"no split of {manifest.ref} fits the memory budgets, not even reading raw objects",
-            candidates,
+            f"no split of {manifest.ref} fits the memory budgets{beyond}", candidates
         )
     best, note = _guard_bytes(feasible, profile.raw_bytes, byte_margin)
     return Plan(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hapi import planner
 from hapi.gateway._batcher import MemoryBudget
 from hapi.gateway._pushdown_params import Params
 from hapi.gateway._pushdown_plan import choose_split
@@ -52,3 +53,32 @@ def test_a_loaded_storage_side_pushes_fewer_blocks_down() -> None:
         update={"load": StorageLoad(available=0.1, source="measured", samples=9, age_s=2.0)}
     )
     assert _auto(loaded) < _auto(quiet)
+
+
+def test_on_one_machine_more_bytes_than_raw_must_buy_what_the_planner_asks() -> None:
+    # A busy second tenant doubles the storage side's time, so on one machine pushing
+    # blocks down costs more than it saves: split 0 (the decoded tensor, more bytes than
+    # the raw object) is predicted faster than split 2 (50 KB, fewer). The planner asks
+    # more bytes than raw to buy SHARED_BYTE_MARGIN on one machine; so must the gateway.
+    model = manifest(outputs=(200_000, 50_000), cpu_ms=(1.0, 4.0), weights=(1_000, 1_000))
+    budget = MemoryBudget(8 << 30)
+    budget.activate("other")
+    budget.activate("this")
+    storage = _storage(model, 1.0, measured=True)
+    loopback = 10e9
+
+    def auto(colocated: bool) -> int:
+        params = Params(model=model.name, split=None, bandwidth_bps=loopback, colocated=colocated)
+        return choose_split(model, params, budget, loopback, storage)
+
+    profile = planner.GatewayProfile(
+        model=model.ref, cpu_ms=(1.0, 4.0), storage=storage, memory_bytes=None, busy_tenants=1
+    ).apply(planner.profile_from_manifest(model, shared_compute=True))
+    splits = [c for c in planner.plan(model, profile, loopback).candidates if c.split is not None]
+    fastest = min(splits, key=lambda c: c.epoch_s)
+    lean = next(c for c in splits if c.split == 2)
+    assert fastest.bytes_per_sample > profile.raw_bytes > lean.bytes_per_sample
+    gain = lean.epoch_s / fastest.epoch_s - 1
+    assert planner.DEFAULT_BYTE_MARGIN < gain < planner.SHARED_BYTE_MARGIN
+    assert auto(colocated=True) == 2  # on one machine the gain does not buy the bytes
+    assert auto(colocated=False) == fastest.split  # across machines 10% does
