@@ -7,7 +7,9 @@ Definitions (per cell, i.e. one model at one bandwidth):
   included), minus one; a pick is *within tolerance* when its regret is at most 5%;
 - pipeline efficiency: a run's epoch time over its slowest stage's time, where the
   stages are the client's CPU time, the storage tier's CPU time and the link bytes at
-  the shaped rate (1.0 means the pipeline hid everything behind its bottleneck);
+  the shaped rate (1.0 means the pipeline hid everything behind its bottleneck); *at
+  the pick* it is hapi's pipeline's: ``hapi.sdk`` without pushdown where the planner
+  keeps raw objects, not the baseline loader;
 - bytes reduction: the baseline's link bytes per sample over the pick's;
 - no-pushdown overhead: the SDK's ``split=None`` epoch over the baseline loader's, the
   median of their paired rounds;
@@ -121,13 +123,22 @@ def summarize_cell(cell: CellResult, tolerance: float = TOLERANCE) -> CellSummar
         speedup=baseline.epoch_s / pick.epoch_s,
         regret=regret,
         within=regret <= tolerance + 1e-12,
-        efficiency=pick.efficiency,
+        efficiency=_efficiency_at_pick(pick, local),
         bytes_reduction=baseline.bytes_per_sample / max(pick.bytes_per_sample, 1e-9),
         measured_runs=len(measured(cell)),
         bounded_runs=len(cell.runs) - len(measured(cell)),
         steal_s=sum(run.steal_s for run in measured(cell)),
         epochs_s=sum(run.epoch_s for run in measured(cell)),
     )
+
+
+def _efficiency_at_pick(pick: RunResult, local: RunResult | None) -> float | None:
+    """Pipeline efficiency of hapi's own pipeline at the pick: where the planner keeps
+    raw objects the user runs ``hapi.sdk`` with ``split=None``, not the baseline loader
+    (``None`` when that path was not measured)."""
+    if pick.split is not None:
+        return pick.efficiency
+    return None if local is None else local.efficiency
 
 
 def overhead(local: RunResult, baseline: RunResult) -> float:

@@ -159,3 +159,15 @@ def test_write_puts_json_and_markdown_in_the_directory(tmp_path, cells: list[Cel
 
     assert [p.name for p in paths] == ["results.json", "results.md"]
     assert json.loads(paths[0].read_text())["targets"]
+
+
+def test_efficiency_at_a_no_pushdown_pick_is_hapis_pipeline_not_the_baseline_loaders() -> None:
+    # When the planner keeps raw objects, what a user runs is hapi.sdk with split=None;
+    # the baseline loader is the yardstick, not hapi's pipeline.
+    baseline = run(None, 13.6, client_cpu_s=10.0, link_s=9.8)
+    sdk = run(None, 10.5, loader="sdk", client_cpu_s=10.0, link_s=9.8)
+    summary = _report.summarize_cell(cell("balanced", None, [baseline, sdk]))
+
+    assert summary.efficiency == pytest.approx(1.05)
+    alone = _report.summarize_cell(cell("balanced", None, [baseline]))
+    assert alone.efficiency is None  # the SDK's path was not measured: nothing to judge
