@@ -145,6 +145,23 @@ def _random_profile(rng: random.Random) -> tuple[object, Profile]:
     return model, profile
 
 
+def test_features_only_chooses_the_best_split_where_raw_objects_would_win() -> None:
+    model, profile = r18(storage_load=20.0)
+    free = plan(model, profile, 100 * GBIT)
+    asked = plan(model, profile, 100 * GBIT, features_only=True)
+    assert free.split is None and asked.split is not None
+    splits = [c for c in free.candidates if c.split is not None]
+    assert asked.chosen.epoch_s == min(c.epoch_s for c in splits)
+    assert asked.candidate(None).epoch_s == free.candidate(None).epoch_s  # still priced
+
+
+def test_features_only_with_no_split_that_fits_says_so() -> None:
+    model, profile = r18(storage_memory_bytes=1_000)
+    assert plan(model, profile, 100 * MBIT).split is None  # raw objects fit the client
+    with pytest.raises(NoFeasibleSplit, match="fits the memory budgets$"):
+        plan(model, profile, 100 * MBIT, features_only=True)
+
+
 def test_infeasible_candidates_are_never_chosen() -> None:
     rng = random.Random(5)
     seen_infeasible = 0
