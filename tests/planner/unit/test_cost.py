@@ -158,7 +158,7 @@ def test_features_only_chooses_the_best_split_where_raw_objects_would_win() -> N
 def test_features_only_with_no_split_that_fits_says_so() -> None:
     model, profile = r18(storage_memory_bytes=1_000)
     assert plan(model, profile, 100 * MBIT).split is None  # raw objects fit the client
-    with pytest.raises(NoFeasibleSplit, match="fits the memory budgets$"):
+    with pytest.raises(NoFeasibleSplit, match=r"fits the memory budgets$"):
         plan(model, profile, 100 * MBIT, features_only=True)
 
 
