@@ -295,7 +295,8 @@ DEFINITIONS = """\
 - *speedup*: baseline epoch time / the planner pick's. *regret*: the pick's epoch time /
   the best measured configuration's, minus 1 (within 5% counts as a good pick).
 - *efficiency*: epoch time / the slowest stage (client CPU seconds, storage-tier CPU
-  seconds, link bytes at the shaped rate); 1.00 is a perfect pipeline.
+  seconds, link bytes at the shaped rate); 1.00 is a perfect pipeline. In the summary,
+  at a no-pushdown pick it is `hapi.sdk`'s with `split=None` (hapi's pipeline).
 - *bytes reduction*: link bytes per sample of the baseline / of the pick.
 - *sdk no-pushdown* (in parentheses): its epoch over the baseline's, the median of their
   paired rounds (each round measures the two back to back).
