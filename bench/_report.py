@@ -2,9 +2,18 @@
 
 Definitions (per cell, i.e. one model at one bandwidth):
 
-- speedup: the baseline's epoch time over the planner pick's;
-- regret: the pick's epoch time over the best measured configuration's (baseline
-  included), minus one; a pick is *within tolerance* when its regret is at most 5%;
+- speedup: the baseline's epoch time over the planner pick's (this and the regret and
+  the no-pushdown overhead are ratios of epochs by the median of paired rounds where
+  both runs were measured in the same interleaved rounds: :func:`ratio`);
+- a configuration's epoch (no pushdown, or split k): its run through ``hapi.sdk``, what
+  ``split="auto"`` runs once it has chosen, so no pushdown is ``hapi.sdk``'s
+  ``split=None`` path; the baseline loader stands in only where that was not measured.
+  The baseline loader is what users pick instead: the yardstick of the speedup, not one
+  of the planner's choices;
+- regret: the pick's epoch time over the best measured configuration's, minus one; a
+  pick is *within tolerance* when its regret is at most 5%. Every configuration is timed
+  through the same loader, so a no-pushdown pick is neither credited nor blamed for the
+  SDK's own overhead, which the speedup and the no-pushdown overhead judge;
 - pipeline efficiency: a run's epoch time over its slowest stage's time, where the
   stages are the client's CPU time, the storage tier's CPU time and the link bytes at
   the shaped rate (1.0 means the pipeline hid everything behind its bottleneck); *at
@@ -77,13 +86,22 @@ def measured(cell: CellResult) -> list[RunResult]:
     return [run for run in cell.runs if run.measured]
 
 
+def configurations(cell: CellResult) -> list[RunResult]:
+    """The measured runs that time the planner's choices: every ``hapi.sdk`` run, and
+    the baseline loader only where ``hapi.sdk``'s ``split=None`` was not measured."""
+    local = cell.sdk_local
+    has_local = local is not None and local.measured
+    return [run for run in measured(cell) if run.loader == "sdk" or not has_local]
+
+
 def best_run(cell: CellResult) -> RunResult:
-    """The fastest measured run, baseline included (ties: the earlier one).
+    """The fastest measured configuration (ties: the earlier one), see
+    :func:`configurations`.
 
     Raises:
         ValueError: No run was measured.
     """
-    runs = measured(cell)
+    runs = configurations(cell)
     if not runs:
         raise ValueError(f"{cell.model} at {cell.bandwidth_bps:g} bit/s: no measured run")
     return min(runs, key=lambda run: run.epoch_s)
@@ -104,8 +122,8 @@ def summarize_cell(cell: CellResult, tolerance: float = TOLERANCE) -> CellSummar
     Raises:
         ValueError: The baseline or the planner's pick was not measured.
     """
-    baseline, pick, best = _required(cell, None), _required(cell, cell.pick), best_run(cell)
-    regret = pick.epoch_s / best.epoch_s - 1.0
+    baseline, pick, best = _required(cell, None), pick_run(cell), best_run(cell)
+    regret = ratio(pick, best) - 1.0
     local = cell.sdk_local
     local = local if local is not None and local.measured else None
     return CellSummary(
@@ -120,10 +138,10 @@ def summarize_cell(cell: CellResult, tolerance: float = TOLERANCE) -> CellSummar
         pick_s=pick.epoch_s,
         best=best.split,
         best_s=best.epoch_s,
-        speedup=baseline.epoch_s / pick.epoch_s,
+        speedup=1.0 / ratio(pick, baseline),
         regret=regret,
         within=regret <= tolerance + 1e-12,
-        efficiency=_efficiency_at_pick(pick, local),
+        efficiency=pick.efficiency if pick.loader == "sdk" else None,
         bytes_reduction=baseline.bytes_per_sample / max(pick.bytes_per_sample, 1e-9),
         measured_runs=len(measured(cell)),
         bounded_runs=len(cell.runs) - len(measured(cell)),
@@ -132,21 +150,40 @@ def summarize_cell(cell: CellResult, tolerance: float = TOLERANCE) -> CellSummar
     )
 
 
-def _efficiency_at_pick(pick: RunResult, local: RunResult | None) -> float | None:
-    """Pipeline efficiency of hapi's own pipeline at the pick: where the planner keeps
-    raw objects the user runs ``hapi.sdk`` with ``split=None``, not the baseline loader
-    (``None`` when that path was not measured)."""
-    if pick.split is not None:
-        return pick.efficiency
-    return None if local is None else local.efficiency
+def pick_run(cell: CellResult) -> RunResult:
+    """The run that times the planner's pick: what ``split="auto"`` runs. Where the
+    planner keeps raw objects that is ``hapi.sdk``'s ``split=None`` path, not the
+    baseline loader, which stands in only when the SDK's path was not measured (its
+    pipeline efficiency is then not judged: it is not hapi's pipeline).
+
+    Raises:
+        ValueError: The pick (or, for no pushdown, the baseline) was not measured.
+    """
+    local = cell.sdk_local
+    if cell.pick is None and local is not None and local.measured:
+        return local
+    return _required(cell, cell.pick)
 
 
 def overhead(local: RunResult, baseline: RunResult) -> float:
-    """The SDK's no-pushdown epoch over the baseline's: the median of their paired rounds
-    (epoch ``i`` of each was measured back to back), else of the counted epochs."""
-    if len(local.attempts_s) < 2 or len(local.attempts_s) != len(baseline.attempts_s):
-        return local.epoch_s / baseline.epoch_s
-    pairs = zip(local.attempts_s, baseline.attempts_s, strict=True)
+    """The SDK's no-pushdown epoch over the baseline's, see :func:`ratio`."""
+    return ratio(local, baseline)
+
+
+def ratio(run: RunResult, other: RunResult) -> float:
+    """``run``'s epoch over ``other``'s: the median of their paired rounds where both
+    were measured in the same interleaved rounds (epoch ``i`` of each in round ``i``),
+    else the ratio of their counted epochs.
+
+    The host's speed drifts between rounds by more than most differences being judged;
+    within a round both ran under the same drift, so each round's ratio cancels it
+    where a ratio of medians taken from different rounds does not.
+    """
+    if run is other:
+        return 1.0
+    if len(run.attempts_s) < 2 or len(run.attempts_s) != len(other.attempts_s):
+        return run.epoch_s / other.epoch_s
+    pairs = zip(run.attempts_s, other.attempts_s, strict=True)
     return statistics.median(mine / theirs for mine, theirs in pairs)
 
 
@@ -255,9 +292,9 @@ def runs_table(cell: CellResult) -> list[str]:
         "| every epoch s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    pick = cell.run(cell.pick)
+    pick = pick_run(cell)
     for run in cell.runs:
-        mark = " (pick)" if pick is not None and run.key == pick.key else ""
+        mark = " (pick)" if run.key == pick.key else ""
         mark += f" x{run.repeats}" if run.repeats > 1 else ""
         predicted = "" if run.predicted_s is None else f"{run.predicted_s:.2f}"
         if not run.measured:
@@ -293,10 +330,14 @@ DEFINITIONS = """\
   the same through `hapi.sdk` with `split=None`; *split k*: `hapi.sdk` asking the gateway
   for blocks `[0, k)`, running `[k, freeze)` on the client.
 - *speedup*: baseline epoch time / the planner pick's. *regret*: the pick's epoch time /
-  the best measured configuration's, minus 1 (within 5% counts as a good pick).
+  the best measured configuration's, minus 1 (within 5% counts as a good pick). Every
+  configuration is timed through `hapi.sdk`, what `split="auto"` runs: no pushdown by
+  `split=None` (the baseline loader only where that was not measured). Both ratios are
+  the median of the two runs' paired rounds where they were measured in the same
+  interleaved rounds (the host drifts between rounds, not within one).
 - *efficiency*: epoch time / the slowest stage (client CPU seconds, storage-tier CPU
-  seconds, link bytes at the shaped rate); 1.00 is a perfect pipeline. In the summary,
-  at a no-pushdown pick it is `hapi.sdk`'s with `split=None` (hapi's pipeline).
+  seconds, link bytes at the shaped rate); 1.00 is a perfect pipeline. In the summary it
+  is the pick's run, so at a no-pushdown pick `hapi.sdk`'s with `split=None`.
 - *bytes reduction*: link bytes per sample of the baseline / of the pick.
 - *sdk no-pushdown* (in parentheses): its epoch over the baseline's, the median of their
   paired rounds (each round measures the two back to back).
