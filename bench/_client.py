@@ -236,7 +236,10 @@ class ModelClient:
         if stats is None or stats.samples != len(self.settings.keys):
             got = 0 if stats is None else stats.samples
             raise BenchError(f"{self.model} {split=}: {got} of {len(self.settings.keys)} samples")
-        return run_result(split, stats, before, after, self.link.rate_bps, loader=loader)
+        batches = -(-stats.samples // self.settings.batch_size)
+        return run_result(
+            split, stats, before, after, self.link.rate_bps, loader=loader, batches=batches
+        )
 
     def close(self) -> None:
         """Drop the datasets, the loader and their sessions."""
@@ -271,8 +274,10 @@ def run_result(
     rate_bps: float | None,
     *,
     loader: str = "sdk",
+    batches: int | None = None,
 ) -> RunResult:
-    """One epoch's figures from the dataset's stats and the snapshots around it."""
+    """One epoch's figures from the dataset's stats and the snapshots around it
+    (``batches``: the requests it made, for the pipeline's bound)."""
     link_bytes = after.rx_bytes - before.rx_bytes
     epoch_s = after.wall - before.wall
     return RunResult(
@@ -289,4 +294,5 @@ def run_result(
         link_s=link_bytes * 8 / rate_bps if rate_bps else 0.0,
         client_steal_s=after.client_steal - before.client_steal,
         storage_steal_s=after.storage_steal - before.storage_steal,
+        batches=batches,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 BASELINE = "baseline"
@@ -50,6 +50,8 @@ class RunResult:
         client_steal_s: Time the host's hypervisor held the client's core back while it
             had work (``steal`` in ``/proc/stat``) during the counted epoch.
         storage_steal_s: The same for the storage tier's core.
+        batches: Requests (training batches) in the epoch, the pipeline's items;
+            ``None`` where unknown (the efficiency then ignores fill and drain).
     """
 
     split: int | None
@@ -68,6 +70,7 @@ class RunResult:
     attempts_s: tuple[float, ...] = ()
     client_steal_s: float = 0.0
     storage_steal_s: float = 0.0
+    batches: int | None = None
 
     @property
     def label(self) -> str:
@@ -101,12 +104,24 @@ class RunResult:
         return max(stages, key=lambda name: stages[name])
 
     @property
+    def pipeline_bound_s(self) -> float:
+        """The least time a pipeline of these stages can take for the epoch's batches:
+        the slowest stage for every batch, plus the other stages' share of one batch
+        (the first batch crosses them before the slowest stage has work, the last one
+        after it is done). The slowest stage alone where the batch count is unknown."""
+        stages = (self.client_cpu_s, self.storage_cpu_s, self.link_s)
+        slowest = max(stages)
+        if not self.batches:
+            return slowest
+        return slowest + (sum(stages) - slowest) / self.batches
+
+    @property
     def efficiency(self) -> float | None:
-        """Epoch time over the slowest stage's time (1.0 is a perfect pipeline);
-        ``None`` for a bound."""
+        """Epoch time over :attr:`pipeline_bound_s` (1.0 is a perfect pipeline: nothing
+        waited but the fill and drain every pipeline has); ``None`` for a bound."""
         if not self.measured or self.slowest_stage_s <= 0:
             return None
-        return self.epoch_s / self.slowest_stage_s
+        return self.epoch_s / self.pipeline_bound_s
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields plus the derived figures."""
@@ -206,7 +221,14 @@ class CellResult:
         """The inverse of :meth:`to_dict`."""
         names = cls.__dataclass_fields__
         values = {k: v for k, v in data.items() if k in names}
-        values["runs"] = tuple(RunResult.from_dict(r) for r in data.get("runs", ()))
+        runs = [RunResult.from_dict(r) for r in data.get("runs", ())]
+        batch = values.get("batch_size")
+        if batch:  # recordings from before runs counted their batches
+            runs = [
+                run if run.batches else replace(run, batches=math.ceil(run.samples / batch))
+                for run in runs
+            ]
+        values["runs"] = tuple(runs)
         values["wire_bytes"] = tuple(data.get("wire_bytes", ()))
         return cls(**values)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_bounded_runs_never_count_as_the_best() -> None:
 
 
 def test_efficiency_is_epoch_over_the_slowest_stage() -> None:
-    result = run(5, 6.0, client_cpu_s=2.0, storage_cpu_s=5.0, link_s=4.0)
+    result = run(5, 6.0, client_cpu_s=2.0, storage_cpu_s=5.0, link_s=4.0, batches=None)
 
     assert result.efficiency == pytest.approx(1.2)
     assert result.bottleneck == "storage"
@@ -75,7 +76,9 @@ def test_targets_judge_each_goal(cells: list[CellResult]) -> None:
     assert found["speedup anywhere (min)"].met is False
     assert found["picks within 5% of the best"].value == pytest.approx(0.5)
     assert found["picks within 5% of the best"].met is False
-    assert found["pipeline efficiency at the pick (max)"].value == pytest.approx(5.0 / 4.6)
+    # The network-bound pick: storage 4.6 s, plus client and link for one of 25 batches.
+    bound = 4.6 + (0.2 + 0.2) / 25
+    assert found["pipeline efficiency at the pick (max)"].value == pytest.approx(5.0 / bound)
     assert found["pipeline efficiency at the pick (max)"].met is True
     assert found["sdk no-pushdown / baseline epoch (max)"].value == pytest.approx(1.3)
     assert found["sdk no-pushdown / baseline epoch (max)"].met is False
@@ -168,7 +171,7 @@ def test_efficiency_at_a_no_pushdown_pick_is_hapis_pipeline_not_the_baseline_loa
     sdk = run(None, 10.5, loader="sdk", client_cpu_s=10.0, link_s=9.8)
     summary = _report.summarize_cell(cell("balanced", None, [baseline, sdk]))
 
-    assert summary.efficiency == pytest.approx(1.05)
+    assert summary.efficiency == pytest.approx(10.5 / (10.0 + (9.8 + 10.5 / 2) / 25))
     alone = _report.summarize_cell(cell("balanced", None, [baseline]))
     assert alone.efficiency is None  # the SDK's path was not measured: nothing to judge
 
@@ -221,3 +224,28 @@ def test_speedup_and_regret_compare_paired_rounds_not_medians_from_different_rou
     behind = _report.summarize_cell(cell("compute-bound", 8, [baseline, sdk, split]))
     assert behind.regret == pytest.approx(8.90 / 8.66 - 1)
     assert behind.within
+
+
+def test_efficiency_is_against_the_least_time_a_pipeline_of_these_batches_can_take() -> None:
+    # A perfect pipeline of N batches still fills and drains: the first batch crosses
+    # every stage before the slowest one is busy, so even a flawless two-stage pipeline
+    # of 12 equal batches takes 13 batch times (VGG11 balanced: link 10.5 s, client 10.2 s,
+    # 12 batches). The old figure, epoch over the slowest stage, called that 1.08 where the
+    # pipeline wasted nothing.
+    flawless = run(
+        None,
+        10.5 + (10.2 + 0.3) / 12,
+        client_cpu_s=10.2,
+        storage_cpu_s=0.3,
+        link_s=10.5,
+        batches=12,
+    )
+
+    assert flawless.efficiency == pytest.approx(1.0)
+    assert flawless.pipeline_bound_s == pytest.approx(10.5 + 10.5 / 12)
+    # Without the batch count (older recordings) the bound is the slowest stage alone...
+    unknown = run(None, 6.0, client_cpu_s=5.0, storage_cpu_s=0.5, link_s=1.0, batches=None)
+    assert unknown.efficiency == pytest.approx(1.2)
+    # ...and a recorded cell supplies it from its batch size.
+    loaded = CellResult.from_dict(cell("balanced", None, [replace(unknown)]).to_dict())
+    assert loaded.runs[0].batches == 25  # 100 samples in batches of 4
