@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import re
 import signal
 import subprocess
 import time
@@ -24,7 +25,13 @@ from ._errors import BenchError, TestbedUnavailable
 
 PREFIX = "hapi-bench-"
 _SUBNET = ipaddress.IPv4Network("10.203.0.0/16")
-_LATENCY = "100ms"  # tbf's queue: how long a packet may wait before it is dropped
+# tbf's queue: 100 ms of traffic, and at slow rates enough for the loaders' four flows to
+# start at once (their initial windows are ten frames each) and grow. With 100 ms alone,
+# about 20 frames at 1.7 Mbit/s, 9-19% of the frames were dropped, a GET stalled in a
+# retransmission timeout held its whole batch back, and the pipelines read 1.2-1.36
+# efficiency in cells where the link should have been busy throughout.
+_QUEUE_S = 0.1
+_MIN_QUEUE = 256 * 1024
 # Larger than a full-size frame (tbf drops a non-GSO packet larger than its bucket and
 # segments GSO ones), small enough that a slow link cannot burst far beyond its rate.
 # (Measured here: 10 ms buckets lost up to 40% of the rate at 20 Mbit/s; 20 ms and 16 KiB
@@ -35,6 +42,11 @@ _MIN_BURST = 16 * 1024
 def tbf_burst(rate_bps: float) -> int:
     """Bucket size for ``rate_bps``: 20 ms of traffic, at least 16 KiB."""
     return max(_MIN_BURST, int(rate_bps / 8 / 50))
+
+
+def tbf_limit(rate_bps: float) -> int:
+    """Bytes tbf queues before it drops: 100 ms of traffic, at least 256 KiB."""
+    return max(_MIN_QUEUE, int(rate_bps / 8 * _QUEUE_S))
 
 
 def run(*command: str, check: bool = True) -> str:
@@ -115,8 +127,8 @@ class Link:
             f"{int(rate_bps)}bit",
             "burst",
             str(tbf_burst(rate_bps)),
-            "latency",
-            _LATENCY,
+            "limit",
+            str(tbf_limit(rate_bps)),
         ]
         run("tc", "qdisc", "replace", "dev", self.host_if, *args)
         self._ns("tc", "qdisc", "replace", "dev", self.ns_if, *args)
@@ -150,6 +162,15 @@ class Link:
         finally:
             if rate is not None:
                 self.shape(rate)
+
+    def queue_stats(self) -> tuple[int, int]:
+        """Frames the storage tier's end has sent through its shaping queue, and frames
+        the queue dropped (``tc -s qdisc``; counted since the last :meth:`shape`)."""
+        out = self._ns("tc", "-s", "qdisc", "show", "dev", self.ns_if)
+        found = re.search(r"Sent \d+ bytes (\d+) pkt \(dropped (\d+)", out)
+        if found is None:
+            raise BenchError(f"no queue statistics for {self.ns_if}: {out.strip()[:200]}")
+        return int(found.group(1)), int(found.group(2))
 
     def rx_bytes(self) -> int:
         """Bytes the client's end has received (what crossed from the storage tier)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hapi.bench._config import REGIMES, BenchConfig, bandwidth_for
-from hapi.bench._netns import pick_subnet, tbf_burst
+from hapi.bench._netns import pick_subnet, tbf_burst, tbf_limit
 from hapi.bench._sweep import lower_bound_s, sweep_order
 
 
@@ -56,6 +56,11 @@ def test_subnets_skip_addresses_in_use() -> None:
 def test_tbf_bucket_holds_a_frame_and_20_ms() -> None:
     assert tbf_burst(1e6) == 16 * 1024
     assert tbf_burst(100e6) == 250_000
+
+
+def test_tbf_queue_holds_100_ms_and_four_flows_starting_at_once() -> None:
+    assert tbf_limit(1.7e6) == 256 * 1024  # 100 ms would be 21 KB: 14 frames
+    assert tbf_limit(80e6) == 1_000_000
 
 
 def test_the_storage_tier_runs_in_the_namespace_on_its_core_at_its_niceness(tmp_path) -> None:

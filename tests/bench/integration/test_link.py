@@ -1,0 +1,105 @@
+"""The testbed's shaped link, for real: a namespace, a veth pair, ``tc tbf``, and HTTP.
+
+The loaders keep four GETs in flight and consume their objects in order, a batch at a
+time, so a flow that loses packets holds its whole batch back. With a queue of 100 ms at
+1.7 Mbit/s (about 20 frames) four flows' initial windows overflowed it: 10-19% of the
+frames were dropped, single GETs of 30 KB stalled for 1.8 s in retransmission timeouts
+while the other flows moved nine objects, and VGG11's balanced cell read 1.22-1.36
+pipeline efficiency where the link and the client were both idle half a second at a time.
+A real link's buffer holds that much; the testbed's must too. About 10 s; needs root,
+``ip`` and ``tc``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hapi.bench._netns import Link
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc")),
+    reason="needs root, ip and tc",
+)
+
+RATE_BPS = 1.7e6  # VGG11's balanced cell
+OBJECT_BYTES = 31_000  # the testbed's mean JPEG
+FLOWS = 4  # the loaders' GETs in flight
+PER_FLOW = 10
+
+
+def _serve(link: Link, root: Path) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", link.namespace, sys.executable, "-m", "http.server", "8000",
+         "--bind", link.storage_ip, "--directory", str(root), "--protocol", "HTTP/1.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            http.client.HTTPConnection(link.storage_ip, 8000, timeout=1).connect()
+            return server
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise AssertionError("the HTTP server in the namespace did not start")
+
+
+def _get_all(host: str) -> list[float]:
+    """``FLOWS`` keep-alive connections, ``PER_FLOW`` GETs each; every GET's seconds."""
+    took: list[float] = []
+    failures: list[BaseException] = []
+
+    def flow() -> None:
+        try:
+            connection = http.client.HTTPConnection(host, 8000, timeout=60)
+            for _ in range(PER_FLOW):
+                started = time.perf_counter()
+                connection.request("GET", "/object")
+                body = connection.getresponse().read()
+                took.append(time.perf_counter() - started)
+                assert len(body) == OBJECT_BYTES
+        except BaseException as exc:  # reported in the test's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=flow) for _ in range(FLOWS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not failures, failures
+    return took
+
+
+def test_four_flows_of_objects_cross_the_shaped_link_without_losses(tmp_path: Path) -> None:
+    (tmp_path / "object").write_bytes(os.urandom(OBJECT_BYTES))
+    link = Link(str(90_000 + os.getpid() % 10_000))
+    try:
+        link.create()
+        link.shape(RATE_BPS)
+        server = _serve(link, tmp_path)
+        try:
+            took = _get_all(link.storage_ip)
+            sent, dropped = link.queue_stats()
+        finally:
+            server.terminate()
+            server.wait(10)
+    finally:
+        link.destroy()
+
+    assert len(took) == FLOWS * PER_FLOW
+    assert sent > FLOWS * PER_FLOW * OBJECT_BYTES // 1514  # the responses went through it
+    assert dropped <= 0.01 * (sent + dropped), f"the link dropped {dropped} of {sent + dropped}"
+    # Four flows share the link: a GET takes about four objects' time at the rate, and
+    # none may stall far beyond that in a retransmission timeout.
+    share_s = FLOWS * OBJECT_BYTES * 8 / RATE_BPS
+    assert max(took) < 2.5 * share_s, f"a GET took {max(took):.2f} s (fair share {share_s:.2f} s)"
