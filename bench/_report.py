@@ -14,11 +14,14 @@ Definitions (per cell, i.e. one model at one bandwidth):
   pick is *within tolerance* when its regret is at most 5%. Every configuration is timed
   through the same loader, so a no-pushdown pick is neither credited nor blamed for the
   SDK's own overhead, which the speedup and the no-pushdown overhead judge;
-- pipeline efficiency: a run's epoch time over its slowest stage's time, where the
-  stages are the client's CPU time, the storage tier's CPU time and the link bytes at
-  the shaped rate (1.0 means the pipeline hid everything behind its bottleneck); *at
-  the pick* it is hapi's pipeline's: ``hapi.sdk`` without pushdown where the planner
-  keeps raw objects, not the baseline loader;
+- pipeline efficiency: a run's epoch time over the least time a pipeline of its stages
+  can take for its batches (``RunResult.pipeline_bound_s``: the slowest stage for every
+  batch plus the other stages for one, the fill and drain every pipeline has), where
+  the stages are the client's CPU time, the storage tier's CPU time over the share of
+  its core the gateway measured it had, and the link bytes at the shaped rate (1.0
+  means the pipeline hid everything behind its bottleneck); *at the pick* it is hapi's
+  pipeline's: ``hapi.sdk`` without pushdown where the planner keeps raw objects, not
+  the baseline loader;
 - bytes reduction: the baseline's link bytes per sample over the pick's;
 - no-pushdown overhead: the SDK's ``split=None`` epoch over the baseline loader's, the
   median of their paired rounds;
@@ -306,12 +309,21 @@ def runs_table(cell: CellResult) -> list[str]:
         lines.append(
             f"| {run.label}{mark} | {run.epoch_s:.2f} | {predicted} | {run.samples_per_s:.1f} "
             f"| {_kb(run.bytes_per_sample)} | {run.stall_s:.2f} | {run.client_cpu_s:.2f} "
-            f"| {run.storage_cpu_s:.2f} | {run.link_s:.2f} | {run.bottleneck} "
+            f"| {_storage(run)} | {run.link_s:.2f} | {run.bottleneck} "
             f"| {run.efficiency or 0:.2f} "
             f"| {run.client_steal_s:.2f} / {run.storage_steal_s:.2f} "
             f"| {', '.join(f'{s:.2f}' for s in run.attempts_s)} |"
         )
     return lines
+
+
+def _storage(run: RunResult) -> str:
+    """The storage tier's CPU seconds, and its core's share where the gateway had less
+    than all of it."""
+    share = run.storage_available
+    if share is None or share >= 1.0:
+        return f"{run.storage_cpu_s:.2f}"
+    return f"{run.storage_cpu_s:.2f} ({share:.0%} of its core)"
 
 
 def targets_lines(found: Sequence[Target]) -> list[str]:
@@ -335,9 +347,12 @@ DEFINITIONS = """\
   `split=None` (the baseline loader only where that was not measured). Both ratios are
   the median of the two runs' paired rounds where they were measured in the same
   interleaved rounds (the host drifts between rounds, not within one).
-- *efficiency*: epoch time / the slowest stage (client CPU seconds, storage-tier CPU
-  seconds, link bytes at the shaped rate); 1.00 is a perfect pipeline. In the summary it
-  is the pick's run, so at a no-pushdown pick `hapi.sdk`'s with `split=None`.
+- *efficiency*: epoch time / the least time a pipeline of its stages can take (the
+  slowest stage for every batch, plus the other stages for one batch: the fill and
+  drain); the stages are client CPU seconds, storage-tier CPU seconds over the share of
+  its core the gateway measured it had (in parentheses where less than all of it), and
+  link bytes at the shaped rate. 1.00 is a perfect pipeline. In the summary it is the
+  pick's run, so at a no-pushdown pick `hapi.sdk`'s with `split=None`.
 - *bytes reduction*: link bytes per sample of the baseline / of the pick.
 - *sdk no-pushdown* (in parentheses): its epoch over the baseline's, the median of their
   paired rounds (each round measures the two back to back).

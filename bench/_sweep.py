@@ -175,9 +175,15 @@ def sweep_cell(
         f"{measured.manifest.name} {regime}: {rate / 1e6:.3g} Mbit/s shaped, "
         f"{probed / 1e6:.3g} probed; planner picks {split_label(chosen.split)}"
     )
-    cell = _Cell(
-        client, measured, regime, progress, {c.split: c.epoch_s for c in chosen.candidates}
-    )
+    auth = client.tier.spec.control_auth()
+
+    def available() -> float | None:
+        served = planner.fetch_gateway_profile(gateway, measured.manifest.name, auth=auth)
+        load = served.storage.load
+        return load.available if load.source == "measured" else None
+
+    predicted = {c.split: c.epoch_s for c in chosen.candidates}
+    cell = _Cell(client, measured, regime, progress, predicted, available)
     cell.measure(None, "raw")
     cell.measure(None, "sdk")
     if chosen.split is not None:
@@ -219,8 +225,10 @@ class _Cell:
         regime: str,
         progress: Progress,
         predicted: dict[int | None, float],
+        available: Callable[[], float | None] | None = None,
     ) -> None:
         self.client = client
+        self.available = available
         self.profile = measured
         self.regime = regime
         self.progress = progress
@@ -235,6 +243,9 @@ class _Cell:
         name = f"{self.profile.manifest.name} {self.regime} {split_label(split, loader)}"
         advance = self.progress.run(name, self.profile.samples)
         result = self.client.epoch(split, advance, loader)
+        if split is not None and self.available is not None:
+            # The share of its core the gateway had while this run's blocks ran.
+            result = replace(result, storage_available=self.available())
         result = _with_prediction(result, self.predicted.get(split))
         self.progress.done(result)
         attempts = self._attempts.setdefault(result.key, [])

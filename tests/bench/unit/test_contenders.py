@@ -110,3 +110,13 @@ def test_the_median_epoch_counts_and_every_epoch_is_kept() -> None:
     assert result.attempts_s == (5.0, 4.0, 4.5)
     assert result.client_steal_s == pytest.approx(0.45)  # the counted epoch's own steal
     assert cell.measure(10).epoch_s == 4.0  # of four, the lower middle one
+
+
+def test_pushdown_runs_record_the_share_of_its_core_the_gateway_had() -> None:
+    measured = SimpleNamespace(manifest=SimpleNamespace(name="resnet18"), samples=100)
+    served = iter([0.51, 0.55])
+    cell = _Cell(_Client([5.0, 4.5, 4.0]), measured, "balanced", _Quiet(), {}, lambda: next(served))  # type: ignore[arg-type]
+
+    assert cell.measure(None, "raw").storage_available is None  # no blocks ran there
+    assert cell.measure(10).storage_available == 0.51
+    assert cell.measure(10).storage_available == 0.55  # the counted (faster) run's own

@@ -249,3 +249,19 @@ def test_efficiency_is_against_the_least_time_a_pipeline_of_these_batches_can_ta
     # ...and a recorded cell supplies it from its batch size.
     loaded = CellResult.from_dict(cell("balanced", None, [replace(unknown)]).to_dict())
     assert loaded.runs[0].batches == 25  # 100 samples in batches of 4
+
+
+def test_the_storage_stage_is_its_cpu_over_the_share_of_its_core_it_had() -> None:
+    # With a busy loop on the storage core the gateway had half of it: ResNet18's split
+    # 10 used 4.3 s of its CPU in an 8.4 s epoch, a pipeline bound by the storage side,
+    # not one that wasted 49% of its time.
+    loaded = run(10, 8.4, client_cpu_s=0.1, storage_cpu_s=4.3, link_s=1.2, storage_available=0.51)
+
+    assert loaded.storage_stage_s == pytest.approx(4.3 / 0.51)
+    assert loaded.bottleneck == "storage"
+    assert loaded.efficiency == pytest.approx(8.4 / (4.3 / 0.51 + (0.1 + 1.2) / 25))
+    table = "\n".join(_report.runs_table(cell("network-bound", 10, [run(None, 20.0), loaded])))
+    assert "| 4.30 (51% of its core) |" in table
+    # Not measured (or a whole core): the CPU seconds are the stage.
+    assert run(10, 8.4, storage_cpu_s=4.3).storage_stage_s == 4.3
+    assert run(10, 8.4, storage_cpu_s=4.3, storage_available=1.0).storage_stage_s == 4.3
