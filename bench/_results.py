@@ -53,8 +53,10 @@ class RunResult:
         batches: Requests (training batches) in the epoch, the pipeline's items;
             ``None`` where unknown (the efficiency then ignores fill and drain).
         storage_available: The share of its core the gateway measured it had while its
-            blocks ran, as it served it after a pushdown run; ``None`` where not measured
-            (the storage stage is then its CPU seconds alone).
+            blocks ran, as it served it after a pushdown run with a competitor on the
+            storage core; ``None`` where not measured or quiet (the storage stage is then
+            its CPU seconds alone: on a quiet core the gateway's shortfall is the store
+            beside it, whose CPU seconds the tier's already count).
     """
 
     split: int | None

@@ -183,7 +183,7 @@ def sweep_cell(
         return load.available if load.source == "measured" else None
 
     predicted = {c.split: c.epoch_s for c in chosen.candidates}
-    cell = _Cell(client, measured, regime, progress, predicted, available)
+    cell = _Cell(client, measured, regime, progress, predicted, core_share(config, available))
     cell.measure(None, "raw")
     cell.measure(None, "sdk")
     if chosen.split is not None:
@@ -213,6 +213,16 @@ def sweep_cell(
         plan=chosen.to_dict(),
         profile=cell_profile(chosen, view, measured),
     )
+
+
+def core_share(
+    config: BenchConfig, served: Callable[[], float | None]
+) -> Callable[[], float | None] | None:
+    """What a pushdown run records as its storage core's share: the gateway's figure
+    (``served``) where a competitor holds the rest of the core, nothing on a quiet one,
+    where the gateway's shortfall (90-98% of the core) is the store beside it, whose CPU
+    seconds the tier's already count."""
+    return served if config.storage_competitor else None
 
 
 class _Cell:

@@ -12,7 +12,7 @@ import pytest
 from hapi.bench._cli import _config
 from hapi.bench._config import BenchConfig
 from hapi.bench._results import RunResult
-from hapi.bench._sweep import _Cell, contenders
+from hapi.bench._sweep import _Cell, contenders, core_share
 from hapi.bench._tier import steal_seconds
 from tests.bench.support import CLI_OPTIONS, run
 
@@ -120,3 +120,16 @@ def test_pushdown_runs_record_the_share_of_its_core_the_gateway_had() -> None:
     assert cell.measure(None, "raw").storage_available is None  # no blocks ran there
     assert cell.measure(10).storage_available == 0.51
     assert cell.measure(10).storage_available == 0.55  # the counted (faster) run's own
+
+
+def test_only_a_competitor_makes_the_storage_core_share_count(tmp_path: Path) -> None:
+    # On a quiet core the gateway had 90-98% of it, the rest the store beside it, whose
+    # CPU the tier's seconds already count: dividing by it read efficiencies of 0.92.
+    def served() -> float:
+        return 0.51
+
+    quiet = BenchConfig(out=tmp_path, models=("resnet18",))
+    loaded = BenchConfig(out=tmp_path, models=("resnet18",), storage_competitor=True)
+
+    assert core_share(quiet, served) is None
+    assert core_share(loaded, served) is served
