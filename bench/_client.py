@@ -236,9 +236,14 @@ class ModelClient:
         if stats is None or stats.samples != len(self.settings.keys):
             got = 0 if stats is None else stats.samples
             raise BenchError(f"{self.model} {split=}: {got} of {len(self.settings.keys)} samples")
-        batches = -(-stats.samples // self.settings.batch_size)
         return run_result(
-            split, stats, before, after, self.link.rate_bps, loader=loader, batches=batches
+            split,
+            stats,
+            before,
+            after,
+            self.link.rate_bps,
+            loader=loader,
+            batch_size=self.settings.batch_size,
         )
 
     def close(self) -> None:
@@ -274,10 +279,11 @@ def run_result(
     rate_bps: float | None,
     *,
     loader: str = "sdk",
-    batches: int | None = None,
+    batch_size: int | None = None,
 ) -> RunResult:
     """One epoch's figures from the dataset's stats and the snapshots around it
-    (``batches``: the requests it made, for the pipeline's bound)."""
+    (``batch_size``: its requests' size, which counts the batches of the pipeline's
+    bound)."""
     link_bytes = after.rx_bytes - before.rx_bytes
     epoch_s = after.wall - before.wall
     return RunResult(
@@ -294,5 +300,5 @@ def run_result(
         link_s=link_bytes * 8 / rate_bps if rate_bps else 0.0,
         client_steal_s=after.client_steal - before.client_steal,
         storage_steal_s=after.storage_steal - before.storage_steal,
-        batches=batches,
+        batches=-(-stats.samples // batch_size) if batch_size else None,
     )

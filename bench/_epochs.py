@@ -206,8 +206,9 @@ class CacheClient:
         if stats is None or stats.samples != len(self.keys):
             got = 0 if stats is None else stats.samples
             raise BenchError(f"{self.manifest.name} {config}: {got} of {len(self.keys)} samples")
-        batches = -(-stats.samples // self.settings.batch_size)
-        result = run_result(split, stats, before, after, self.link.rate_bps, batches=batches)
+        result = run_result(
+            split, stats, before, after, self.link.rate_bps, batch_size=self.settings.batch_size
+        )
         drained = 0.0 if config == UNCACHED else self.drain()
         run = EpochRun(
             config=config,

@@ -92,8 +92,7 @@ def measured(cell: CellResult) -> list[RunResult]:
 def configurations(cell: CellResult) -> list[RunResult]:
     """The measured runs that time the planner's choices: every ``hapi.sdk`` run, and
     the baseline loader only where ``hapi.sdk``'s ``split=None`` was not measured."""
-    local = cell.sdk_local
-    has_local = local is not None and local.measured
+    has_local = cell.sdk_local is not None
     return [run for run in measured(cell) if run.loader == "sdk" or not has_local]
 
 
@@ -128,7 +127,6 @@ def summarize_cell(cell: CellResult, tolerance: float = TOLERANCE) -> CellSummar
     baseline, pick, best = _required(cell, None), pick_run(cell), best_run(cell)
     regret = ratio(pick, best) - 1.0
     local = cell.sdk_local
-    local = local if local is not None and local.measured else None
     return CellSummary(
         model=cell.model,
         regime=cell.regime,
@@ -136,7 +134,7 @@ def summarize_cell(cell: CellResult, tolerance: float = TOLERANCE) -> CellSummar
         ratio=cell.ratio,
         baseline_s=baseline.epoch_s,
         sdk_local_s=None if local is None else local.epoch_s,
-        local_overhead=None if local is None else overhead(local, baseline),
+        local_overhead=None if local is None else ratio(local, baseline),
         pick=cell.pick,
         pick_s=pick.epoch_s,
         best=best.split,
@@ -163,14 +161,9 @@ def pick_run(cell: CellResult) -> RunResult:
         ValueError: The pick (or, for no pushdown, the baseline) was not measured.
     """
     local = cell.sdk_local
-    if cell.pick is None and local is not None and local.measured:
+    if cell.pick is None and local is not None:
         return local
     return _required(cell, cell.pick)
-
-
-def overhead(local: RunResult, baseline: RunResult) -> float:
-    """The SDK's no-pushdown epoch over the baseline's, see :func:`ratio`."""
-    return ratio(local, baseline)
 
 
 def ratio(run: RunResult, other: RunResult) -> float:

@@ -109,15 +109,20 @@ class RunResult:
         return self.storage_cpu_s / share
 
     @property
+    def stages_s(self) -> dict[str, float]:
+        """Each stage's seconds: client CPU, storage (:attr:`storage_stage_s`) and the
+        link at its rate."""
+        return {"client": self.client_cpu_s, "storage": self.storage_stage_s, "link": self.link_s}
+
+    @property
     def slowest_stage_s(self) -> float:
-        """The busiest stage: client CPU, storage (:attr:`storage_stage_s`) or the link
-        at its rate."""
-        return max(self.client_cpu_s, self.storage_stage_s, self.link_s)
+        """The busiest stage's seconds."""
+        return max(self.stages_s.values())
 
     @property
     def bottleneck(self) -> str:
         """Which stage :attr:`slowest_stage_s` is."""
-        stages = {"client": self.client_cpu_s, "storage": self.storage_stage_s, "link": self.link_s}
+        stages = self.stages_s
         return max(stages, key=lambda name: stages[name])
 
     @property
@@ -126,11 +131,10 @@ class RunResult:
         the slowest stage for every batch, plus the other stages' share of one batch
         (the first batch crosses them before the slowest stage has work, the last one
         after it is done). The slowest stage alone where the batch count is unknown."""
-        stages = (self.client_cpu_s, self.storage_stage_s, self.link_s)
-        slowest = max(stages)
+        slowest = self.slowest_stage_s
         if not self.batches:
             return slowest
-        return slowest + (sum(stages) - slowest) / self.batches
+        return slowest + (sum(self.stages_s.values()) - slowest) / self.batches
 
     @property
     def efficiency(self) -> float | None:
@@ -216,8 +220,8 @@ class CellResult:
 
     @property
     def sdk_local(self) -> RunResult | None:
-        """The SDK's own no-pushdown run, if made."""
-        return next((r for r in self.runs if r.key == (None, "sdk")), None)
+        """The SDK's own no-pushdown run, if measured."""
+        return next((r for r in self.runs if r.key == (None, "sdk") and r.measured), None)
 
     @property
     def samples(self) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from hapi.bench._report import configurations, ratio
+from hapi.bench._report import best_run, configurations, ratio
 from hapi.bench._results import CellResult, RunResult
 from hapi.models import BlockInfo, InputSpec, Manifest, get_preset
 from hapi.planner import Plan, Profile, plan
@@ -105,12 +105,13 @@ def replan(cell: Mapping[str, Any]) -> Plan:
     )
 
 
-def configurations_of(cell: Mapping[str, Any]) -> dict[int | None, RunResult]:
-    """The measured run of each configuration, as ``hapi bench`` judges a pick
-    (``hapi.bench._report.configurations``): every configuration timed through
-    ``hapi.sdk``, no pushdown (``None``) by its ``split=None`` path, the baseline loader
-    only where that was not measured."""
-    return {run.split: run for run in configurations(CellResult.from_dict(cell))}
+def judged(cell: Mapping[str, Any]) -> tuple[dict[int | None, RunResult], RunResult]:
+    """The measured run of each configuration and the best of them, as ``hapi bench``
+    judges a pick (``hapi.bench._report.configurations`` and ``best_run``): every
+    configuration timed through ``hapi.sdk``, no pushdown (``None``) by its
+    ``split=None`` path, the baseline loader only where that was not measured."""
+    result = CellResult.from_dict(cell)
+    return {run.split: run for run in configurations(result)}, best_run(result)
 
 
 def test_recordings_are_there() -> None:
@@ -119,8 +120,7 @@ def test_recordings_are_there() -> None:
 
 @pytest.mark.parametrize(("cell", "miss"), _cells())
 def test_replanned_pick_is_within_5_percent_of_the_best(cell: Any, miss: Any) -> None:
-    runs = configurations_of(cell)
-    best = min(runs.values(), key=lambda run: run.epoch_s)
+    runs, best = judged(cell)
     pick = replan(cell).split
     if miss is not None:  # the recording shows the planner cannot meet it here
         assert pick == miss["pick"], f"known miss changed: {miss['why']}"
