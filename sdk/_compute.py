@@ -44,6 +44,7 @@ from ._errors import (
     request_error,
 )
 from ._local_cache import LocalCache
+from ._prefetch import Deferred, Fetch
 
 GET_THREADS = 4
 """GETs in flight at once per engine when objects are read raw (as a plain-GET loader
@@ -132,8 +133,9 @@ class Engine:
         self._sessions: dict[tuple[int, int], Any] = {}
         self._local_caches: dict[int | None, LocalCache] = {}
         self._lock = threading.Lock()
-        # Raw reads; the engine already belongs to one process. Threads start on first use.
-        self._reads = ThreadPoolExecutor(GET_THREADS, thread_name_prefix="hapi-get")
+        # Raw reads, queued in request order; the engine already belongs to one process.
+        # Threads start on first use.
+        self.reads = ThreadPoolExecutor(GET_THREADS, thread_name_prefix="hapi-get")
 
     @property
     def split(self) -> int | None:
@@ -152,29 +154,44 @@ class Engine:
         return self.receive(bucket, keys)()
 
     def receive(self, bucket: str, keys: Sequence[str]) -> Callable[[], Batch]:
-        """Does the network part of :meth:`fetch` now; returns the compute left to do.
+        """Does the network part of :meth:`fetch` now; returns the compute left to do."""
+        return self.start(bucket, keys).wait()
 
-        A pipeline fetches the next request while an earlier one decodes and runs its
-        blocks, as a plain-GET loader does; the returned call holds the received bytes
-        until it runs.
+    def start(self, bucket: str, keys: Sequence[str]) -> Fetch[Batch]:
+        """Queues the network part of :meth:`fetch` now, behind what was started before.
+
+        A pipeline starts its requests in order and waits for each on a fetch thread,
+        while an earlier one decodes and runs its blocks, as a plain-GET loader does;
+        the compute a wait returns holds the received bytes until it runs. Objects in
+        the local cache are read during the wait.
         """
         spec = self.spec
         if spec.local_cache is None:
-            return self._receive(bucket, keys)
+            return self._start(bucket, keys)
         cache = self._local_cache(spec.local_cache)
-        parts = {key: cache.get(bucket, key) for key in keys}
-        missing = [key for key, part in parts.items() if part is None]
-        pending = self._receive(bucket, missing) if missing else None
+        kept = [key for key in keys if cache.holds(bucket, key)]  # a stat each
+        held = set(kept)
+        missing = [key for key in keys if key not in held]
+        pending = self._start(bucket, missing) if missing else None
 
-        def finish() -> Batch:
-            fetched = pending() if pending is not None else None
-            if fetched is not None:
-                for key, part in _per_object(fetched).items():
-                    cache.put(bucket, key, *part)
-                    parts[key] = part
-            return _assemble(keys, parts, fetched)
+        def wait() -> Callable[[], Batch]:
+            parts = {key: cache.get(bucket, key) for key in kept}
+            lost = [key for key in kept if parts[key] is None]  # unreadable: a miss
+            received = [] if pending is None else [pending.wait()]
+            if lost:
+                received.append(self._start(bucket, lost).wait())
 
-        return finish
+            def finish() -> Batch:
+                fetched = [compute() for compute in received]
+                for batch in fetched:
+                    for key, part in _per_object(batch).items():
+                        cache.put(bucket, key, *part)
+                        parts[key] = part
+                return _assemble(keys, parts, fetched)
+
+            return finish
+
+        return _Cached(wait, pending)
 
     def _local_cache(self, root: str) -> LocalCache:
         """The local cache for the split in use now (one per split: it keys the entries)."""
@@ -185,6 +202,11 @@ class Engine:
             cache = LocalCache(root, spec.manifest, spec.freeze, split, spec.dtype, spec.etags)
             self._local_caches[split] = cache
         return cache
+
+    def _start(self, bucket: str, keys: Sequence[str]) -> Fetch[Batch]:
+        if self.pushdown:  # one HTTP request: nothing to queue ahead of it
+            return Deferred(functools.partial(self._receive, bucket, keys))
+        return _RawReads(self, bucket, keys)
 
     def _receive(self, bucket: str, keys: Sequence[str]) -> Callable[[], Batch]:
         if self.pushdown:
@@ -197,7 +219,7 @@ class Engine:
                     f"the gateway at {', '.join(self.spec.endpoints)} has no model "
                     f"{self.spec.manifest.ref} ({exc.message})"
                 )
-        return self._local(bucket, keys)
+        return _RawReads(self, bucket, keys).wait()
 
     def _fall_back(self, why: str) -> None:
         self.pushdown = False
@@ -235,17 +257,8 @@ class Engine:
             gateway_cache=reply.cache,
         )
 
-    def _local(self, bucket: str, keys: Sequence[str]) -> Callable[[], Batch]:
-        reads = [self._reads.submit(self._read, bucket, key) for key in keys]
-        try:
-            objects = [(key, read.result()) for key, read in zip(keys, reads, strict=True)]
-        except BaseException:
-            for read in reads:  # the reads not started yet are dropped
-                read.cancel()
-            raise
-        return functools.partial(self._decode_and_run, bucket, objects)
-
-    def _decode_and_run(self, bucket: str, objects: list[tuple[str, bytes]]) -> Batch:
+    def decode_and_run(self, bucket: str, objects: list[tuple[str, bytes]]) -> Batch:
+        """Decode raw objects as the gateway would and run blocks ``[0, freeze)`` here."""
         samples: list[tuple[str, Sample]] = []
         for key, data in objects:
             try:
@@ -264,8 +277,8 @@ class Engine:
             mode="local",
         )
 
-    def _read(self, bucket: str, key: str) -> bytes:
-        # Decoders need the whole object (image codecs and tar indexes seek).
+    def read(self, bucket: str, key: str) -> bytes:
+        """One object, whole (image codecs and tar indexes seek)."""
         try:
             return bytes(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
         except ClientError as exc:
@@ -313,6 +326,43 @@ class Engine:
             return session
 
 
+class _RawReads:
+    """A request's raw reads, queued on the engine's GET threads when it is made."""
+
+    def __init__(self, engine: Engine, bucket: str, keys: Sequence[str]) -> None:
+        self._engine = engine
+        self._bucket = bucket
+        self._keys = list(keys)
+        self._reads = [engine.reads.submit(engine.read, bucket, key) for key in keys]
+
+    def wait(self) -> Callable[[], Batch]:
+        try:
+            objects = [
+                (key, read.result()) for key, read in zip(self._keys, self._reads, strict=True)
+            ]
+        except BaseException:
+            self.cancel()
+            raise
+        return functools.partial(self._engine.decode_and_run, self._bucket, objects)
+
+    def cancel(self) -> None:
+        for read in self._reads:  # the reads not started yet are dropped
+            read.cancel()
+
+
+class _Cached:
+    """A request partly served by the local cache: ``wait`` reads the kept entries and
+    waits for the rest (already queued)."""
+
+    def __init__(self, wait: Callable[[], Callable[[], Batch]], pending: Fetch[Batch] | None):
+        self.wait = wait
+        self._pending = pending
+
+    def cancel(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+
+
 def _per_object(batch: Batch) -> dict[str, tuple[np.ndarray, list[int | None]]]:
     """A fetched batch's rows and carried labels, by object (an object's rows are
     consecutive)."""
@@ -328,28 +378,29 @@ def _per_object(batch: Batch) -> dict[str, tuple[np.ndarray, list[int | None]]]:
 def _assemble(
     keys: Sequence[str],
     parts: Mapping[str, tuple[np.ndarray, list[int | None]] | None],
-    fetched: Batch | None,
+    fetched: Sequence[Batch],
 ) -> Batch:
-    """``keys``' rows in order, from the local cache or the fetch."""
+    """``keys``' rows in order, from the local cache or the fetches (the request's, then
+    one for entries that could not be read after all)."""
     arrays, objects, carried = [], [], []
     for key in keys:
-        part = parts[key]
+        part = parts.get(key)
         if part is None:
             continue
         arrays.append(part[0])
         objects.extend([key] * len(part[0]))
         carried.extend(part[1])
-    computed = 0 if fetched is None else len(fetched.objects)
+    first = fetched[0] if fetched else None
     return Batch(
         features=np.concatenate(arrays) if arrays else np.zeros((0,), np.float32),
         objects=objects,
         carried=carried,
-        nbytes=0 if fetched is None else fetched.nbytes,
-        mode="cached" if fetched is None else fetched.mode,
-        server_ms={} if fetched is None else fetched.server_ms,
-        round_trip=None if fetched is None else fetched.round_trip,
-        local_samples=len(objects) - computed,
-        gateway_cache="" if fetched is None else fetched.gateway_cache,
+        nbytes=sum(batch.nbytes for batch in fetched),
+        mode="cached" if first is None else first.mode,
+        server_ms={} if first is None else first.server_ms,
+        round_trip=None if first is None else first.round_trip,
+        local_samples=len(objects) - sum(len(batch.objects) for batch in fetched),
+        gateway_cache="" if first is None else first.gateway_cache,
     )
 
 

@@ -29,7 +29,7 @@ from hapi.models import DEFAULT_BUCKET, RuntimeSettings
 from ._build import LabelsArg, Options, Prepared, SplitArg
 from ._compute import Batch, Engine
 from ._constructors import Constructors, DatasetOptions
-from ._prefetch import Pipeline
+from ._prefetch import Fetch, Pipeline
 from ._split import SplitChoice, replanned
 from ._stats import EpochStats, Meter
 
@@ -65,8 +65,8 @@ class _FeatureSource(Constructors):
         state["_runtime"] = None  # clients and sessions never cross processes
         return state
 
-    def _fetcher(self) -> Callable[[Sequence[str]], Callable[[], Batch]]:
-        return functools.partial(self._engine().receive, self._source.bucket)
+    def _starter(self) -> Callable[[Sequence[str]], Fetch[Batch]]:
+        return functools.partial(self._engine().start, self._source.bucket)
 
     def _chunks(self, keys: Sequence[str]) -> list[Sequence[str]]:
         size = self._request_size
@@ -229,10 +229,10 @@ class FeatureDataset(_FeatureSource, Dataset[Item]):
         return items
 
     def _fetch_all(self, chunks: list[Sequence[str]]) -> list[Batch]:
-        fetch = self._fetcher()
+        start = self._starter()
         if len(chunks) == 1:
-            return [fetch(chunks[0])()]
-        with Pipeline(chunks, fetch, depth=min(self._prefetch, len(chunks))) as running:
+            return [start(chunks[0]).wait()()]
+        with Pipeline(chunks, start, depth=min(self._prefetch, len(chunks))) as running:
             return list(running)
 
     def _current_meter(self) -> Meter:
@@ -388,7 +388,7 @@ class IterableFeatureDataset(_FeatureSource, IterableDataset[Item]):
         keys, main = self._worker_keys()
         total = None if self._source.shards else len(keys)
         meter = Meter(len(self.history), total=total, progress=self._progress and main)
-        prefetcher = Pipeline(self._chunks(keys), self._fetcher(), depth=self._prefetch)
+        prefetcher = Pipeline(self._chunks(keys), self._starter(), depth=self._prefetch)
         complete = False
         try:
             for batch in prefetcher:

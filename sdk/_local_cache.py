@@ -70,6 +70,10 @@ class LocalCache:
         digest = hashlib.sha256(material.encode()).hexdigest()
         return self.root / digest[:2] / f"{digest}.safetensors"
 
+    def holds(self, bucket: str, key: str) -> bool:
+        """Whether the object has an entry (one stat; :meth:`get` may still miss it)."""
+        return self._path(bucket, key).is_file()
+
     def get(self, bucket: str, key: str) -> tuple[np.ndarray, list[int | None]] | None:
         """The object's rows and carried labels, or ``None`` on a miss."""
         try:

@@ -2,11 +2,18 @@
 
 Pushdown pays only when the storage side extracts the next batches while the client
 trains on the current one, and a plain-GET loader pays only when fetching overlaps the
-client's compute. :class:`Pipeline` splits each request in two stages, the fetch and the
-compute it returns: fetches run ahead on their own threads, computes run one at a time
-in submission order. A stage's exception is raised in the consuming thread, at the item
-it belongs to; closing (``close()``, leaving a ``with`` block, or dropping the iterator)
-cancels what has not started and waits for what has, so no thread outlives it.
+client's compute. :class:`Pipeline` splits each request in three: starting it, which
+queues its network work at once and in request order; waiting for that work to finish,
+on a fetch thread of its own; and the compute the wait returns, one at a time in request
+order. Queueing in order matters on a narrow link: GET threads shared by several
+requests serve the request the training loop waits for first, as a plain-GET loader
+that queues every object in order does (fetch threads that each queued their own reads
+raced, and a later request's reads could take the link from an earlier one's).
+
+A stage's exception is raised in the consuming thread, at the item it belongs to;
+closing (``close()``, leaving a ``with`` block, or dropping the iterator) cancels what
+has not started, queued network work included, and waits for what has, so no thread
+outlives it.
 """
 
 from __future__ import annotations
@@ -18,42 +25,83 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Fetch(Protocol[R_co]):
+    """A request whose network work has been queued (see :class:`Pipeline`)."""
+
+    def wait(self) -> Callable[[], R_co]:
+        """Block until the request's bytes are in; return the compute left to do."""
+        ...
+
+    def cancel(self) -> None:
+        """Drop the queued work that has not started (the pipeline is closing)."""
+        ...
+
+
+class Deferred(Generic[R]):
+    """A :class:`Fetch` that queues nothing ahead: ``receive`` does all of it in
+    :meth:`wait` (a single HTTP request, whose order no other request can take)."""
+
+    def __init__(self, receive: Callable[[], Callable[[], R]]) -> None:
+        self._receive = receive
+
+    def wait(self) -> Callable[[], R]:
+        return self._receive()
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Failed(Generic[R]):
+    """A request whose start raised: the error surfaces at its own item."""
+
+    def __init__(self, error: BaseException) -> None:
+        self._error = error
+
+    def wait(self) -> Callable[[], R]:
+        raise self._error
+
+    def cancel(self) -> None:
+        pass
 
 
 class Pipeline(Generic[T, R]):
-    """Iterate ``fetch(job)()`` for every job: fetches ahead on ``depth`` threads, the
-    calls they return (the compute) one at a time on a thread of their own, in order.
+    """Iterate ``start(job).wait()()`` for every job: starts in job order, waits ahead
+    on ``depth`` fetch threads, and the calls they return (the compute) one at a time on
+    a thread of their own, in order.
 
     Fetching the next requests never waits for a compute to finish, as in a plain-GET
     loader: a fetch slot frees as soon as the compute of what it fetched starts, so up
-    to ``depth`` requests are received (their bytes held) ahead of the one computing,
-    and at most ``2 * depth`` requests are held in all (received or computed, not yet
-    taken).
+    to ``depth`` requests are started or received (their bytes held) ahead of the one
+    computing, and at most ``2 * depth`` requests are held in all (received or computed,
+    not yet taken).
 
     Args:
         jobs: The inputs, consumed lazily.
-        fetch: Called once per job on a fetch thread; returns the compute left to do.
-        depth: Fetches in flight or held at most (>= 1).
+        start: Called once per job, in job order, as the job is admitted; it only
+            queues (it runs under the pipeline's lock) and returns the :class:`Fetch`
+            whose ``wait`` runs on a fetch thread.
+        depth: Requests started or held at most (>= 1).
 
     Attributes:
         wait_s: Seconds the consumer spent blocked waiting for results.
     """
 
-    def __init__(
-        self, jobs: Iterable[T], fetch: Callable[[T], Callable[[], R]], *, depth: int
-    ) -> None:
+    def __init__(self, jobs: Iterable[T], start: Callable[[T], Fetch[R]], *, depth: int) -> None:
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1, not {depth}")
         self._jobs = iter(jobs)
-        self._fetch = fetch
+        self._start = start
         self._depth = depth
         self._fetching = ThreadPoolExecutor(depth, thread_name_prefix="hapi-prefetch")
         self._computing = ThreadPoolExecutor(1, thread_name_prefix="hapi-prefetch-compute")
-        self._pending: deque[Future[R]] = deque()
+        self._pending: deque[tuple[Future[R], Fetch[R]]] = deque()
         self._lock = threading.Lock()
         self._received = 0  # admitted jobs whose compute has not started
         self._closed = False
@@ -66,9 +114,14 @@ class Pipeline(Generic[T, R]):
                 return
             room = min(self._depth - self._received, 2 * self._depth - len(self._pending))
             for job in itertools.islice(self._jobs, max(0, room)):
-                fetched = self._fetching.submit(self._fetch, job)
+                try:
+                    started: Fetch[R] = self._start(job)
+                except Exception as exc:
+                    started = _Failed(exc)
+                fetched = self._fetching.submit(started.wait)
                 self._received += 1
-                self._pending.append(self._computing.submit(self._compute, fetched))
+                computed = self._computing.submit(self._compute, fetched)
+                self._pending.append((computed, started))
 
     def _compute(self, fetched: Future[Callable[[], R]]) -> R:
         try:
@@ -84,7 +137,7 @@ class Pipeline(Generic[T, R]):
 
     def __next__(self) -> R:
         with self._lock:
-            future = self._pending.popleft() if self._pending else None
+            future = self._pending.popleft()[0] if self._pending else None
         if future is None:
             self.close()
             raise StopIteration
@@ -108,8 +161,9 @@ class Pipeline(Generic[T, R]):
             self._closed = True
             pending = list(self._pending)
             self._pending.clear()
-        for future in pending:
+        for future, started in pending:
             future.cancel()
+            started.cancel()
         self._fetching.shutdown(wait=wait, cancel_futures=True)
         self._computing.shutdown(wait=wait, cancel_futures=True)
 

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import io
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 from PIL import Image
+
+from hapi.sdk._prefetch import Deferred, Fetch
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def picture(kind: str, seed: int) -> bytes:
@@ -24,3 +32,8 @@ def picture(kind: str, seed: int) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
     return buffer.getvalue()
+
+
+def on_fetch_threads(fetch: Callable[[T], Callable[[], R]]) -> Callable[[T], Fetch[R]]:
+    """A pipeline's ``start`` that queues nothing: ``fetch(job)`` runs on a fetch thread."""
+    return lambda job: Deferred(functools.partial(fetch, job))

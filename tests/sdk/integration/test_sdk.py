@@ -462,6 +462,24 @@ def test_local_cache_makes_the_second_epoch_cross_no_network(gateway, registered
     assert _all(plain)[0].tobytes() == first.tobytes()
 
 
+def test_an_unreadable_local_cache_entry_is_fetched_again(gateway, registered, data, tmp_path):
+    cache = tmp_path / "features"
+    options = _through(gateway, split=None, local_cache=cache)
+    dataset = sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/", model="enl0", **options
+    )
+    first, labels = _all(dataset)
+    entries = sorted(cache.rglob("*.safetensors"))
+    assert len(entries) == len(labels)
+    entries[0].write_bytes(entries[0].read_bytes()[:20])  # a torn write from elsewhere
+    second, again = _all(dataset)
+    stats = dataset.stats
+    assert stats.samples - stats.local_samples == 1 and stats.bytes_received > 0
+    assert second.tobytes() == first.tobytes() and again == labels
+    _all(dataset)  # the entry was written again
+    assert dataset.stats.local_samples == dataset.stats.samples
+
+
 def test_local_cache_misses_an_overwritten_object(gateway, registered, data, backend_s3, tmp_path):
     bucket, cache = data["bucket"], tmp_path / "features"
     options = _through(gateway, split=19, dtype="float16", local_cache=cache)

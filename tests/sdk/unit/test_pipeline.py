@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 
 from hapi.sdk._prefetch import Pipeline
+from tests.sdk.support import on_fetch_threads
 
 WAIT = 5.0  # bound on every wait; the events come much sooner
 
@@ -49,7 +50,7 @@ class Recorder:
 
 def test_fetches_run_ahead_while_a_request_computes():
     fake = Recorder()
-    with Pipeline(range(8), fake.fetch, depth=2) as running:
+    with Pipeline(range(8), on_fetch_threads(fake.fetch), depth=2) as running:
         # compute 0 is held: both fetch slots move on to the next two requests
         assert fake.fetch_started[1].wait(WAIT) and fake.fetch_started[2].wait(WAIT)
         assert "computed 0" not in fake.events
@@ -62,7 +63,9 @@ def test_fetches_run_ahead_while_a_request_computes():
 def test_computes_run_one_at_a_time_and_received_bytes_stay_bounded():
     fake = Recorder()
     fake.release.set()
-    assert list(Pipeline(range(12), fake.fetch, depth=3)) == [n * 10 for n in range(12)]
+    assert list(Pipeline(range(12), on_fetch_threads(fake.fetch), depth=3)) == [
+        n * 10 for n in range(12)
+    ]
     assert fake.most_computing == 1
     assert fake.most_held <= 3 + 1  # three received ahead of the one computing
 
@@ -77,7 +80,7 @@ def test_an_error_in_a_compute_surfaces_at_its_item():
         return compute
 
     seen = []
-    running = Pipeline(range(10), fetch, depth=2)
+    running = Pipeline(range(10), on_fetch_threads(fetch), depth=2)
     try:
         for result in running:
             seen.append(result)

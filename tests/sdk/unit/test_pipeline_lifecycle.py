@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from hapi.sdk._prefetch import Pipeline
+from tests.sdk.support import on_fetch_threads
 
 WAIT = 5.0  # bound on every join; the threads stop much sooner
 
@@ -44,7 +45,9 @@ def _threads() -> list[threading.Thread]:
 
 def test_results_come_in_order_and_the_threads_stop():
     counter = Counter()
-    assert list(Pipeline(range(50), counter.fetch, depth=3)) == [n * 10 for n in range(50)]
+    assert list(Pipeline(range(50), on_fetch_threads(counter.fetch), depth=3)) == [
+        n * 10 for n in range(50)
+    ]
     assert counter.most <= 3
     assert not _threads()
 
@@ -53,7 +56,7 @@ def test_a_failed_fetch_surfaces_at_its_item_and_stops_the_rest():
     counter = Counter(fail_fetch_at=4)
     seen = []
     with pytest.raises(RuntimeError, match="fetch 4 failed"):
-        for result in Pipeline(range(100), counter.fetch, depth=2):
+        for result in Pipeline(range(100), on_fetch_threads(counter.fetch), depth=2):
             seen.append(result)
     assert seen == [0, 10, 20, 30]
     assert max(counter.started) < 4 + 2 * 2 + 1  # nothing beyond what the bounds admit
@@ -62,7 +65,7 @@ def test_a_failed_fetch_surfaces_at_its_item_and_stops_the_rest():
 
 def test_breaking_out_early_and_closing_stops_the_threads():
     counter = Counter()
-    running = Pipeline(range(1000), counter.fetch, depth=4)
+    running = Pipeline(range(1000), on_fetch_threads(counter.fetch), depth=4)
     for result in running:
         if result == 20:
             break
@@ -73,7 +76,7 @@ def test_breaking_out_early_and_closing_stops_the_threads():
 
 def test_an_abandoned_pipeline_stops_when_collected():
     counter = Counter()
-    running = Pipeline(range(1000), counter.fetch, depth=4)
+    running = Pipeline(range(1000), on_fetch_threads(counter.fetch), depth=4)
     next(running)
     del running  # the last reference may drop on a pipeline thread: it cannot join itself
     gc.collect()
@@ -84,4 +87,4 @@ def test_an_abandoned_pipeline_stops_when_collected():
 
 def test_depth_must_be_positive():
     with pytest.raises(ValueError, match="depth"):
-        Pipeline(range(3), Counter().fetch, depth=0)
+        Pipeline(range(3), on_fetch_threads(Counter().fetch), depth=0)
