@@ -77,10 +77,12 @@ class Pipeline(Generic[T, R]):
     a thread of their own, in order.
 
     Fetching the next requests never waits for a compute to finish, as in a plain-GET
-    loader: a fetch slot frees as soon as the compute of what it fetched starts, so up
-    to ``depth`` requests are started or received (their bytes held) ahead of the one
-    computing, and at most ``2 * depth`` requests are held in all (received or computed,
-    not yet taken).
+    loader that refills its queue when it takes a batch: as soon as the compute thread
+    turns to a request (and waits for its bytes) the next one starts, so ``depth``
+    requests are started or received (their bytes held) behind the one awaited; at most
+    ``depth`` wait on fetch threads at once (a pushdown request is one HTTP request on
+    its fetch thread; raw reads queue at the start), and at most ``2 * depth`` requests
+    are held in all (received or computed, not yet taken).
 
     Args:
         jobs: The inputs, consumed lazily.
@@ -124,13 +126,13 @@ class Pipeline(Generic[T, R]):
                 self._pending.append((computed, started))
 
     def _compute(self, fetched: Future[Callable[[], R]]) -> R:
-        try:
-            compute = fetched.result()
-        finally:
-            with self._lock:
-                self._received -= 1
-            self._admit()  # the next fetch starts while this one computes
-        return compute()
+        # The next request starts as soon as this one is the one awaited, as a plain-GET
+        # loader refills its queue when it takes a batch: ``depth`` requests stay queued
+        # on the link behind the one the compute waits for.
+        with self._lock:
+            self._received -= 1
+        self._admit()
+        return fetched.result()()
 
     def __iter__(self) -> Iterator[R]:
         return self

@@ -5,9 +5,10 @@ fakes, no timing)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
-from hapi.sdk._prefetch import Pipeline
+from hapi.sdk._prefetch import Deferred, Pipeline
 from tests.sdk.support import on_fetch_threads
 
 WAIT = 5.0  # bound on every wait; the events come much sooner
@@ -88,3 +89,37 @@ def test_an_error_in_a_compute_surfaces_at_its_item():
         assert "job 3" in str(exc)
     assert seen == [0, 1, 2]
     assert not [t for t in threading.enumerate() if t.name.startswith("hapi-prefetch")]
+
+
+class _Slow:
+    """Requests whose network wait for job 0 is held until released."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.release = threading.Event()
+
+    def start(self, job: int) -> Deferred[int]:
+        self.started.append(job)  # the pipeline calls this under its lock, in order
+
+        def wait() -> Callable[[], int]:
+            if job == 0:
+                self.release.wait(WAIT)
+            return lambda: job
+
+        return Deferred(wait)
+
+
+def test_requests_start_in_order_and_depth_of_them_queue_behind_the_awaited_one():
+    # As a plain-GET loader refills its queue when it takes a batch, before the batch's
+    # bytes are in. Before: the next request started only once request 0's compute did,
+    # so one request fewer was on the link while the training loop waited.
+    slow = _Slow()
+    with Pipeline(range(8), slow.start, depth=2) as running:
+        deadline = time.monotonic() + WAIT / 2  # job 0 stays held longer than this
+        while len(slow.started) < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)  # and no more than that
+        assert slow.started == [0, 1, 2]
+        slow.release.set()
+        assert list(running) == list(range(8))
+    assert slow.started == list(range(8))
