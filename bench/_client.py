@@ -71,9 +71,11 @@ class Snapshot:
     storage_cpu: float
     client_steal: float = 0.0
     storage_steal: float = 0.0
+    queue: tuple[int, int] | None = None  # the link queue's frames sent and dropped
 
     @classmethod
     def take(cls, link: Link, tier: StorageTier) -> Snapshot:
+        queue = link.queue_stats()  # a tc call: ahead of the clock, so a start's is not timed
         return cls(
             time.perf_counter(),
             link.rx_bytes(),
@@ -81,6 +83,7 @@ class Snapshot:
             tier.cpu_seconds(),
             steal_seconds(os.sched_getaffinity(0)),  # the client's core, once pinned
             tier.steal_seconds(),
+            queue,
         )
 
 
@@ -301,4 +304,10 @@ def run_result(
         client_steal_s=after.client_steal - before.client_steal,
         storage_steal_s=after.storage_steal - before.storage_steal,
         batches=-(-stats.samples // batch_size) if batch_size else None,
+        link_frames=_delta(before.queue, after.queue, 0),
+        link_dropped=_delta(before.queue, after.queue, 1),
     )
+
+
+def _delta(before: tuple[int, int] | None, after: tuple[int, int] | None, index: int) -> int | None:
+    return None if before is None or after is None else after[index] - before[index]

