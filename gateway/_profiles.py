@@ -14,7 +14,10 @@ the same way, per sample, in the decoding threads.
 How loaded the storage host is, is measured apart from the block times: while a block
 runs on the CPU, the gateway process's CPU time over the wall time is the share of a core
 it gets (1 alone, about 0.5 next to one CPU-bound process). The planner divides the
-storage side's CPU work by that share, instead of reading inflated block times.
+storage side's CPU work by that share, instead of reading inflated block times. Before
+any block has run, a profile request probes it instead (:func:`probe_share`: a short
+computation on one thread, its CPU time over wall time), so a fresh gateway on a busy
+node does not claim a whole core to the first plan.
 
 Figures are keyed by block content hash (models sharing a block share its figure),
 device and batch-size bucket (powers of two); each is the mean of its latest batches.
@@ -33,6 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import hashlib
 import os
 import statistics
 import threading
@@ -48,6 +52,11 @@ from hapi.models import BlockTime, Figure, Manifest, StorageLoad, StorageProfile
 BlockRun = Callable[[np.ndarray], np.ndarray]
 _WINDOW = 64  # batches a figure averages over: recent enough to follow a change of load
 COLD_GAP_S = 0.05
+PROBE_S = 0.1
+"""How long :func:`probe_share` computes: about 25 scheduler slices of a shared core."""
+PROBE_TTL_S = 30.0
+"""A probe is served this long; a profile request after that probes again (while no
+block run has measured the share)."""
 """A block run starting this long after the process's previous one ended is cold."""
 
 
@@ -105,6 +114,8 @@ class StorageProfiler:
         self._cpu = {True: _Tally(), False: _Tally()}
         self._running = 0
         self._last_end: float | None = None
+        self._probed: tuple[float, float] | None = None  # (share, when)
+        self._probing = threading.Lock()  # one probe at a time
 
     def run_started(self) -> bool:
         """A block run starts; returns whether it is warm: another run is under way or
@@ -153,6 +164,20 @@ class StorageProfiler:
             with self._lock:
                 self._cpu[warm].add(cpu_s, max(1, round(wall_s * 1e6)))
 
+    def probe_load(self) -> None:
+        """Probe the share of a core a thread gets now (:func:`probe_share`), unless a
+        block run measured it or a probe younger than :data:`PROBE_TTL_S` did. Blocks
+        for :data:`PROBE_S`: call it off the event loop."""
+        with self._probing:
+            with self._lock:
+                measured = self._cpu[True].samples or self._cpu[False].samples
+                fresh = self._probed is not None and (self._clock() - self._probed[1] < PROBE_TTL_S)
+            if measured or fresh:
+                return
+            share = probe_share(PROBE_S)
+            with self._lock:
+                self._probed = (share, self._clock())
+
     def profile(self, manifest: Manifest) -> StorageProfile:
         """The figures of ``manifest``'s frozen blocks (the manifest's where never run;
         back-to-back runs' where there are any)."""
@@ -200,6 +225,14 @@ class StorageProfiler:
 
     def _load(self) -> StorageLoad:
         tally = self._cpu[True] if self._cpu[True].samples else self._cpu[False]
+        if not tally.samples and self._probed is not None:
+            share, when = self._probed
+            return StorageLoad(
+                available=round(share, 4),
+                source="probed",
+                samples=1,
+                age_s=round(self._clock() - when, 3),
+            )
         if not tally.samples:
             return StorageLoad(available=1.0, source="manifest")
         cpu_s = sum(s for s, _ in tally.window)
@@ -210,6 +243,19 @@ class StorageProfiler:
             samples=len(tally.window),
             age_s=tally.age(),
         )
+
+
+def probe_share(seconds: float) -> float:
+    """The share of a core one thread of this process gets now: its CPU time over the
+    wall time while it hashes for ``seconds`` (1 alone, about 0.5 beside one CPU-bound
+    process at the same niceness). Hashing a large buffer releases the interpreter's
+    lock, so the event loop and other threads run meanwhile."""
+    data = bytes(1 << 20)
+    cpu_started, started = time.thread_time(), time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        hashlib.sha256(data).digest()
+    wall = time.perf_counter() - started
+    return min(1.0, max(0.01, (time.thread_time() - cpu_started) / wall))
 
 
 def _overall(index: int, manifest: Manifest, batches: Sequence[BlockTime]) -> BlockTime:

@@ -136,10 +136,12 @@ class BlockTime(Figure):
 
 class StorageLoad(_Schema):
     """How much of a core the gateway got while its blocks ran on the CPU: process CPU
-    time over wall time, at most 1. 1 (source ``manifest``) when never measured."""
+    time over wall time, at most 1 (source ``measured``). Before any block ran, what a
+    short probe on one thread got (``probed``, one sample); 1 (``manifest``) when
+    neither was measured."""
 
     available: float
-    source: Source
+    source: Literal["measured", "probed", "manifest"]
     samples: int = 0
     age_s: float | None = None
 

@@ -278,7 +278,7 @@ def describe_storage(storage: StorageProfile, scale: float = 1.0) -> str:
     load = storage.load
     parts.append(
         f"{load.available:.0%} of a core available ("
-        + (f"measured, {_age([load])})" if load.source == "measured" else "assumed)")
+        + (f"{load.source}, {_age([load])})" if load.source != "manifest" else "assumed)")
     )
     return "Storage side: " + "; ".join(parts) + "."
 

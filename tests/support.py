@@ -71,8 +71,10 @@ def gateway_process(
     log_dir: Path,
     extra_args: tuple[str, ...] = (),
     start_timeout: float = 90.0,  # three starting at once on a loaded 2-core machine
+    prefix: tuple[str, ...] = (),
 ) -> Iterator[RunningGateway]:
-    """Run ``hapi serve`` on a free loopback port; stop it afterwards, whatever happens."""
+    """Run ``hapi serve`` on a free loopback port (behind ``prefix``, e.g. ``taskset -c
+    1``); stop it afterwards, whatever happens."""
     port = free_port()
     key, secret = "GWTEST" + os.urandom(5).hex().upper(), os.urandom(20).hex()
     env = {
@@ -86,7 +88,7 @@ def gateway_process(
     log_path = log_dir / f"gateway-{port}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [HAPI, "-v", "serve", "--port", str(port), *extra_args],
+            [*prefix, HAPI, "-v", "serve", "--port", str(port), *extra_args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

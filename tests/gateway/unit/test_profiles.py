@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hapi.gateway import _profiles
 from hapi.gateway._profiles import (
     ChainedRun,
     ProfiledRun,
@@ -45,6 +46,33 @@ def test_availability_is_process_cpu_over_wall_at_most_one() -> None:
     assert profiler.profile(MODEL).load.available == pytest.approx(0.5)
     profiler.record_availability(3.5, 1.0)  # several threads on several cores
     assert profiler.profile(MODEL).load.available == 1.0
+
+
+def test_a_probe_stands_in_only_until_a_block_run_measures_the_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    probes: list[float] = []
+
+    def probe(seconds: float) -> float:
+        probes.append(seconds)
+        return 0.5
+
+    monkeypatch.setattr(_profiles, "probe_share", probe)
+    clock = ManualClock()
+    profiler = StorageProfiler(clock)
+    assert profiler.profile(MODEL).load.source == "manifest"  # a profile alone never probes
+    profiler.probe_load()
+    clock.now += 10.0
+    profiler.probe_load()  # still fresh: not probed again
+    load = profiler.profile(MODEL).load
+    assert (load.source, load.available, load.samples, load.age_s) == ("probed", 0.5, 1, 10.0)
+    clock.now += _profiles.PROBE_TTL_S
+    profiler.probe_load()
+    assert len(probes) == 2 and profiler.profile(MODEL).load.age_s == 0.0
+    profiler.record_availability(0.9, 1.0)  # real traffic: the probe is not served again
+    profiler.probe_load()
+    assert len(probes) == 2
+    assert profiler.profile(MODEL).load.source == "measured"
 
 
 class _Learned:
