@@ -167,31 +167,13 @@ class Engine:
         """
         spec = self.spec
         if spec.local_cache is None:
-            return self._start(bucket, keys)
+            return self.start_uncached(bucket, keys)
         cache = self._local_cache(spec.local_cache)
         kept = [key for key in keys if cache.holds(bucket, key)]  # a stat each
         held = set(kept)
         missing = [key for key in keys if key not in held]
-        pending = self._start(bucket, missing) if missing else None
-
-        def wait() -> Callable[[], Batch]:
-            parts = {key: cache.get(bucket, key) for key in kept}
-            lost = [key for key in kept if parts[key] is None]  # unreadable: a miss
-            received = [] if pending is None else [pending.wait()]
-            if lost:
-                received.append(self._start(bucket, lost).wait())
-
-            def finish() -> Batch:
-                fetched = [compute() for compute in received]
-                for batch in fetched:
-                    for key, part in _per_object(batch).items():
-                        cache.put(bucket, key, *part)
-                        parts[key] = part
-                return _assemble(keys, parts, fetched)
-
-            return finish
-
-        return _Cached(wait, pending)
+        pending = self.start_uncached(bucket, missing) if missing else None
+        return _Cached(self, cache, bucket, keys, kept, pending)
 
     def _local_cache(self, root: str) -> LocalCache:
         """The local cache for the split in use now (one per split: it keys the entries)."""
@@ -203,7 +185,8 @@ class Engine:
             self._local_caches[split] = cache
         return cache
 
-    def _start(self, bucket: str, keys: Sequence[str]) -> Fetch[Batch]:
+    def start_uncached(self, bucket: str, keys: Sequence[str]) -> Fetch[Batch]:
+        """:meth:`start`, past the local cache."""
         if self.pushdown:  # one HTTP request: nothing to queue ahead of it
             return Deferred(functools.partial(self._receive, bucket, keys))
         return _RawReads(self, bucket, keys)
@@ -351,12 +334,45 @@ class _RawReads:
 
 
 class _Cached:
-    """A request partly served by the local cache: ``wait`` reads the kept entries and
-    waits for the rest (already queued)."""
+    """A request partly served by the local cache: the misses' fetch was queued when it
+    was made; :meth:`wait` reads the kept entries (one that cannot be read is fetched
+    then, a miss after all) and waits for the rest."""
 
-    def __init__(self, wait: Callable[[], Callable[[], Batch]], pending: Fetch[Batch] | None):
-        self.wait = wait
+    def __init__(
+        self,
+        engine: Engine,
+        cache: LocalCache,
+        bucket: str,
+        keys: Sequence[str],
+        kept: list[str],
+        pending: Fetch[Batch] | None,
+    ) -> None:
+        self._engine = engine
+        self._cache = cache
+        self._bucket = bucket
+        self._keys = keys
+        self._kept = kept
         self._pending = pending
+
+    def wait(self) -> Callable[[], Batch]:
+        parts = {key: self._cache.get(self._bucket, key) for key in self._kept}
+        received = [] if self._pending is None else [self._pending.wait()]
+        lost = [key for key in self._kept if parts[key] is None]
+        if lost:
+            received.append(self._engine.start_uncached(self._bucket, lost).wait())
+        return functools.partial(self._finish, parts, received)
+
+    def _finish(
+        self,
+        parts: dict[str, tuple[np.ndarray, list[int | None]] | None],
+        received: list[Callable[[], Batch]],
+    ) -> Batch:
+        fetched = [compute() for compute in received]
+        for batch in fetched:
+            for key, part in _per_object(batch).items():
+                self._cache.put(self._bucket, key, *part)
+                parts[key] = part
+        return _assemble(self._keys, parts, fetched)
 
     def cancel(self) -> None:
         if self._pending is not None:
