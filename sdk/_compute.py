@@ -333,33 +333,25 @@ class _RawReads:
             read.cancel()
 
 
+@dataclass(frozen=True)
 class _Cached:
-    """A request partly served by the local cache: the misses' fetch was queued when it
-    was made; :meth:`wait` reads the kept entries (one that cannot be read is fetched
-    then, a miss after all) and waits for the rest."""
+    """A request partly served by the local cache: the misses' fetch (``pending``) was
+    queued when it was made; :meth:`wait` reads the ``kept`` entries (one that cannot be
+    read is fetched then, a miss after all) and waits for the rest."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        cache: LocalCache,
-        bucket: str,
-        keys: Sequence[str],
-        kept: list[str],
-        pending: Fetch[Batch] | None,
-    ) -> None:
-        self._engine = engine
-        self._cache = cache
-        self._bucket = bucket
-        self._keys = keys
-        self._kept = kept
-        self._pending = pending
+    engine: Engine
+    cache: LocalCache
+    bucket: str
+    keys: Sequence[str]
+    kept: list[str]
+    pending: Fetch[Batch] | None
 
     def wait(self) -> Callable[[], Batch]:
-        parts = {key: self._cache.get(self._bucket, key) for key in self._kept}
-        received = [] if self._pending is None else [self._pending.wait()]
-        lost = [key for key in self._kept if parts[key] is None]
+        parts = {key: self.cache.get(self.bucket, key) for key in self.kept}
+        received = [] if self.pending is None else [self.pending.wait()]
+        lost = [key for key in self.kept if parts[key] is None]
         if lost:
-            received.append(self._engine.start_uncached(self._bucket, lost).wait())
+            received.append(self.engine.start_uncached(self.bucket, lost).wait())
         return functools.partial(self._finish, parts, received)
 
     def _finish(
@@ -370,13 +362,13 @@ class _Cached:
         fetched = [compute() for compute in received]
         for batch in fetched:
             for key, part in _per_object(batch).items():
-                self._cache.put(self._bucket, key, *part)
+                self.cache.put(self.bucket, key, *part)
                 parts[key] = part
-        return _assemble(self._keys, parts, fetched)
+        return _assemble(self.keys, parts, fetched)
 
     def cancel(self) -> None:
-        if self._pending is not None:
-            self._pending.cancel()
+        if self.pending is not None:
+            self.pending.cancel()
 
 
 def _per_object(batch: Batch) -> dict[str, tuple[np.ndarray, list[int | None]]]:
