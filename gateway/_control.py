@@ -13,7 +13,6 @@ the data plane), unless the operator made it public (``public_control``,
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Callable
@@ -197,8 +196,7 @@ def _model_routes(app: FastAPI, gateway: Gateway) -> None:
         tenants serving it."""
         tenants = _pushdown(gateway).tenants
         manifest = await tenants.manifest(name)
-        await asyncio.to_thread(tenants.profiler.probe_load)  # no-op once blocks ran
-        return ModelProfile.of(manifest, tenants.stats(), tenants.profiler.profile(manifest))
+        return ModelProfile.of(manifest, tenants.stats(), await tenants.profiler.current(manifest))
 
     @app.get("/_hapi/stats", response_model=GatewayStats)
     async def stats() -> GatewayStats:

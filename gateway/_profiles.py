@@ -33,6 +33,7 @@ availability) from runs after idle gaps only where nothing else was measured.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import dataclasses
@@ -52,12 +53,12 @@ from hapi.models import BlockTime, Figure, Manifest, StorageLoad, StorageProfile
 BlockRun = Callable[[np.ndarray], np.ndarray]
 _WINDOW = 64  # batches a figure averages over: recent enough to follow a change of load
 COLD_GAP_S = 0.05
+"""A block run starting this long after the process's previous one ended is cold."""
 PROBE_S = 0.1
 """How long :func:`probe_share` computes: about 25 scheduler slices of a shared core."""
 PROBE_TTL_S = 30.0
 """A probe is served this long; a profile request after that probes again (while no
 block run has measured the share)."""
-"""A block run starting this long after the process's previous one ended is cold."""
 
 
 def batch_bucket(size: int) -> int:
@@ -164,19 +165,30 @@ class StorageProfiler:
             with self._lock:
                 self._cpu[warm].add(cpu_s, max(1, round(wall_s * 1e6)))
 
+    def _needs_probe(self) -> bool:
+        """No block run has measured the share, and no probe younger than
+        :data:`PROBE_TTL_S` has."""
+        with self._lock:
+            measured = self._cpu[True].samples or self._cpu[False].samples
+            fresh = self._probed is not None and self._clock() - self._probed[1] < PROBE_TTL_S
+            return not (measured or fresh)
+
     def probe_load(self) -> None:
-        """Probe the share of a core a thread gets now (:func:`probe_share`), unless a
-        block run measured it or a probe younger than :data:`PROBE_TTL_S` did. Blocks
-        for :data:`PROBE_S`: call it off the event loop."""
+        """Probe the share of a core a thread gets now (:func:`probe_share`) where
+        :meth:`_needs_probe`. Blocks for :data:`PROBE_S`: call it off the event loop."""
         with self._probing:
-            with self._lock:
-                measured = self._cpu[True].samples or self._cpu[False].samples
-                fresh = self._probed is not None and (self._clock() - self._probed[1] < PROBE_TTL_S)
-            if measured or fresh:
+            if not self._needs_probe():  # another caller probed while this one waited
                 return
             share = probe_share(PROBE_S)
             with self._lock:
                 self._probed = (share, self._clock())
+
+    async def current(self, manifest: Manifest) -> StorageProfile:
+        """:meth:`profile`, the share of a core probed first (off the event loop) where
+        nothing has measured it: what every plan on the gateway's view reads."""
+        if self._needs_probe():
+            await asyncio.to_thread(self.probe_load)
+        return self.profile(manifest)
 
     def profile(self, manifest: Manifest) -> StorageProfile:
         """The figures of ``manifest``'s frozen blocks (the manifest's where never run;
@@ -225,16 +237,12 @@ class StorageProfiler:
 
     def _load(self) -> StorageLoad:
         tally = self._cpu[True] if self._cpu[True].samples else self._cpu[False]
-        if not tally.samples and self._probed is not None:
-            share, when = self._probed
-            return StorageLoad(
-                available=round(share, 4),
-                source="probed",
-                samples=1,
-                age_s=round(self._clock() - when, 3),
-            )
         if not tally.samples:
-            return StorageLoad(available=1.0, source="manifest")
+            if self._probed is None:
+                return StorageLoad(available=1.0, source="manifest")
+            share, when = self._probed
+            age_s = round(self._clock() - when, 3)
+            return StorageLoad(available=round(share, 4), source="probed", samples=1, age_s=age_s)
         cpu_s = sum(s for s, _ in tally.window)
         wall_s = sum(n for _, n in tally.window) / 1e6
         return StorageLoad(

@@ -205,24 +205,17 @@ class Pushdown:
 
     async def _resolve(self, params: Params) -> tuple[Manifest, Params]:
         manifest = await self.tenants.manifest(params.model)
-        if params.split is None:
-            params = replace(params, split=self.choose_split(manifest, params))
+        if params.split is None:  # split=auto on the gateway's view
+            storage = await self.tenants.profiler.current(manifest)
+            assumed = self._settings.assumed_bandwidth_bps
+            split = choose_split(manifest, params, self.tenants.budget, assumed, storage)
+            params = replace(params, split=split)
         assert params.split is not None
         if params.split > manifest.freeze:
             raise InvalidArgument(
                 f"x-hapi-split must be in 0..{manifest.freeze} for {manifest.ref}, not {params.split}"
             )
         return manifest, params
-
-    def choose_split(self, manifest: Manifest, params: Params) -> int:
-        """``split=auto`` on the gateway's view (see :func:`._pushdown_plan.choose_split`)."""
-        return choose_split(
-            manifest,
-            params,
-            self.tenants.budget,
-            self._settings.assumed_bandwidth_bps,
-            self.tenants.profiler.profile(manifest),
-        )
 
     # -- step 2: decode, run and send in windows -----------------------------------------
 

@@ -151,11 +151,7 @@ class Engine:
                 gateway refused the request.
             ModelUnavailable: The blocks cannot be loaded or run here.
         """
-        return self.receive(bucket, keys)()
-
-    def receive(self, bucket: str, keys: Sequence[str]) -> Callable[[], Batch]:
-        """Does the network part of :meth:`fetch` now; returns the compute left to do."""
-        return self.start(bucket, keys).wait()
+        return self.start(bucket, keys).wait()()
 
     def start(self, bucket: str, keys: Sequence[str]) -> Fetch[Batch]:
         """Queues the network part of :meth:`fetch` now, behind what was started before.

@@ -229,10 +229,9 @@ class FeatureDataset(_FeatureSource, Dataset[Item]):
         return items
 
     def _fetch_all(self, chunks: list[Sequence[str]]) -> list[Batch]:
-        start = self._starter()
         if len(chunks) == 1:
-            return [start(chunks[0]).wait()()]
-        with Pipeline(chunks, start, depth=min(self._prefetch, len(chunks))) as running:
+            return [self._engine().fetch(self._source.bucket, chunks[0])]
+        with Pipeline(chunks, self._starter(), depth=min(self._prefetch, len(chunks))) as running:
             return list(running)
 
     def _current_meter(self) -> Meter:

@@ -18,6 +18,7 @@ outlives it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -58,17 +59,8 @@ class Deferred(Generic[R]):
         pass
 
 
-class _Failed(Generic[R]):
-    """A request whose start raised: the error surfaces at its own item."""
-
-    def __init__(self, error: BaseException) -> None:
-        self._error = error
-
-    def wait(self) -> Callable[[], R]:
-        raise self._error
-
-    def cancel(self) -> None:
-        pass
+def _raise(error: BaseException) -> Callable[[], R]:
+    raise error
 
 
 class Pipeline(Generic[T, R]):
@@ -105,7 +97,7 @@ class Pipeline(Generic[T, R]):
         self._computing = ThreadPoolExecutor(1, thread_name_prefix="hapi-prefetch-compute")
         self._pending: deque[tuple[Future[R], Fetch[R]]] = deque()
         self._lock = threading.Lock()
-        self._received = 0  # admitted jobs whose compute has not started
+        self._received = 0  # admitted jobs the compute thread has not turned to yet
         self._closed = False
         self.wait_s = 0.0
         self._admit()
@@ -118,8 +110,8 @@ class Pipeline(Generic[T, R]):
             for job in itertools.islice(self._jobs, max(0, room)):
                 try:
                     started: Fetch[R] = self._start(job)
-                except Exception as exc:
-                    started = _Failed(exc)
+                except Exception as exc:  # raised at its own item, like a failed wait
+                    started = Deferred(functools.partial(_raise, exc))
                 fetched = self._fetching.submit(started.wait)
                 self._received += 1
                 computed = self._computing.submit(self._compute, fetched)

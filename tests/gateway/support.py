@@ -8,6 +8,7 @@ import io
 from collections.abc import Iterable
 
 import httpx
+import pytest
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
@@ -15,6 +16,7 @@ from botocore.httpchecksum import AwsChunkedWrapper, Crc32Checksum
 from PIL import Image
 
 from hapi import models
+from hapi.gateway import _profiles
 from hapi.gateway._sigv4 import Verified
 from hapi.models import Manifest
 
@@ -121,3 +123,16 @@ def botocore_chunked(
         io.BytesIO(payload), checksum_cls=checksum_cls, checksum_name=name, chunk_size=chunk_size
     )
     return wrapper.read()
+
+
+def fake_probes(monkeypatch: pytest.MonkeyPatch, share: float = 0.5) -> list[float]:
+    """Replace the gateway's core-share probe with one that answers ``share`` at once;
+    returns the list each call appends its ``seconds`` to."""
+    probes: list[float] = []
+
+    def probe(seconds: float) -> float:
+        probes.append(seconds)
+        return share
+
+    monkeypatch.setattr(_profiles, "probe_share", probe)
+    return probes

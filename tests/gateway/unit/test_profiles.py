@@ -16,7 +16,7 @@ from hapi.gateway._profiles import (
     batch_bucket,
 )
 from hapi.models import RuntimeSettings, compose, create_session
-from tests.gateway.support import ManualClock
+from tests.gateway.support import ManualClock, fake_probes
 from tests.models.unit.test_block_times import _block
 from tests.planner.synthetic import manifest
 
@@ -51,13 +51,7 @@ def test_availability_is_process_cpu_over_wall_at_most_one() -> None:
 def test_a_probe_stands_in_only_until_a_block_run_measures_the_share(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    probes: list[float] = []
-
-    def probe(seconds: float) -> float:
-        probes.append(seconds)
-        return 0.5
-
-    monkeypatch.setattr(_profiles, "probe_share", probe)
+    probes = fake_probes(monkeypatch)
     clock = ManualClock()
     profiler = StorageProfiler(clock)
     assert profiler.profile(MODEL).load.source == "manifest"  # a profile alone never probes

@@ -15,9 +15,16 @@ import numpy as np
 import pytest
 from asgi_lifespan import LifespanManager
 
-from hapi.gateway import Credentials, GatewaySettings, create_app
+from hapi.gateway import Credentials, GatewaySettings, _profiles, create_app
 from hapi.models import Manifest, ModelProfile
-from tests.gateway.support import CLIENT, GATEWAY, MemoryRegistry, client_signed, memory_store
+from tests.gateway.support import (
+    CLIENT,
+    GATEWAY,
+    MemoryRegistry,
+    client_signed,
+    fake_probes,
+    memory_store,
+)
 from tests.planner.synthetic import manifest as synthetic_manifest
 
 MODEL = synthetic_manifest(freeze=4)
@@ -79,6 +86,21 @@ async def test_before_traffic_every_block_figure_is_the_manifests(client) -> Non
     assert storage.batches == [] and storage.decode is None
     # The share of a core is probed, not assumed (a busy node must say so at once).
     assert storage.load.source == "probed" and 0 < storage.load.available <= 1
+
+
+@pytest.mark.anyio
+async def test_split_auto_on_a_fresh_gateway_probes_the_load_first(
+    client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The gateway's own split=auto plans on the same view as /_hapi/models: before any
+    # block ran, a busy core must show there too (it read a whole core before).
+    probes = fake_probes(monkeypatch)
+    url = httpx.URL(
+        GATEWAY + "/data/cat.png", params={"hapi-model": "synthetic", "hapi-split": "auto"}
+    )
+    reply = await client.get(url, headers=client_signed("GET", str(url)))
+    assert reply.status_code == 200, reply.text
+    assert probes == [_profiles.PROBE_S]
 
 
 @pytest.mark.anyio

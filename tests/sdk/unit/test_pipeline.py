@@ -8,6 +8,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
 from hapi.sdk._prefetch import Deferred, Pipeline
 from tests.sdk.support import on_fetch_threads
 
@@ -123,3 +125,17 @@ def test_requests_start_in_order_and_depth_of_them_queue_behind_the_awaited_one(
         slow.release.set()
         assert list(running) == list(range(8))
     assert slow.started == list(range(8))
+
+
+def test_an_error_in_a_start_surfaces_at_its_item():
+    def start(job: int) -> Deferred[int]:
+        if job == 2:
+            raise RuntimeError("request 2 could not be queued")
+        return Deferred(lambda: lambda: job)
+
+    seen = []
+    with pytest.raises(RuntimeError, match="request 2"):
+        for result in Pipeline(range(6), start, depth=2):
+            seen.append(result)
+    assert seen == [0, 1]
+    assert not [t for t in threading.enumerate() if t.name.startswith("hapi-prefetch")]

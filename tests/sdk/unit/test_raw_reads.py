@@ -54,7 +54,7 @@ def test_a_requests_objects_are_read_concurrently_and_bounded() -> None:
     spec = Spec(endpoints=(), registry_bucket="models", manifest=manifest(), freeze=3, split=None)
     engine = Engine(spec, s3=store)
     keys = [f"images/{n}.jpg" for n in range(2 * GET_THREADS)]
-    compute = engine.receive("data", keys)  # the reads happen here; the compute is left
+    compute = engine.start("data", keys).wait()  # the reads happen here; the compute is left
     assert compute is not None
     assert store.most == GET_THREADS  # all in flight together, never more than the pool
 
