@@ -15,9 +15,10 @@ How loaded the storage host is, is measured apart from the block times: while a 
 runs on the CPU, the gateway process's CPU time over the wall time is the share of a core
 it gets (1 alone, about 0.5 next to one CPU-bound process). The planner divides the
 storage side's CPU work by that share, instead of reading inflated block times. Before
-any block has run, a profile request probes it instead (:func:`probe_share`: a short
-computation on one thread, its CPU time over wall time), so a fresh gateway on a busy
-node does not claim a whole core to the first plan.
+any block has run, a plan on the gateway's view (a profile request, or a request with
+``split=auto``) probes it instead (:func:`probe_share`: a short computation on one
+thread, its CPU time over wall time), so a fresh gateway on a busy node does not claim
+a whole core to the first plan.
 
 Figures are keyed by block content hash (models sharing a block share its figure),
 device and batch-size bucket (powers of two); each is the mean of its latest batches.
