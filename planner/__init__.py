@@ -10,7 +10,8 @@ Plan from a manifest's own profile::
 Measure instead of assuming: :func:`measure_client_blocks`, :func:`measure_decode_ms` and
 :func:`measure_request_ms` time the client side here, :func:`probe_bandwidth` and
 :func:`fetch_gateway_profile` ask a running gateway. After a run, :func:`needs_replan`
-says whether what was measured left the plan's assumptions by more than 25%.
+says whether what was measured left the plan's assumptions by more than 25%, and a
+:class:`Trial` times a pick against a candidate predicted within 5% of it.
 
 The command line is ``hapi plan`` (:data:`hapi.planner._cli.plan`).
 """
@@ -48,6 +49,7 @@ from ._profile import (
     measure_request_ms,
     profile_from_manifest,
 )
+from ._trial import NEAR_TIE, Trial, near_rival
 from ._units import format_bandwidth, format_bytes, parse_bandwidth, parse_size
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "DEFAULT_RAW_BYTES",
     "DEFAULT_REPLAN_THRESHOLD",
     "DEFAULT_WINDOW",
+    "NEAR_TIE",
     "SHARED_BYTE_MARGIN",
     "Candidate",
     "GatewayAuth",
@@ -71,6 +74,7 @@ __all__ = [
     "ProbeError",
     "Profile",
     "SplitKeeper",
+    "Trial",
     "drift",
     "fetch_gateway_profile",
     "format_bandwidth",
@@ -79,6 +83,7 @@ __all__ = [
     "measure_client_blocks",
     "measure_decode_ms",
     "measure_request_ms",
+    "near_rival",
     "needs_replan",
     "parse_bandwidth",
     "parse_size",

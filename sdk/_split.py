@@ -19,6 +19,11 @@ After each full epoch, what was measured (bandwidth, the gateway's time per samp
 compared with what the plan assumed; :func:`hapi.planner.needs_replan` decides whether
 to plan again (a drift beyond 25%), and a :class:`hapi.planner.SplitKeeper` changes the
 split only when the new one is predicted more than 10% faster for two epochs in a row.
+
+Where another candidate is predicted within 5% of the pick, the profile cannot decide
+between them: a :class:`hapi.planner.Trial` runs the rival for the second epoch and the
+pick for the third, and keeps the faster (unless the first epoch's measurements already
+make a third split clearly the best, when re-planning takes over).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -51,11 +56,13 @@ class SplitChoice:
         split: Blocks ``[0, split)`` run on the storage side; ``None`` means no pushdown
             (read raw objects and run every frozen block here).
         reason: One sentence for people.
-        policy: ``given``, ``planner``, ``replanned`` or ``fewest-bytes``.
+        policy: ``given``, ``planner``, ``trial`` (a near tie timed, or its outcome),
+            ``replanned`` or ``fewest-bytes``.
         plan: The planner's plan, when it decided (``plan.explain()`` has the table).
         measured_bandwidth: Whether the plan's bandwidth was measured (and so may be
             re-measured), rather than given.
         keeper: The hysteresis that re-planning goes through (with the planner only).
+        trial: The near tie being timed, when the plan has one (with the planner only).
     """
 
     split: int | None
@@ -64,6 +71,7 @@ class SplitChoice:
     plan: planner.Plan | None = None
     measured_bandwidth: bool = True
     keeper: planner.SplitKeeper | None = None
+    trial: planner.Trial | None = None
 
 
 @dataclass(frozen=True)
@@ -216,7 +224,9 @@ def choose_split(
     except planner.PlannerError as exc:  # no feasible split
         return fewest_bytes(manifest, freeze, dtype, str(exc))
     keeper = planner.SplitKeeper(plan)
-    return SplitChoice(plan.split, plan.reason() + unmeasured, "planner", plan, not given, keeper)
+    trial = planner.Trial.start(plan)
+    reason = plan.reason() + unmeasured + ("" if trial is None else " " + trial.why())
+    return SplitChoice(plan.split, reason, "planner", plan, not given, keeper, trial)
 
 
 def _measured(
@@ -271,14 +281,74 @@ def gateway_auth(s3: Any) -> planner.GatewayAuth | None:
 
 def replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> SplitChoice | None:
     """A new choice when an epoch's measurements call for another split and the gain
-    persists (hysteresis), else ``None`` (the keeper remembers the pending proposal)."""
-    plan, keeper = choice.plan, choice.keeper
-    if plan is None or keeper is None or stats.mode != "pushdown" or not stats.samples:
-        return None
-    measured = planner.Measurement(
+    persists (hysteresis), or a near tie's trial moves on; else ``None`` (the keeper
+    remembers the pending proposal)."""
+    trial = choice.trial
+    if trial is not None and not trial.done and stats.samples:
+        return _trial_step(choice, trial, manifest, stats)
+    return _replanned(choice, manifest, stats)
+
+
+def _trial_step(
+    choice: SplitChoice, trial: planner.Trial, manifest: Manifest, stats: EpochStats
+) -> SplitChoice:
+    """The choice after one epoch of a trial: its next split, or the one it keeps. A
+    first epoch that left the plan's assumptions so far that a third split is predicted
+    clearly faster than the pick ends the trial: the tie no longer matters, and
+    re-planning decides."""
+    if not trial.seconds_per_sample and _beyond_the_tie(choice, trial, manifest, stats):
+        ended = replace(
+            choice,
+            trial=None,
+            reason=f"{choice.reason} Epoch {stats.epoch} left the plan's assumptions so far "
+            "that another split is predicted faster than both, so the trial is off and "
+            "re-planning decides.",
+        )
+        return _replanned(ended, manifest, stats) or ended
+    trial.record(stats.split, stats.seconds, stats.samples)
+    if not trial.done:
+        reason = f"trial after epoch {stats.epoch}: {trial.why()}"
+        return replace(choice, split=trial.next_split(), reason=reason, policy="trial")
+    kept = trial.kept()
+    return SplitChoice(
+        kept.split,
+        f"trial over after epoch {stats.epoch}: {trial.why()}",
+        "trial",
+        kept,
+        choice.measured_bandwidth,
+        planner.SplitKeeper(kept),
+        trial,
+    )
+
+
+def _measurement(choice: SplitChoice, stats: EpochStats) -> planner.Measurement:
+    return planner.Measurement(
         bandwidth_bps=stats.bandwidth_bps if choice.measured_bandwidth else None,
         storage_ms_per_sample=stats.storage_ms_per_sample,
     )
+
+
+def _beyond_the_tie(
+    choice: SplitChoice, trial: planner.Trial, manifest: Manifest, stats: EpochStats
+) -> bool:
+    """Whether a pushdown epoch's measurements left ``choice``'s plan by more than 25%
+    and, planned again with them, a split other than the pick and its rival is predicted
+    faster than the pick by more than a change needs (the keeper's minimum gain)."""
+    plan, keeper = choice.plan, choice.keeper
+    if plan is None or keeper is None or stats.mode != "pushdown":
+        return False
+    measured = _measurement(choice, stats)
+    if not planner.needs_replan(plan, measured):
+        return False
+    proposed = planner.replan(manifest, plan, measured, min_gain=keeper.min_gain)
+    return proposed.split not in trial.schedule
+
+
+def _replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> SplitChoice | None:
+    plan, keeper = choice.plan, choice.keeper
+    if plan is None or keeper is None or stats.mode != "pushdown" or not stats.samples:
+        return None
+    measured = _measurement(choice, stats)
     if not planner.needs_replan(plan, measured):
         keeper.update(plan)  # the plan holds: a pending change starts over
         return None

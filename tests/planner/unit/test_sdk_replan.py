@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hapi import planner
+from hapi.models import Manifest
 from hapi.sdk._split import SplitChoice, replanned
 from hapi.sdk._stats import EpochStats
 from tests.planner import synthetic
+from tests.planner.unit.test_recorded import manifest_of, profile_of, replan
+from tests.planner.unit.test_trial import near_tie_cell
 
 
 def _epoch(epoch: int, split: int | None, bandwidth_bps: float) -> EpochStats:
@@ -55,3 +60,78 @@ def test_alternating_noise_never_flips_the_split() -> None:
     for epoch in range(6):  # the link reads fast, then normal, then fast...
         bandwidth = 400e6 if epoch % 2 == 0 else 100e6
         assert replanned(choice, model, _epoch(epoch, first.split, bandwidth)) is None
+
+
+# -- a near tie's trial ------------------------------------------------------------------
+
+
+def _trial_choice() -> tuple[SplitChoice, Manifest]:
+    cell = near_tie_cell()
+    first = replan(cell)
+    trial = planner.Trial.start(first)
+    assert trial is not None and (first.split, trial.rival.split) == (7, 8)
+    keeper = planner.SplitKeeper(first)
+    choice = SplitChoice(first.split, first.reason(), "planner", first, False, keeper, trial)
+    return choice, manifest_of(cell, profile_of(cell))
+
+
+def _timed(epoch: int, split: int, seconds: float, choice: SplitChoice) -> EpochStats:
+    # The plan's own storage time, so nothing drifts: only the trial moves the split.
+    assert choice.plan is not None
+    storage_s = choice.plan.candidate(split).storage_ms / choice.plan.batch_size * 256 / 1000
+    return EpochStats(
+        epoch=epoch,
+        samples=256,
+        seconds=seconds,
+        bytes_received=256 * 62_720,
+        wait_seconds=0.0,
+        requests=32,
+        split=split,
+        mode="pushdown",
+        server_ms={},
+        storage_seconds=storage_s,
+    )
+
+
+def test_a_near_tie_runs_the_rival_then_the_pick_and_keeps_the_faster() -> None:
+    choice, model = _trial_choice()
+    splits = [choice.split]
+    for epoch, seconds in enumerate((3.0, 2.6, 2.8)):
+        assert choice.split is not None
+        changed = replanned(choice, model, _timed(epoch, choice.split, seconds, choice))
+        assert changed is not None and changed.policy == "trial"
+        choice = changed
+        splits.append(choice.split)
+
+    assert splits == [7, 8, 7, 8]
+    assert choice.reason.startswith("trial over after epoch 2: Kept split 8")
+    assert choice.plan is not None and choice.plan.split == 8
+    assert choice.keeper is not None and choice.keeper.current.split == 8
+    # Over: later epochs go through re-planning (no drift here, so nothing changes).
+    assert replanned(choice, model, _timed(3, 8, 2.6, choice)) is None
+
+
+def _storage_times(stats: EpochStats, factor: float) -> EpochStats:
+    return dataclasses.replace(stats, storage_seconds=factor * stats.storage_seconds)
+
+
+def test_a_first_epoch_that_makes_a_third_split_best_ends_the_trial() -> None:
+    choice, model = _trial_choice()
+    # The storage side took twice the plan's time: no pushdown is now clearly faster.
+    slow = _storage_times(_timed(0, 7, 3.0, choice), 2.0)
+
+    changed = replanned(choice, model, slow)
+
+    assert changed is not None and changed.trial is None and changed.split == 7
+    assert changed.reason.endswith("the trial is off and re-planning decides.")
+    assert choice.keeper is not None and "1 of 2" in choice.keeper.why
+    assert "split none predicted" in choice.keeper.why  # the proposal that pends
+
+
+def test_a_drift_that_leaves_the_pick_best_does_not_stop_the_trial() -> None:
+    choice, model = _trial_choice()
+    # 50% slower storage is re-planned, but split 7 stays the best: the tie still matters.
+    changed = replanned(choice, model, _storage_times(_timed(0, 7, 3.0, choice), 1.5))
+
+    assert changed is not None and changed.trial is not None
+    assert (changed.split, changed.policy) == (8, "trial")

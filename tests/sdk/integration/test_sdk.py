@@ -437,6 +437,34 @@ def test_auto_split_says_when_the_client_could_not_be_timed(gateway, registered,
     )
 
 
+def test_a_near_tie_is_timed_in_the_first_epochs_and_the_features_do_not_change(
+    gateway, registered, data, monkeypatch
+):
+    # Every candidate within 1000% counts as a near tie here, so the real plan on this
+    # gateway has a rival: the trial must run it for one epoch, come back to the pick for
+    # one, then keep the faster, and the training loop must see the same features.
+    monkeypatch.setattr("hapi.planner._trial.NEAR_TIE", 10.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sdk.FallbackWarning)  # the planner may choose none
+        dataset = sdk.IterableFeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
+        )
+    choice = dataset.split_choice
+    assert choice.trial is not None, choice.reason
+    pick, rival = choice.split, choice.trial.rival.split
+    assert pick != rival and "too close for the profile to call" in choice.reason
+
+    epochs = [_all(dataset) for _ in range(4)]
+
+    assert [stats.split for stats in dataset.history] == [pick, rival, pick, dataset.split]
+    assert dataset.split in (pick, rival)
+    assert dataset.split_choice.policy == "trial"
+    assert dataset.split_choice.reason.startswith("trial over after epoch 2: Kept split")
+    for features, labels in epochs[1:]:
+        _close(features, epochs[0][0])
+        assert labels == epochs[0][1]
+
+
 # -- the client-side feature cache ------------------------------------------------------
 
 
