@@ -2,7 +2,10 @@
 
 Definitions (per cell, i.e. one model at one bandwidth):
 
-- speedup: the baseline's epoch time over the planner pick's (this and the regret and
+- the pick: the split ``split="auto"`` runs once its first epochs are over: the plan's,
+  or, where the plan had a near tie, what its trial kept (``CellResult.kept``); the
+  plan's own pick is judged too (*planned regret*), to show what the trial changed;
+- speedup: the baseline's epoch time over the pick's (this and the regret and
   the no-pushdown overhead are ratios of epochs by the median of paired rounds where
   both runs were measured in the same interleaved rounds: :func:`ratio`);
 - a configuration's epoch (no pushdown, or split k): its run through ``hapi.sdk``, what
@@ -60,12 +63,15 @@ class CellSummary:
     sdk_local_s: float | None
     local_overhead: float | None
     pick: int | None
+    kept: int | None
     pick_s: float
     best: int | None
     best_s: float
     speedup: float
     regret: float
     within: bool
+    planned_regret: float
+    planned_within: bool
     efficiency: float | None
     bytes_reduction: float
     can_help: bool
@@ -127,6 +133,7 @@ def summarize_cell(cell: CellResult, tolerance: float = TOLERANCE) -> CellSummar
     """
     baseline, pick, best = _required(cell, None), pick_run(cell), best_run(cell)
     regret = ratio(pick, best) - 1.0
+    planned = ratio(split_run(cell, cell.pick), best) - 1.0
     local = cell.sdk_local
     return CellSummary(
         model=cell.model,
@@ -137,12 +144,15 @@ def summarize_cell(cell: CellResult, tolerance: float = TOLERANCE) -> CellSummar
         sdk_local_s=None if local is None else local.epoch_s,
         local_overhead=None if local is None else ratio(local, baseline),
         pick=cell.pick,
+        kept=cell.kept,
         pick_s=pick.epoch_s,
         best=best.split,
         best_s=best.epoch_s,
         speedup=1.0 / ratio(pick, baseline),
         regret=regret,
         within=regret <= tolerance + 1e-12,
+        planned_regret=planned,
+        planned_within=planned <= tolerance + 1e-12,
         efficiency=pick.efficiency if pick.loader == "sdk" else None,
         bytes_reduction=baseline.bytes_per_sample / max(pick.bytes_per_sample, 1e-9),
         can_help=can_help(cell),
@@ -161,18 +171,28 @@ def can_help(cell: CellResult) -> bool:
 
 
 def pick_run(cell: CellResult) -> RunResult:
-    """The run that times the planner's pick: what ``split="auto"`` runs. Where the
-    planner keeps raw objects that is ``hapi.sdk``'s ``split=None`` path, not the
-    baseline loader, which stands in only when the SDK's path was not measured (its
-    pipeline efficiency is then not judged: it is not hapi's pipeline).
+    """The run that times what ``split="auto"`` runs (``CellResult.kept``), see
+    :func:`split_run`.
 
     Raises:
-        ValueError: The pick (or, for no pushdown, the baseline) was not measured.
+        ValueError: It (or, for no pushdown, the baseline) was not measured.
+    """
+    return split_run(cell, cell.kept)
+
+
+def split_run(cell: CellResult, split: int | None) -> RunResult:
+    """The run that times ``split`` as ``split="auto"`` runs it. For no pushdown that is
+    ``hapi.sdk``'s ``split=None`` path, not the baseline loader, which stands in only
+    when the SDK's path was not measured (its pipeline efficiency is then not judged: it
+    is not hapi's pipeline).
+
+    Raises:
+        ValueError: The split (or, for no pushdown, the baseline) was not measured.
     """
     local = cell.sdk_local
-    if cell.pick is None and local is not None:
+    if split is None and local is not None:
         return local
-    return _required(cell, cell.pick)
+    return _required(cell, split)
 
 
 def ratio(run: RunResult, other: RunResult) -> float:
@@ -197,6 +217,7 @@ def targets(summaries: Sequence[CellSummary]) -> list[Target]:
     network = [s.speedup for s in summaries if s.regime == "network-bound" and s.can_help]
     speedups = [s.speedup for s in summaries]
     within = [s.within for s in summaries]
+    planned = [s.planned_within for s in summaries]
     efficiencies = [s.efficiency for s in summaries if s.efficiency is not None]
     overheads = [s.local_overhead for s in summaries if s.local_overhead is not None]
 
@@ -206,6 +227,7 @@ def targets(summaries: Sequence[CellSummary]) -> list[Target]:
     low_network = min(network) if network else None
     slowest = min(speedups) if speedups else None
     share = sum(within) / len(within) if within else None
+    planned_share = sum(planned) / len(planned) if planned else None
     worst = max(efficiencies) if efficiencies else None
     local = max(overheads) if overheads else None
     return [
@@ -226,6 +248,12 @@ def targets(summaries: Sequence[CellSummary]) -> list[Target]:
             share,
             f">= {REGRET_TARGET:.0%} of cases",
             share is not None and share >= REGRET_TARGET,
+        ),
+        judged(
+            "the plan's picks within 5% of the best (before any trial)",
+            planned_share,
+            f">= {REGRET_TARGET:.0%} of cases",
+            planned_share is not None and planned_share >= REGRET_TARGET,
         ),
         judged(
             "pipeline efficiency at the pick (max)",
@@ -264,6 +292,13 @@ def _split(split: int | None) -> str:
     return "none" if split is None else str(split)
 
 
+def _pick(s: CellSummary) -> str:
+    """The pick, with the plan's own where a trial changed it."""
+    if s.kept == s.pick:
+        return _split(s.pick)
+    return f"{_split(s.kept)} (planned {_split(s.pick)}, {s.planned_regret:+.1%})"
+
+
 def _kb(value: float) -> str:
     return f"{value / 1000:.1f}"
 
@@ -282,7 +317,7 @@ def summary_table(summaries: Sequence[CellSummary]) -> list[str]:
             local = f"{s.sdk_local_s:.2f} ({s.local_overhead - 1:+.1%})"
         lines.append(
             f"| {s.model} | {s.regime} | {_mbit(s.bandwidth_bps)} | {s.ratio:g} "
-            f"| {s.baseline_s:.2f} | {local} | {_split(s.pick)} | {s.pick_s:.2f} | {_split(s.best)} "
+            f"| {s.baseline_s:.2f} | {local} | {_pick(s)} | {s.pick_s:.2f} | {_split(s.best)} "
             f"| {s.best_s:.2f} | {s.speedup:.2f}x | {s.regret:+.1%}{'' if s.within else ' ✗'} "
             f"| {efficiency} | {s.bytes_reduction:.1f}x |"
         )
@@ -372,7 +407,11 @@ DEFINITIONS = """\
   batches ahead), decoded and run through every frozen block on the client; *sdk, no pushdown*:
   the same through `hapi.sdk` with `split=None`; *split k*: `hapi.sdk` asking the gateway
   for blocks `[0, k)`, running `[k, freeze)` on the client.
-- *speedup*: baseline epoch time / the planner pick's. *regret*: the pick's epoch time /
+- *pick*: what `split="auto"` runs after its first epochs: the plan's split, or where
+  another split was predicted within 5% of it, the faster of the two in a trial (an
+  epoch of each, kept apart from the runs below); "planned" is the plan's own pick and
+  its regret.
+- *speedup*: baseline epoch time / the pick's. *regret*: the pick's epoch time /
   the best measured configuration's, minus 1 (within 5% counts as a good pick). Every
   configuration is timed through `hapi.sdk`, what `split="auto"` runs: no pushdown by
   `split=None` (the baseline loader only where that was not measured). Both ratios are
@@ -432,10 +471,23 @@ def markdown(cells: Sequence[CellResult], meta: dict[str, Any]) -> str:
             f"mean object {_kb(cell.raw_bytes)} KB)",
             "",
             f"Planner: {cell.pick_reason}",
+            *_trial_lines(cell),
             "",
             *runs_table(cell),
         ]
     return "\n".join(parts) + "\n"
+
+
+def _trial_lines(cell: CellResult) -> list[str]:
+    """The near tie's trial, where the plan had one: its epochs and what it kept."""
+    if cell.trial is None:
+        return []
+    epochs = ", ".join(f"{t:.2f}" for t in cell.trial["epochs_s"])
+    return [
+        "",
+        f"Trial of split {_split(cell.pick)} against split {_split(cell.trial['rival'])} "
+        f"(epochs {epochs} s: the pick, the rival, the pick): {cell.trial['why']}",
+    ]
 
 
 def _run_line(meta: dict[str, Any]) -> list[str]:
@@ -472,7 +524,7 @@ def summary_text(cells: Sequence[CellResult]) -> str:
         efficiency = "n/a" if s.efficiency is None else f"{s.efficiency:.2f}"
         lines.append(
             f"{s.model:<19} {s.regime:<14} {_mbit(s.bandwidth_bps):>13}  "
-            f"pick {_split(s.pick):>4} best {_split(s.best):>4}  speedup {s.speedup:5.2f}x  "
+            f"pick {_pick(s):>4} best {_split(s.best):>4}  speedup {s.speedup:5.2f}x  "
             f"regret {s.regret:+6.1%}  efficiency {efficiency}  bytes {s.bytes_reduction:6.1f}x less"
         )
     return "\n".join(

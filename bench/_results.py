@@ -200,6 +200,10 @@ class CellResult:
         profile: What re-planning the cell offline needs: client and storage per-block ms,
             decode ms on both sides, the storage figures as the gateway served them (with
             sources and ages), availability, bandwidth, bytes per split and raw bytes.
+        trial: Where the plan had a near tie (``hapi.planner.Trial``), the trial as
+            ``split="auto"`` runs it: ``rival``, the epochs it timed (``epochs_s``: the
+            pick, the rival, the pick; kept apart from ``runs``, so the judge's epochs
+            never decide it) and the split it ``kept``. ``None`` without a near tie.
     """
 
     model: str
@@ -218,6 +222,13 @@ class CellResult:
     runs: tuple[RunResult, ...] = field(default_factory=tuple)
     plan: Mapping[str, Any] = field(default_factory=dict)
     profile: Mapping[str, Any] = field(default_factory=dict)
+    trial: Mapping[str, Any] | None = None
+
+    @property
+    def kept(self) -> int | None:
+        """The split ``split="auto"`` runs after its first epochs: the pick, or what a
+        near tie's trial kept."""
+        return self.pick if self.trial is None else self.trial["kept"]
 
     def run(self, split: int | None) -> RunResult | None:
         """The run of ``split`` (``None``: the baseline loader), if made or bounded."""
@@ -241,6 +252,7 @@ class CellResult:
         data["wire_bytes"] = list(self.wire_bytes)
         data["plan"] = dict(self.plan)
         data["profile"] = dict(self.profile)
+        data["trial"] = None if self.trial is None else dict(self.trial)
         return data
 
     @classmethod

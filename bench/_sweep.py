@@ -6,8 +6,11 @@ its probe); measure the baseline, the SDK without pushdown and the planner's pic
 sweep every other split in order of predicted time. A split whose bytes alone need the
 link longer than ``bound_factor`` times the best epoch measured so far is not run: the
 link cannot carry it faster (``bytes * 8 / rate`` is a hard lower bound), so it can be
-neither the best nor within 5% of it; it is recorded as that bound. Last, the
-*contenders* (the pick, the baseline, the SDK's no-pushdown path and every run within
+neither the best nor within 5% of it; it is recorded as that bound. Where the plan has
+a near tie (another split predicted within 5% of the pick), its trial runs as
+``split="auto"`` runs it, right after the pick's first epoch: one epoch of the rival,
+one of the pick, the faster kept; these epochs are kept apart from the configurations'
+runs, so the judge's epochs never decide the trial. Last, the *contenders* (the pick, the baseline, the SDK's no-pushdown path and every run within
 15% of the best) are measured again, in interleaved rounds, until each has ``repeats``
 epochs; the median epoch counts. On a virtual machine the host's speed drifts by tens of
 percent within minutes (the baseline's client CPU per sample measured 46-68 ms in three
@@ -188,13 +191,20 @@ def sweep_cell(
     cell.measure(None, "sdk")
     if chosen.split is not None:
         cell.measure(chosen.split)
+    trial = cell.trial(chosen)
     for split in sweep_order(cell.predicted, chosen.split, measured.manifest.freeze, config.splits):
         bound = lower_bound_s(measured.samples, measured.wire_bytes[split], rate)
         if config.bound_factor and bound > config.bound_factor * cell.best():
             cell.bounded(split, bound)
         else:
             cell.measure(split)
-    cell.confirm((chosen.split, "raw" if chosen.split is None else "sdk"), config.repeats)
+    picks: list[int | None] = [chosen.split]
+    if trial is not None and trial["kept"] != chosen.split:
+        picks.append(trial["kept"])
+        kept = cell.runs.get((trial["kept"], "sdk"))
+        if kept is None or not kept.measured:  # bounded in the sweep, but it is run
+            cell.measure(trial["kept"])
+    cell.confirm([(k, "raw" if k is None else "sdk") for k in picks], config.repeats)
     return CellResult(
         model=measured.manifest.name,
         freeze=measured.manifest.freeze,
@@ -212,6 +222,7 @@ def sweep_cell(
         runs=cell.ordered(),
         plan=chosen.to_dict(),
         profile=cell_profile(chosen, view, measured),
+        trial=trial,
     )
 
 
@@ -263,15 +274,38 @@ class _Cell:
         self.runs[result.key] = counted(attempts)
         return self.runs[result.key]
 
+    def trial(self, chosen: planner.Plan) -> dict[str, Any] | None:
+        """Time ``chosen``'s near tie as ``split="auto"`` does (the pick's first epoch,
+        measured already, is the warm-up; then the rival, then the pick) and say what it
+        kept; ``None`` without a near tie. No-pushdown epochs run ``hapi.sdk``'s path."""
+        trial = planner.Trial.start(chosen)
+        if trial is None:
+            return None
+        runs = [self.runs[(chosen.split, "sdk")]]
+        trial.record(chosen.split, runs[0].epoch_s, runs[0].samples)
+        for split in trial.schedule[1:]:
+            name = f"{self.profile.manifest.name} {self.regime} trial {split_label(split, 'sdk')}"
+            runs.append(
+                self.client.epoch(split, self.progress.run(name, self.profile.samples), "sdk")
+            )
+            trial.record(split, runs[-1].epoch_s, runs[-1].samples)
+        self.progress.log(f"trial: {trial.why()}")
+        return {
+            "rival": trial.rival.split,
+            "epochs_s": [run.epoch_s for run in runs],
+            "kept": trial.kept().split,
+            "why": trial.why(),
+        }
+
     def bounded(self, split: int, bound: float) -> None:
         self.runs[(split, "sdk")] = _bounded(split, bound, self.profile, self.predicted.get(split))
         self.progress.done(self.runs[(split, "sdk")])
 
-    def confirm(self, pick: tuple[int | None, str], repeats: int) -> None:
-        """Measure the contenders (the pick, both no-pushdown loaders and every run near
+    def confirm(self, picks: Sequence[tuple[int | None, str]], repeats: int) -> None:
+        """Measure the contenders (the picks, both no-pushdown loaders and every run near
         the best) in rounds, each round all of them in turn, until each has ``repeats``
         epochs; the median counts."""
-        for split, loader in contenders(self.runs, pick, repeats):
+        for split, loader in contenders(self.runs, picks, repeats):
             self.measure(split, loader)
 
     def ordered(self) -> tuple[RunResult, ...]:
@@ -293,11 +327,11 @@ def counted(attempts: Sequence[RunResult]) -> RunResult:
 
 def contenders(
     runs: Mapping[tuple[int | None, str], RunResult],
-    pick: tuple[int | None, str],
+    picks: Sequence[tuple[int | None, str]],
     repeats: int,
 ) -> list[tuple[int | None, str]]:
-    """The measurements still to make, in order: interleaved rounds over the pick, the
-    baseline, the SDK's no-pushdown path and every measured run within
+    """The measurements still to make, in order: interleaved rounds over the picks (the
+    plan's, and what a near tie's trial kept), the baseline, the SDK's no-pushdown path and every measured run within
     :data:`CONTENDER_MARGIN` of the best, until each has been measured ``repeats`` times.
     """
     best = min(run.epoch_s for run in runs.values() if run.measured)
@@ -306,7 +340,7 @@ def contenders(
         for key, run in runs.items()
         if run.measured and run.epoch_s <= (1 + CONTENDER_MARGIN) * best
     ]
-    keys = list(dict.fromkeys([pick, (None, "raw"), (None, "sdk"), *near]))
+    keys = list(dict.fromkeys([*picks, (None, "raw"), (None, "sdk"), *near]))
     done = {key: runs[key].repeats if key in runs else 0 for key in keys}
     order = []
     for round_ in range(1, repeats + 1):

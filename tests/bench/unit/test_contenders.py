@@ -15,6 +15,8 @@ from hapi.bench._results import RunResult
 from hapi.bench._sweep import _Cell, contenders, core_share
 from hapi.bench._tier import steal_seconds
 from tests.bench.support import CLI_OPTIONS, run
+from tests.planner.unit.test_recorded import replan
+from tests.planner.unit.test_trial import near_tie_cell
 
 
 def _runs(*results: RunResult) -> dict[tuple[int | None, str], RunResult]:
@@ -31,7 +33,7 @@ def test_rounds_interleave_the_pick_both_no_pushdown_loaders_and_near_runs() -> 
         run(3, 1.0, measured=False),  # a bound is never re-measured
     )
 
-    order = contenders(runs, (8, "sdk"), repeats=3)
+    order = contenders(runs, [(8, "sdk")], repeats=3)
 
     round_ = [(8, "sdk"), (None, "raw"), (None, "sdk"), (9, "sdk")]
     assert order == round_ + round_  # measured once each already: two rounds to go
@@ -40,14 +42,14 @@ def test_rounds_interleave_the_pick_both_no_pushdown_loaders_and_near_runs() -> 
 def test_a_run_already_repeated_is_not_measured_again_and_one_repeat_measures_nothing() -> None:
     runs = _runs(run(None, 3.0, repeats=2), run(None, 3.1, loader="sdk"), run(10, 5.0))
 
-    assert contenders(runs, (None, "raw"), repeats=2) == [(None, "sdk")]
-    assert contenders(runs, (None, "raw"), repeats=1) == []
+    assert contenders(runs, [(None, "raw")], repeats=2) == [(None, "sdk")]
+    assert contenders(runs, [(None, "raw")], repeats=1) == []
 
 
 def test_the_no_pushdown_loaders_are_contenders_even_far_behind() -> None:
     runs = _runs(run(None, 30.0), run(None, 33.0, loader="sdk"), run(10, 5.0))
 
-    assert contenders(runs, (10, "sdk"), repeats=2) == [(10, "sdk"), (None, "raw"), (None, "sdk")]
+    assert contenders(runs, [(10, "sdk")], repeats=2) == [(10, "sdk"), (None, "raw"), (None, "sdk")]
 
 
 def test_repeats_reach_the_config_and_bad_values_are_refused(tmp_path: Path) -> None:
@@ -133,3 +135,26 @@ def test_only_a_competitor_makes_the_storage_core_share_count(tmp_path: Path) ->
 
     assert core_share(quiet, served) is None
     assert core_share(loaded, served) is served
+
+
+def test_the_plan_s_pick_and_what_its_trial_kept_are_both_contenders() -> None:
+    runs = _runs(run(None, 12.0), run(None, 12.5, loader="sdk"), run(7, 5.9), run(8, 4.0))
+
+    order = contenders(runs, [(7, "sdk"), (8, "sdk")], repeats=2)
+
+    assert order == [(7, "sdk"), (8, "sdk"), (None, "raw"), (None, "sdk")]
+
+
+def test_a_near_tie_is_tried_apart_from_the_runs_the_judge_counts() -> None:
+    chosen = replan(near_tie_cell())  # picks split 7; split 8 is predicted within 5%
+    measured = SimpleNamespace(manifest=SimpleNamespace(name="efficientnet_lite0"), samples=256)
+    cell = _Cell(_Client([2.9, 2.6, 2.8]), measured, "compute-bound", _Quiet(), {})  # type: ignore[arg-type]
+    cell.measure(7)  # the pick's first epoch is the trial's warm-up
+
+    trial = cell.trial(chosen)
+
+    assert trial is not None
+    assert (trial["rival"], trial["epochs_s"], trial["kept"]) == (8, [2.9, 2.6, 2.8], 8)
+    assert trial["why"].startswith("Kept split 8")
+    assert cell.runs[(7, "sdk")].attempts_s == (2.9,)  # the trial's epochs are not runs
+    assert (8, "sdk") not in cell.runs

@@ -304,3 +304,31 @@ def test_dropped_frames_are_shown_per_run_and_summed() -> None:
     ]
     assert "89 of 1231 frames dropped" in _report.summary_text([lossy])
     assert _report.drop_lines([cell("balanced", None, [run(None, 1.0)])]) == []
+
+
+def test_a_near_tie_s_trial_is_judged_by_what_it_kept_and_the_plan_beside_it() -> None:
+    trial = {"rival": 9, "epochs_s": [3.2, 2.9, 3.1], "kept": 9, "why": "Kept split 9: ..."}
+    runs = [run(None, 4.0), run(7, 2.90), run(8, 2.81), run(9, 2.70)]
+    tied = cell("compute-bound", 7, runs, trial=trial)
+
+    summary = _report.summarize_cell(tied)
+
+    assert (summary.pick, summary.kept, summary.best) == (7, 9, 9)
+    assert summary.regret == pytest.approx(0.0) and summary.within
+    assert summary.planned_regret == pytest.approx(2.90 / 2.70 - 1) and not summary.planned_within
+    assert summary.speedup == pytest.approx(4.0 / 2.70)
+    table = "\n".join(_report.summary_table([summary]))
+    assert "| 9 (planned 7, +7.4%) | 2.70 |" in table
+    found = {t.name: t for t in _report.targets([summary])}
+    assert found["picks within 5% of the best"].met is True
+    assert found["the plan's picks within 5% of the best (before any trial)"].met is False
+    markdown = _report.markdown([tied], {})
+    assert "Trial of split 7 against split 9 (epochs 3.20, 2.90, 3.10 s" in markdown
+    assert CellResult.from_dict(json.loads(json.dumps(tied.to_dict()))) == tied
+
+
+def test_a_cell_without_a_trial_keeps_the_plan_s_pick() -> None:
+    plain = cell("balanced", 10, [run(None, 8.0), run(10, 4.0)])
+
+    assert plain.kept == 10 and plain.trial is None
+    assert "Trial of" not in _report.markdown([plain], {})
