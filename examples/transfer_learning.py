@@ -123,6 +123,7 @@ def ensure_model(s3: Any, name: str) -> models.Manifest:
 def train_head(dataset: sdk.IterableFeatureDataset, epochs: int, batch: int) -> torch.nn.Module:
     head: torch.nn.Module | None = None
     optimizer: torch.optim.Optimizer | None = None
+    choice = dataset.split_choice
     for epoch in range(epochs):
         dataset.set_epoch(epoch)
         for features, labels in DataLoader(dataset, batch_size=batch):
@@ -135,6 +136,11 @@ def train_head(dataset: sdk.IterableFeatureDataset, epochs: int, batch: int) -> 
             loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it untyped
             optimizer.step()
         print(f"train: {dataset.stats}, last loss {loss.item():.3f}")
+        if dataset.split_choice is not choice:  # re-planned, or a near tie's trial moved on
+            choice = dataset.split_choice
+            print(
+                f"split: {choice.split} from epoch {epoch + 1} ({choice.policy}): {choice.reason}"
+            )
     assert head is not None
     return head
 

@@ -35,7 +35,7 @@ from hapi.models import (
 from ._cost import DEFAULT_BATCH_SIZE, DEFAULT_DATASET_SIZE, Plan, Profile
 from ._cost import plan as compute_plan
 from ._errors import InvalidInput, PlannerError
-from ._explain import HEADERS, row, split_label, title
+from ._explain import HEADERS, near_tie, row, split_label, title
 from ._gateway import fetch_gateway_profile, probe_bandwidth
 from ._profile import (
     DEFAULT_RAW_BYTES,
@@ -207,3 +207,6 @@ def _print(chosen: Plan, *, bandwidth_source: str) -> None:
     console.print(choice + Text(chosen.reason()))
     if chosen.profile.storage_origin:
         console.print(chosen.profile.storage_origin, style="dim")
+    tie = near_tie(chosen)
+    if tie:
+        console.print(tie)

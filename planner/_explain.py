@@ -92,7 +92,24 @@ def explain(plan: Plan) -> str:
         lines.append(plan.profile.storage_origin)
     if plan.alternative is not None:
         lines.append(alternative(plan))
+    tie = near_tie(plan)
+    if tie:
+        lines.append(tie)
     return "\n".join(lines)
+
+
+def near_tie(plan: Plan) -> str:
+    """One line on the candidate predicted too close to the pick to call, if any."""
+    from ._trial import near_rival  # it plans on ._cost, which imports this module
+
+    rival = near_rival(plan)
+    if rival is None:
+        return ""
+    gap = rival.epoch_s / plan.chosen.epoch_s - 1.0
+    return (
+        f"near tie: split {split_label(rival.split)} is predicted within {gap:.1%}; "
+        'split="auto" times both in its first epochs and keeps the faster.'
+    )
 
 
 def alternative(plan: Plan) -> str:

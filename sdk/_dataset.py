@@ -30,7 +30,7 @@ from ._build import LabelsArg, Options, Prepared, SplitArg
 from ._compute import Batch, Engine
 from ._constructors import Constructors, DatasetOptions
 from ._prefetch import Fetch, Pipeline
-from ._split import SplitChoice, replanned
+from ._split import SplitChoice, replanned, with_trial
 from ._stats import EpochStats, Meter
 
 Item = tuple[torch.Tensor, int]
@@ -160,6 +160,7 @@ class FeatureDataset(_FeatureSource, Dataset[Item]):
         if prepared.source.shards:
             raise TypeError("shards have no index; use IterableFeatureDataset.from_shards")
         super().__init__(prepared, request_size=request_size, prefetch=prefetch)
+        self._choice = with_trial(self._choice, epochs=False)  # no epochs to time it in
         self._meter: Meter | None = None
 
     @staticmethod
@@ -294,6 +295,7 @@ class IterableFeatureDataset(_FeatureSource, IterableDataset[Item]):
         if world_size is not None and not (world_size >= 1 and 0 <= (rank or 0) < world_size):
             raise ValueError(f"need 0 <= rank < world_size, not rank={rank}, {world_size=}")
         super().__init__(prepared, request_size=request_size, prefetch=prefetch)
+        self._choice = with_trial(self._choice, epochs=True)
         self._shuffle = shuffle
         self._seed = seed
         self._epoch = 0

@@ -225,8 +225,9 @@ def choose_split(
         return fewest_bytes(manifest, freeze, dtype, str(exc))
     keeper = planner.SplitKeeper(plan)
     trial = planner.Trial.start(plan)
-    reason = plan.reason() + unmeasured + ("" if trial is None else " " + trial.why())
-    return SplitChoice(plan.split, reason, "planner", plan, not given, keeper, trial)
+    return SplitChoice(
+        plan.split, plan.reason() + unmeasured, "planner", plan, not given, keeper, trial
+    )
 
 
 def _measured(
@@ -287,6 +288,17 @@ def replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> Spl
     if trial is not None and not trial.done and stats.samples:
         return _trial_step(choice, trial, manifest, stats)
     return _replanned(choice, manifest, stats)
+
+
+def with_trial(choice: SplitChoice, epochs: bool) -> SplitChoice:
+    """``choice`` for a dataset that runs epochs (its reason then says how a near tie
+    will be timed) or not (a map-style dataset: the plan's pick stands, untried)."""
+    trial = choice.trial
+    if trial is None:
+        return choice
+    if not epochs:
+        return replace(choice, trial=None)
+    return replace(choice, reason=f"{choice.reason} {trial.why()}")
 
 
 def _trial_step(

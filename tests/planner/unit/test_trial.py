@@ -110,3 +110,14 @@ def test_a_trial_refuses_epochs_out_of_its_schedule() -> None:
         trial.record(split, 1.0, 10)
     with pytest.raises(ValueError, match="trial is over"):
         trial.record(7, 1.0, 10)
+
+
+def test_the_explanation_names_the_near_tie_and_a_clear_pick_says_nothing() -> None:
+    chosen = _near_tie()
+
+    assert (
+        'near tie: split 8 is predicted within 1.9%; split="auto" times both in its first '
+        "epochs and keeps the faster." in chosen.explain()
+    )
+    clear = _with_bytes(chosen, 8, chosen.chosen.bytes_per_sample * 100)
+    assert "near tie" not in clear.explain()

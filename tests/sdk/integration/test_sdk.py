@@ -463,6 +463,14 @@ def test_a_near_tie_is_timed_in_the_first_epochs_and_the_features_do_not_change(
     for features, labels in epochs[1:]:
         _close(features, epochs[0][0])
         assert labels == epochs[0][1]
+    # The map-style form has no epochs of its own to time a tie in: the pick stands.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sdk.FallbackWarning)
+        indexed = sdk.FeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
+        )
+    assert indexed.split_choice.trial is None
+    assert "too close for the profile to call" not in indexed.split_choice.reason
 
 
 # -- the client-side feature cache ------------------------------------------------------
