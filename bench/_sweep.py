@@ -10,9 +10,10 @@ neither the best nor within 5% of it; it is recorded as that bound. Where the pl
 a near tie (another split predicted within 5% of the pick), its trial runs as
 ``split="auto"`` runs it, right after the pick's first epoch: one epoch of the rival,
 one of the pick, the faster kept; these epochs are kept apart from the configurations'
-runs, so the judge's epochs never decide the trial. Last, the *contenders* (the pick, the baseline, the SDK's no-pushdown path and every run within
-15% of the best) are measured again, in interleaved rounds, until each has ``repeats``
-epochs; the median epoch counts. On a virtual machine the host's speed drifts by tens of
+runs, so the judge's epochs never decide the trial. Last, the *contenders* (the plan's
+pick and what its trial kept, the baseline, the SDK's no-pushdown path and every run
+within 15% of the best) are measured again, in interleaved rounds, until each has
+``repeats`` epochs; the median epoch counts. On a virtual machine the host's speed drifts by tens of
 percent within minutes (the baseline's client CPU per sample measured 46-68 ms in three
 cells of one sweep), far more than the 5% that decides a good pick: the fastest of a few epochs
 would compare each configuration's luckiest minute, the median of interleaved rounds
@@ -331,8 +332,9 @@ def contenders(
     repeats: int,
 ) -> list[tuple[int | None, str]]:
     """The measurements still to make, in order: interleaved rounds over the picks (the
-    plan's, and what a near tie's trial kept), the baseline, the SDK's no-pushdown path and every measured run within
-    :data:`CONTENDER_MARGIN` of the best, until each has been measured ``repeats`` times.
+    plan's, and what a near tie's trial kept), the baseline, the SDK's no-pushdown path
+    and every measured run within :data:`CONTENDER_MARGIN` of the best, until each has
+    been measured ``repeats`` times.
     """
     best = min(run.epoch_s for run in runs.values() if run.measured)
     near = [

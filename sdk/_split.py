@@ -307,7 +307,15 @@ def _trial_step(
     """The choice after one epoch of a trial: its next split, or the one it keeps. A
     first epoch that left the plan's assumptions so far that a third split is predicted
     clearly faster than the pick ends the trial: the tie no longer matters, and
-    re-planning decides."""
+    re-planning decides. So does an epoch that did not run the trial's split (the
+    gateway failed and the dataset fell back to raw objects): it timed nothing."""
+    if stats.split != trial.next_split():
+        return replace(
+            choice,
+            trial=None,
+            reason=f"{choice.reason} Epoch {stats.epoch} ran split {stats.split}, not the "
+            f"trial's {trial.next_split()}, so the trial is off.",
+        )
     if not trial.seconds_per_sample and _beyond_the_tie(choice, trial, manifest, stats):
         ended = replace(
             choice,

@@ -135,3 +135,16 @@ def test_a_drift_that_leaves_the_pick_best_does_not_stop_the_trial() -> None:
 
     assert changed is not None and changed.trial is not None
     assert (changed.split, changed.policy) == (8, "trial")
+
+
+def test_an_epoch_that_fell_back_to_raw_objects_ends_the_trial_without_an_error() -> None:
+    choice, model = _trial_choice()
+    # The gateway failed mid-epoch: the dataset read raw objects (no split) instead.
+    fell_back = dataclasses.replace(_timed(0, 7, 3.0, choice), split=None, mode="local")
+
+    changed = replanned(choice, model, fell_back)
+
+    assert changed is not None and changed.trial is None and changed.split == 7
+    assert changed.reason.endswith(
+        "Epoch 0 ran split None, not the trial's 7, so the trial is off."
+    )
