@@ -27,7 +27,7 @@ import pytest
 from hapi.bench._report import best_run, configurations, ratio
 from hapi.bench._results import CellResult, RunResult
 from hapi.models import BlockInfo, InputSpec, Manifest, get_preset
-from hapi.planner import Plan, Profile, plan
+from hapi.planner import Plan, Profile, Trial, plan
 
 RECORDED = Path(__file__).parent / "recorded"
 TOLERANCE = 0.05
@@ -141,3 +141,30 @@ def test_known_misses_name_recorded_cells() -> None:
         for miss in data.get("known_misses", []):
             assert (miss["model"], miss["regime"]) in cells, f"{path.name}: {miss}"
             assert miss.get("why"), f"{path.name}: a known miss says why"
+
+
+def _cells_with_trials() -> list[Any]:
+    """Cells recorded since the bench runs near ties' trials (``trial`` is present,
+    ``None`` where the plan had no near tie)."""
+    return [p for p in _cells() if "trial" in p.values[0]]
+
+
+@pytest.mark.parametrize(("cell", "miss"), _cells_with_trials())
+def test_a_recorded_trial_replays_and_keeps_a_split_within_5_percent(cell: Any, miss: Any) -> None:
+    chosen = replan(cell)
+    recorded = cell["trial"]
+    trial = Trial.start(chosen)
+    if recorded is None:
+        assert trial is None, f"the planner now sees a near tie with split {trial.rival.split}"
+        return
+    assert trial is not None and trial.rival.split == recorded["rival"]
+    for split, seconds in zip(trial.schedule, recorded["epochs_s"], strict=True):
+        trial.record(split, seconds, CellResult.from_dict(cell).samples)
+    assert trial.kept().split == recorded["kept"]
+    if miss is not None and miss.get("kept") == recorded["kept"]:
+        return  # the recording shows the trial cannot meet it here (it says why)
+    runs, best = judged(cell)
+    regret = ratio(runs[recorded["kept"]], best) - 1.0
+    assert regret <= TOLERANCE + 1e-9, (
+        f"the trial kept split {recorded['kept']}, {regret:+.1%} over the best ({best.label})"
+    )
