@@ -206,10 +206,39 @@ def ratio(run: RunResult, other: RunResult) -> float:
     """
     if run is other:
         return 1.0
-    if len(run.attempts_s) < 2 or len(run.attempts_s) != len(other.attempts_s):
-        return run.epoch_s / other.epoch_s
-    pairs = zip(run.attempts_s, other.attempts_s, strict=True)
-    return statistics.median(mine / theirs for mine, theirs in pairs)
+    rounds = paired(run, other)
+    return statistics.median(rounds) if rounds else run.epoch_s / other.epoch_s
+
+
+def paired(run: RunResult, other: RunResult) -> list[float]:
+    """``run``'s epoch over ``other``'s in each round where both were measured in the same
+    interleaved rounds; empty where they were not (or are the same run)."""
+    if run is other or len(run.attempts_s) < 2 or len(run.attempts_s) != len(other.attempts_s):
+        return []
+    return [mine / theirs for mine, theirs in zip(run.attempts_s, other.attempts_s, strict=True)]
+
+
+def undecided(cell: CellResult, tolerance: float = TOLERANCE) -> list[tuple[int | None, str]]:
+    """The configurations whose judged comparison the rounds so far cannot settle: the
+    SDK's no-pushdown path and the baseline loader when their paired rounds fall on both
+    sides of :data:`LOCAL_OVERHEAD_LIMIT`, the pick and the best when theirs fall on both
+    sides of ``1 + tolerance``. Either way, not only where the median misses."""
+    found: list[tuple[int | None, str]] = []
+    baseline, local = cell.run(None), cell.sdk_local
+    if (
+        baseline is not None
+        and local is not None
+        and _straddles(paired(local, baseline), LOCAL_OVERHEAD_LIMIT)
+    ):
+        found += [baseline.key, local.key]
+    pick, best = pick_run(cell), best_run(cell)
+    if _straddles(paired(pick, best), 1.0 + tolerance):
+        found += [pick.key, best.key]
+    return list(dict.fromkeys(found))
+
+
+def _straddles(rounds: Sequence[float], limit: float) -> bool:
+    return bool(rounds) and min(rounds) <= limit < max(rounds)
 
 
 def targets(summaries: Sequence[CellSummary]) -> list[Target]:
@@ -429,8 +458,9 @@ DEFINITIONS = """\
 - *stall*: time the training loop waited for its next batch (in `hapi.sdk` the client's
   blocks run in the prefetch threads, so for SDK runs it includes them).
 - *contenders* (the pick, the baseline, the SDK's no-pushdown path and every run within
-  15% of the best) are measured in interleaved rounds, `xN` times in all; the median
-  epoch counts (the faster of two; every epoch is listed, in order): the host's speed
+  15% of the best) are measured in interleaved rounds, `xN` times in all (twice the
+  rounds for the two sides of a comparison whose rounds fell on both sides of its limit:
+  no-pushdown overhead at 3%, regret at 5%); the median epoch counts (the faster of two; every epoch is listed, in order): the host's speed
   drifts within minutes, and a median of interleaved rounds compares configurations
   under the same drift where the fastest epoch would compare their luckiest minutes.
 - *steal*: time the host's hypervisor held the tier's core back while it had work

@@ -13,7 +13,10 @@ one of the pick, the faster kept; these epochs are kept apart from the configura
 runs, so the judge's epochs never decide the trial. Last, the *contenders* (the plan's
 pick and what its trial kept, the baseline, the SDK's no-pushdown path and every run
 within 15% of the best) are measured again, in interleaved rounds, until each has
-``repeats`` epochs; the median epoch counts. On a virtual machine the host's speed drifts by tens of
+``repeats`` epochs; the median epoch counts. Where a judged comparison's paired rounds
+fall on both sides of its limit (the SDK's no-pushdown path against the baseline loader
+at 3%, the pick against the best at 5%), its two configurations get ``repeats`` more
+rounds, once: three rounds cannot place a 3% difference on a host that drifts by more. On a virtual machine the host's speed drifts by tens of
 percent within minutes (the baseline's client CPU per sample measured 46-68 ms in three
 cells of one sweep), far more than the 5% that decides a good pick: the fastest of a few epochs
 would compare each configuration's luckiest minute, the median of interleaved rounds
@@ -32,6 +35,7 @@ from hapi.models import Manifest, Registry, RuntimeSettings
 
 from ._client import ModelClient
 from ._config import REGIMES, BenchConfig, bandwidth_for
+from ._report import undecided
 from ._results import CellResult, RunResult, split_label
 
 PROBE_SECONDS = 2.0
@@ -206,25 +210,32 @@ def sweep_cell(
         if kept is None or not kept.measured:  # bounded in the sweep, but it is run
             cell.measure(trial["kept"])
     cell.confirm([(k, "raw" if k is None else "sdk") for k in picks], config.repeats)
-    return CellResult(
-        model=measured.manifest.name,
-        freeze=measured.manifest.freeze,
-        regime=regime,
-        ratio=ratio,
-        measured_ratio=measured.client_rate / (probed / (measured.raw_bytes * 8)),
-        bandwidth_bps=rate,
-        probed_bps=probed,
-        client_rate=measured.client_rate,
-        raw_bytes=measured.raw_bytes,
-        batch_size=measured.batch_size,
-        pick=chosen.split,
-        pick_reason=chosen.reason(),
-        wire_bytes=measured.wire_bytes,
-        runs=cell.ordered(),
-        plan=chosen.to_dict(),
-        profile=cell_profile(chosen, view, measured),
-        trial=trial,
-    )
+
+    def result() -> CellResult:
+        return CellResult(
+            model=measured.manifest.name,
+            freeze=measured.manifest.freeze,
+            regime=regime,
+            ratio=ratio,
+            measured_ratio=measured.client_rate / (probed / (measured.raw_bytes * 8)),
+            bandwidth_bps=rate,
+            probed_bps=probed,
+            client_rate=measured.client_rate,
+            raw_bytes=measured.raw_bytes,
+            batch_size=measured.batch_size,
+            pick=chosen.split,
+            pick_reason=chosen.reason(),
+            wire_bytes=measured.wire_bytes,
+            runs=cell.ordered(),
+            plan=chosen.to_dict(),
+            profile=cell_profile(chosen, view, measured),
+            trial=trial,
+        )
+
+    settle = undecided(result())
+    if settle:
+        cell.more_rounds(settle, config.repeats)
+    return result()
 
 
 def core_share(
@@ -308,6 +319,13 @@ class _Cell:
         epochs; the median counts."""
         for split, loader in contenders(self.runs, picks, repeats):
             self.measure(split, loader)
+
+    def more_rounds(self, keys: Sequence[tuple[int | None, str]], rounds: int) -> None:
+        """``rounds`` more interleaved rounds of ``keys`` (comparisons the rounds so far
+        left undecided, see :func:`hapi.bench._report.undecided`)."""
+        for _ in range(rounds):
+            for split, loader in keys:
+                self.measure(split, loader)
 
     def ordered(self) -> tuple[RunResult, ...]:
         def order(run: RunResult) -> tuple[int, int]:

@@ -158,3 +158,13 @@ def test_a_near_tie_is_tried_apart_from_the_runs_the_judge_counts() -> None:
     assert trial["why"].startswith("Kept split 8")
     assert cell.runs[(7, "sdk")].attempts_s == (2.9,)  # the trial's epochs are not runs
     assert (8, "sdk") not in cell.runs
+
+
+def test_more_rounds_measure_each_undecided_configuration_once_per_round() -> None:
+    measured = SimpleNamespace(manifest=SimpleNamespace(name="resnet18"), samples=100)
+    cell = _Cell(_Client([4.0, 4.1, 4.2, 4.3]), measured, "balanced", _Quiet(), {})  # type: ignore[arg-type]
+
+    cell.more_rounds([(None, "raw"), (None, "sdk")], rounds=2)
+
+    assert cell.runs[(None, "raw")].attempts_s == (4.0, 4.2)
+    assert cell.runs[(None, "sdk")].attempts_s == (4.1, 4.3)

@@ -332,3 +332,24 @@ def test_a_cell_without_a_trial_keeps_the_plan_s_pick() -> None:
 
     assert plain.kept == 10 and plain.trial is None
     assert "Trial of" not in _report.markdown([plain], {})
+
+
+def test_comparisons_whose_rounds_fall_on_both_sides_of_their_limit_are_undecided() -> None:
+    raw = run(None, 4.0, attempts_s=(4.0, 4.0, 4.0))
+    settled_local = run(None, 4.2, loader="sdk", attempts_s=(4.2, 4.2, 4.3))  # +5% each round
+    torn_local = run(None, 4.1, loader="sdk", attempts_s=(4.0, 4.2, 4.1))  # 0%, +5%, +2.5%
+    pick = run(10, 2.0, attempts_s=(2.0, 2.0, 2.0))
+
+    assert _report.undecided(cell("balanced", 10, [raw, settled_local, pick])) == []
+    assert _report.undecided(cell("balanced", 10, [raw, torn_local, pick])) == [
+        (None, "raw"),
+        (None, "sdk"),
+    ]
+    # A pick 4% and 7% behind the best in two of three rounds: undecided either way.
+    behind = run(9, 2.1, attempts_s=(2.08, 2.14, 2.0))
+    assert _report.undecided(cell("balanced", 9, [raw, settled_local, behind, pick])) == [
+        (9, "sdk"),
+        (10, "sdk"),
+    ]
+    assert _report.paired(pick, pick) == []
+    assert _report.paired(behind, pick) == pytest.approx([1.04, 1.07, 1.0])
