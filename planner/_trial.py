@@ -10,8 +10,8 @@ and were predicted 2.96, 3.04 and 3.11 s in one sweep; they measured 3.05, 3.80 
 A :class:`Trial` runs the pick for a warm-up epoch (the first requests pay for sessions
 and connections), the rival for one epoch and the pick for one more, then keeps the
 faster of the last two, whose epochs ran one after the other under the same conditions.
-It changes the split for one epoch at most, and only to a candidate sending no more
-bytes than the pick or the raw objects.
+It spends one epoch on the rival, keeps the rival only if that epoch was faster, and
+never tries a candidate sending more bytes than the pick or the raw objects.
 """
 
 from __future__ import annotations
