@@ -211,31 +211,30 @@ def sweep_cell(
             cell.measure(trial["kept"])
     cell.confirm([(k, "raw" if k is None else "sdk") for k in picks], config.repeats)
 
-    def result() -> CellResult:
-        return CellResult(
-            model=measured.manifest.name,
-            freeze=measured.manifest.freeze,
-            regime=regime,
-            ratio=ratio,
-            measured_ratio=measured.client_rate / (probed / (measured.raw_bytes * 8)),
-            bandwidth_bps=rate,
-            probed_bps=probed,
-            client_rate=measured.client_rate,
-            raw_bytes=measured.raw_bytes,
-            batch_size=measured.batch_size,
-            pick=chosen.split,
-            pick_reason=chosen.reason(),
-            wire_bytes=measured.wire_bytes,
-            runs=cell.ordered(),
-            plan=chosen.to_dict(),
-            profile=cell_profile(chosen, view, measured),
-            trial=trial,
-        )
-
-    settle = undecided(result())
-    if settle:
+    result = CellResult(
+        model=measured.manifest.name,
+        freeze=measured.manifest.freeze,
+        regime=regime,
+        ratio=ratio,
+        measured_ratio=measured.client_rate / (probed / (measured.raw_bytes * 8)),
+        bandwidth_bps=rate,
+        probed_bps=probed,
+        client_rate=measured.client_rate,
+        raw_bytes=measured.raw_bytes,
+        batch_size=measured.batch_size,
+        pick=chosen.split,
+        pick_reason=chosen.reason(),
+        wire_bytes=measured.wire_bytes,
+        runs=cell.ordered(),
+        plan=chosen.to_dict(),
+        profile=cell_profile(chosen, view, measured),
+        trial=trial,
+    )
+    settle = undecided(result)
+    if settle:  # the same cell, with the rounds that settle it
         cell.more_rounds(settle, config.repeats)
-    return result()
+        result = replace(result, runs=cell.ordered())
+    return result
 
 
 def core_share(
