@@ -252,18 +252,20 @@ class _Killer(threading.Thread):
         assert port is not None
         self.gateway.process.send_signal(signal.SIGSTOP)
         deadline = time.monotonic() + 20
-        while not self.in_flight and time.monotonic() < deadline:
-            self.in_flight = _requests_awaiting_answer(port) > 0
-            time.sleep(0.002)
-        self.gateway.process.kill()
-        self.delivered = len(self._delivered)
-        self.gateway.process.wait()
+        try:
+            while not self.in_flight and time.monotonic() < deadline:
+                self.in_flight = _requests_awaiting_answer(port) > 0
+                time.sleep(0.002)
+        finally:  # killed whatever happens, so the epoch never waits on a frozen gateway
+            self.gateway.process.kill()
+            self.delivered = len(self._delivered)
+            self.gateway.process.wait()
 
 
 def _requests_awaiting_answer(port: int) -> int:
     """Connections to ``port`` holding a request the server has not answered: bytes it has
     not read, or bytes received and none sent since (``ss -ti``: nothing sent yet, or
-    lastrcv < lastsnd, both in milliseconds ago)."""
+    lastrcv < lastsnd, both in milliseconds ago; ``ss`` leaves out a field that reads 0)."""
     listing = subprocess.run(
         ["ss", "-Htin", "state", "established", f"( sport = :{port} )"],
         capture_output=True,
@@ -274,7 +276,7 @@ def _requests_awaiting_answer(port: int) -> int:
     for head, info in zip(*[iter(listing.splitlines())] * 2, strict=False):
         fields = dict(re.findall(r"(\w+):(\d+)", info))
         unread, received = int(head.split()[0]), int(fields.get("bytes_received", 0))
-        asked_since_answer = int(fields["lastrcv"]) < int(fields["lastsnd"])
+        asked_since_answer = int(fields.get("lastrcv", 0)) < int(fields.get("lastsnd", 0))
         if unread or (received and (not int(fields.get("bytes_sent", 0)) or asked_since_answer)):
             waiting += 1
     return waiting
