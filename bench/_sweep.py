@@ -178,12 +178,12 @@ def sweep_cell(
     ratio = REGIMES[regime]
     rate = bandwidth_for(ratio, measured.client_rate, measured.raw_bytes)
     client.link.shape(rate)
-    chosen, probed, view = plan_cell(gateway, measured, rate, client.tier.spec.control_auth())
+    auth = client.tier.spec.control_auth()
+    chosen, probed, view = plan_cell(gateway, measured, rate, auth)
     progress.log(
         f"{measured.manifest.name} {regime}: {rate / 1e6:.3g} Mbit/s shaped, "
         f"{probed / 1e6:.3g} probed; planner picks {split_label(chosen.split)}"
     )
-    auth = client.tier.spec.control_auth()
 
     def available() -> float | None:
         served = planner.fetch_gateway_profile(gateway, measured.manifest.name, auth=auth)
@@ -197,19 +197,8 @@ def sweep_cell(
     if chosen.split is not None:
         cell.measure(chosen.split)
     trial = cell.trial(chosen)
-    for split in sweep_order(cell.predicted, chosen.split, measured.manifest.freeze, config.splits):
-        bound = lower_bound_s(measured.samples, measured.wire_bytes[split], rate)
-        if config.bound_factor and bound > config.bound_factor * cell.best():
-            cell.bounded(split, bound)
-        else:
-            cell.measure(split)
-    picks: list[int | None] = [chosen.split]
-    if trial is not None and trial["kept"] != chosen.split:
-        picks.append(trial["kept"])
-        kept = cell.runs.get((trial["kept"], "sdk"))
-        if kept is None or not kept.measured:  # bounded in the sweep, but it is run
-            cell.measure(trial["kept"])
-    cell.confirm([(k, "raw" if k is None else "sdk") for k in picks], config.repeats)
+    _sweep_splits(cell, chosen.split, rate, config)
+    cell.confirm(_picks(cell, chosen.split, trial), config.repeats)
 
     result = CellResult(
         model=measured.manifest.name,
@@ -235,6 +224,32 @@ def sweep_cell(
         cell.more_rounds(settle, config.repeats)
         result = replace(result, runs=cell.ordered())
     return result
+
+
+def _sweep_splits(cell: _Cell, pick: int | None, rate: float, config: BenchConfig) -> None:
+    """Every split the cell has not measured, in sweep order: run, or recorded as the
+    link's lower bound where that alone rules it out."""
+    measured = cell.profile
+    for split in sweep_order(cell.predicted, pick, measured.manifest.freeze, config.splits):
+        bound = lower_bound_s(measured.samples, measured.wire_bytes[split], rate)
+        if config.bound_factor and bound > config.bound_factor * cell.best():
+            cell.bounded(split, bound)
+        else:
+            cell.measure(split)
+
+
+def _picks(
+    cell: _Cell, pick: int | None, trial: dict[str, Any] | None
+) -> list[tuple[int | None, str]]:
+    """The plan's pick and, where its trial kept another split, that one (run if the
+    sweep only bounded it), as contender keys."""
+    picks: list[int | None] = [pick]
+    if trial is not None and trial["kept"] != pick:
+        picks.append(trial["kept"])
+        kept = cell.runs.get((trial["kept"], "sdk"))
+        if kept is None or not kept.measured:  # bounded in the sweep, but it is run
+            cell.measure(trial["kept"])
+    return [(split, "raw" if split is None else "sdk") for split in picks]
 
 
 def core_share(
