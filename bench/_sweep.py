@@ -180,10 +180,7 @@ def sweep_cell(
     client.link.shape(rate)
     auth = client.tier.spec.control_auth()
     chosen, probed, view = plan_cell(gateway, measured, rate, auth)
-    progress.log(
-        f"{measured.manifest.name} {regime}: {rate / 1e6:.3g} Mbit/s shaped, "
-        f"{probed / 1e6:.3g} probed; planner picks {split_label(chosen.split)}"
-    )
+    progress.log(planned_line(measured.manifest.name, regime, rate, probed, chosen.split))
 
     def available() -> float | None:
         served = planner.fetch_gateway_profile(gateway, measured.manifest.name, auth=auth)
@@ -224,6 +221,14 @@ def sweep_cell(
         cell.more_rounds(settle, config.repeats)
         result = replace(result, runs=cell.ordered())
     return result
+
+
+def planned_line(model: str, regime: str, rate: float, probed: float, pick: int | None) -> str:
+    """The progress line of a cell's plan: the link as shaped and as probed, and the pick."""
+    return (
+        f"{model} {regime}: {rate / 1e6:.3g} Mbit/s shaped, "
+        f"{probed / 1e6:.3g} probed; planner picks {split_label(pick, 'sdk')}"
+    )
 
 
 def _sweep_splits(cell: _Cell, pick: int | None, rate: float, config: BenchConfig) -> None:

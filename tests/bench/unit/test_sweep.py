@@ -9,7 +9,7 @@ import pytest
 
 from hapi.bench._config import REGIMES, BenchConfig, bandwidth_for
 from hapi.bench._netns import pick_subnet, tbf_burst, tbf_limit
-from hapi.bench._sweep import lower_bound_s, sweep_order
+from hapi.bench._sweep import lower_bound_s, planned_line, sweep_order
 
 
 def test_bandwidth_puts_the_raw_objects_at_the_asked_ratio() -> None:
@@ -74,3 +74,14 @@ def test_the_storage_tier_runs_in_the_namespace_on_its_core_at_its_niceness(tmp_
     assert command[8:10] == ["-n", "-5"]
     assert command[-2:] == ["-m", "hapi.bench._tier"]
     assert tier.spec.fixed_batch == 4 and tier.spec.host == tier.link.storage_ip
+
+
+def test_the_planned_line_names_a_no_pushdown_plan_as_the_sdk_runs_it() -> None:
+    # split=None from the planner is hapi.sdk without pushdown, not the baseline loader
+    line = planned_line("resnet50", "balanced", 2.86e6, 2.78e6, None)
+    assert line == (
+        "resnet50 balanced: 2.86 Mbit/s shaped, 2.78 probed; planner picks sdk, no pushdown"
+    )
+    assert planned_line("resnet18", "network-bound", 1.45e6, 1.43e6, 10).endswith(
+        "planner picks split 10"
+    )
