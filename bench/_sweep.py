@@ -195,7 +195,10 @@ def sweep_cell(
         cell.measure(chosen.split)
     trial = cell.trial(chosen)
     _sweep_splits(cell, chosen.split, rate, config)
-    cell.confirm(_picks(cell, chosen.split, trial), config.repeats)
+    picks = _picks(chosen.split, trial)
+    for split, loader in picks:
+        cell.measure_once(split, loader)  # a kept split the sweep only bounded is run
+    cell.confirm(picks, config.repeats)
 
     result = CellResult(
         model=measured.manifest.name,
@@ -243,17 +246,10 @@ def _sweep_splits(cell: _Cell, pick: int | None, rate: float, config: BenchConfi
             cell.measure(split)
 
 
-def _picks(
-    cell: _Cell, pick: int | None, trial: dict[str, Any] | None
-) -> list[tuple[int | None, str]]:
-    """The plan's pick and, where its trial kept another split, that one (run if the
-    sweep only bounded it), as contender keys."""
-    picks: list[int | None] = [pick]
-    if trial is not None and trial["kept"] != pick:
-        picks.append(trial["kept"])
-        kept = cell.runs.get((trial["kept"], "sdk"))
-        if kept is None or not kept.measured:  # bounded in the sweep, but it is run
-            cell.measure(trial["kept"])
+def _picks(pick: int | None, trial: dict[str, Any] | None) -> list[tuple[int | None, str]]:
+    """The plan's pick and, where its trial kept another split, that one, as contender
+    keys."""
+    picks = [pick] if trial is None or trial["kept"] == pick else [pick, trial["kept"]]
     return [(split, "raw" if split is None else "sdk") for split in picks]
 
 
@@ -327,6 +323,12 @@ class _Cell:
             "kept": trial.kept().split,
             "why": trial.why(),
         }
+
+    def measure_once(self, split: int | None, loader: str) -> None:
+        """Measure ``split`` unless it has a measured run (one only bounded has not)."""
+        run = self.runs.get((split, loader))
+        if run is None or not run.measured:
+            self.measure(split, loader)
 
     def bounded(self, split: int, bound: float) -> None:
         self.runs[(split, "sdk")] = _bounded(split, bound, self.profile, self.predicted.get(split))
