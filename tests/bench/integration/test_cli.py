@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hapi_bench import bench
+from hapi_bench._errors import TestbedUnavailable
+from hapi_bench._preflight import check_environment
 
-from hapi.bench import bench
-from hapi.bench._errors import TestbedUnavailable
-from hapi.bench._preflight import check_environment
-
-MODULE = [sys.executable, "-m", "hapi.bench"]
+MODULE = [sys.executable, "-m", "hapi_bench"]
 NOT_ROOT = (
     "hapi bench needs root: it creates a network namespace and a veth pair and shapes them "
     "with tc (run it with sudo, or as root in a VM or container with CAP_NET_ADMIN)"

@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from hapi.bench._netns import PREFIX, namespaces
+from hapi_bench._netns import PREFIX, namespaces
 
 pytestmark = [
     pytest.mark.slow,
@@ -55,7 +54,7 @@ def _stop(process: subprocess.Popen[str]) -> None:
 def test_cold_and_warm_epochs_with_each_cache(tmp_path: Path) -> None:
     out = tmp_path / "results"
     process = subprocess.Popen(
-        [sys.executable, "-m", "hapi.bench", *SMALL, "--out", str(out)],
+        [sys.executable, "-m", "hapi_bench", *SMALL, "--out", str(out)],
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

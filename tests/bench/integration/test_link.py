@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from hapi.bench._netns import Link
+from hapi_bench._netns import Link
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc")),

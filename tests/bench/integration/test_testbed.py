@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from hapi.bench._netns import PREFIX, namespaces
+from hapi_bench._netns import PREFIX, namespaces
 
 pytestmark = [
     pytest.mark.slow,
@@ -28,7 +27,7 @@ pytestmark = [
         reason="needs root, ip, tc, taskset and two cores",
     ),
 ]
-MODULE = [sys.executable, "-m", "hapi.bench"]
+MODULE = [sys.executable, "-m", "hapi_bench"]
 SMALL = ["--models", "resnet18", "--regimes", "compute-bound", "--splits", "10", "--seconds", "1"]
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hapi_bench._cli import _config, bench
+from hapi_bench._competitor import competitor_command
+from hapi_bench._config import BenchConfig
+from hapi_bench._report import _run_line
+from hapi_bench._tier import TierSpec, main_gateway_settings
 
-from hapi.bench._cli import _config, bench
-from hapi.bench._competitor import competitor_command
-from hapi.bench._config import BenchConfig
-from hapi.bench._report import _run_line
-from hapi.bench._tier import TierSpec, main_gateway_settings
 from hapi.models import cuda_usable
 from tests.bench.support import CLI_OPTIONS
 

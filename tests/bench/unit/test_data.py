@@ -6,10 +6,10 @@ import io
 import tarfile
 
 import pytest
+from hapi_bench import _data
 from PIL import Image
 
 from hapi import models
-from hapi.bench import _data
 from hapi.models._decode import decode_object
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hapi_bench._report import best_run, configurations, ratio
+from hapi_bench._results import CellResult, RunResult
 
-from hapi.bench._report import best_run, configurations, ratio
-from hapi.bench._results import CellResult, RunResult
 from hapi.models import BlockInfo, InputSpec, Manifest, get_preset
 from hapi.planner import Plan, Profile, Trial, plan
 
@@ -107,7 +107,7 @@ def replan(cell: Mapping[str, Any]) -> Plan:
 
 def judged(cell: Mapping[str, Any]) -> tuple[dict[int | None, RunResult], RunResult]:
     """The measured run of each configuration and the best of them, as ``hapi bench``
-    judges a pick (``hapi.bench._report.configurations`` and ``best_run``): every
+    judges a pick (``hapi_bench._report.configurations`` and ``best_run``): every
     configuration timed through ``hapi.sdk``, no pushdown (``None``) by its
     ``split=None`` path, the baseline loader only where that was not measured."""
     result = CellResult.from_dict(cell)

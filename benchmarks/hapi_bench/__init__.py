@@ -6,7 +6,7 @@ pinned to its own CPU core. For each model and bandwidth it measures the raw-obj
 baseline, every split (bounded by the link where it cannot win) and the planner's pick,
 and reports speedup, planner regret, pipeline efficiency and bytes saved.
 
-``bench`` is the click command; ``python -m hapi.bench`` runs it alone.
+``bench`` is the click command; ``python -m hapi_bench`` runs it alone.
 """
 
 from __future__ import annotations

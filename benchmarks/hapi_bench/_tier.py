@@ -1,7 +1,7 @@
 """The storage tier: SeaweedFS and the hapi gateway inside the namespace, on their own core.
 
 :class:`StorageTier` (run by the benchmark, in the root namespace) starts this module as
-``ip netns exec NS taskset -c CPU python -m hapi.bench._tier``: the process and
+``ip netns exec NS taskset -c CPU python -m hapi_bench._tier``: the process and
 everything it starts (``weed``) live in the namespace and on that core. The process runs
 the embedded store bound to the namespace's address and then the gateway in front of it,
 with one onnxruntime thread and one decode thread to match the single core, until
@@ -197,7 +197,7 @@ class StorageTier:
         """The tier's command line: in the namespace, on its core, at its niceness."""
         return [
             "ip", "netns", "exec", self.link.namespace, "taskset", "-c", str(self.cpu),
-            "nice", "-n", str(self.niceness), sys.executable, "-m", "hapi.bench._tier",
+            "nice", "-n", str(self.niceness), sys.executable, "-m", "hapi_bench._tier",
         ]  # fmt: skip
 
     def gateway_stats(self) -> dict[str, Any]:
@@ -294,7 +294,7 @@ def _start_uncached(spec: TierSpec) -> subprocess.Popen[bytes] | None:
         return None
     child = replace(spec, gateway_port=spec.uncached_port, uncached_port=None, gateway_only=True)
     env = {**os.environ, ENV: json.dumps(asdict(child))}
-    return subprocess.Popen([sys.executable, "-m", "hapi.bench._tier"], env=env)
+    return subprocess.Popen([sys.executable, "-m", "hapi_bench._tier"], env=env)
 
 
 def _stop(child: subprocess.Popen[bytes] | None) -> None:

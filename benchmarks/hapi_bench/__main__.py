@@ -1,4 +1,4 @@
-"""``python -m hapi.bench``: the same as ``hapi bench``."""
+"""``python -m hapi_bench``: the same as ``hapi bench``."""
 
 from __future__ import annotations
 

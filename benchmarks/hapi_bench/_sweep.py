@@ -343,7 +343,7 @@ class _Cell:
 
     def more_rounds(self, keys: Sequence[tuple[int | None, str]], rounds: int) -> None:
         """``rounds`` more interleaved rounds of ``keys`` (comparisons the rounds so far
-        left undecided, see :func:`hapi.bench._report.undecided`)."""
+        left undecided, see :func:`hapi_bench._report.undecided`)."""
         for _ in range(rounds):
             for split, loader in keys:
                 self.measure(split, loader)
