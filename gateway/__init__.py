@@ -10,12 +10,12 @@ from ._cli import serve, settings_options
 from ._control import ProbeMeter
 from ._errors import S3Error
 from ._knobs import Knob, markdown_table
-from ._registry import AsyncRegistry, StoreRegistry
-from ._resources import memory_budget
 from ._server import listen, run_gateway
 from ._settings import GatewaySettings, environment_variables, settings_knobs
-from ._sigv4 import Credentials, sign_request
-from ._tenants import SessionFactory
+from .edge._sigv4 import Credentials, sign_request
+from .pushdown._registry import AsyncRegistry, StoreRegistry
+from .pushdown._resources import memory_budget
+from .pushdown._tenants import SessionFactory
 
 __all__ = [
     "AsyncRegistry",

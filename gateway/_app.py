@@ -12,13 +12,13 @@ import httpx
 from ._control import ControlPlane
 from ._metrics import Metrics
 from ._observe import Observe
-from ._proxy import Proxy
-from ._registry import AsyncRegistry
-from ._resources import open_pushdown
 from ._settings import GatewaySettings
-from ._tenants import SessionFactory
-from ._transport import UpstreamTransport
 from ._types import ASGIReceive, ASGISend, Scope
+from .edge._proxy import Proxy
+from .edge._transport import UpstreamTransport
+from .pushdown._registry import AsyncRegistry
+from .pushdown._resources import open_pushdown
+from .pushdown._tenants import SessionFactory
 
 CONTROL_PREFIX = "/_hapi/"
 

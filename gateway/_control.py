@@ -30,12 +30,12 @@ from hapi.models import GatewayStats, ModelError, ModelProfile, ModelSummary
 
 from ._errors import InvalidArgument, S3Error, ServiceUnavailable, SlowDown
 from ._observe import s3_error_handler
-from ._sigv4 import sign_request, verify_request
 from ._types import ASGIReceive, ASGISend, Scope, request_state
+from .edge._sigv4 import sign_request, verify_request
 
 if TYPE_CHECKING:
     from ._app import Gateway
-    from ._pushdown import Pushdown
+    from .pushdown._handler import Pushdown
 
 OPEN_PATHS = frozenset({"/_hapi/live", "/_hapi/health"})
 METRICS_PATH = "/metrics"

@@ -20,8 +20,8 @@ import httpx
 
 from hapi.models import UserError, cuda_usable
 
-from ._edge import edge_config
 from ._settings import GatewaySettings
+from .edge._http import edge_config
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -14,7 +14,7 @@ from typing import Any
 from hapi.models import Device
 
 from ._knobs import Knob, from_environment, knob, knobs
-from ._sigv4 import Credentials
+from .edge._sigv4 import Credentials
 
 ENV_BACKEND_KEY = "HAPI_BACKEND_ACCESS_KEY_ID"
 ENV_BACKEND_SECRET = "HAPI_BACKEND_SECRET_ACCESS_KEY"

@@ -16,8 +16,8 @@ from botocore.httpchecksum import AwsChunkedWrapper, Crc32Checksum
 from PIL import Image
 
 from hapi import models
-from hapi.gateway import _profiles
-from hapi.gateway._sigv4 import Verified
+from hapi.gateway.edge._sigv4 import Verified
+from hapi.gateway.pushdown import _profiles
 from hapi.models import Manifest
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()

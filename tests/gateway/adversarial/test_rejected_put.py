@@ -21,7 +21,7 @@ import httpx
 import pytest
 from botocore.config import Config
 
-from hapi.gateway._sigv4 import verify_request
+from hapi.gateway.edge._sigv4 import verify_request
 from tests.gateway.adversarial._support import encode_request, exchange, send_and_vanish
 from tests.gateway.support import botocore_chunked, encode_signed
 from tests.support import RunningGateway, signed_headers

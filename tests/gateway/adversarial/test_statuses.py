@@ -15,7 +15,7 @@ import httpx
 import pytest
 from botocore.config import Config
 
-from hapi.gateway._sigv4 import Credentials, sign_request
+from hapi.gateway.edge._sigv4 import Credentials, sign_request
 from tests.gateway.adversarial._support import Reply, encode_request, exchange, exchange_at
 from tests.support import signed_headers
 

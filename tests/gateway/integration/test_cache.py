@@ -16,7 +16,7 @@ import pytest
 from skimage import data as samples
 
 from hapi import models
-from hapi.gateway._sigv4 import Credentials
+from hapi.gateway.edge._sigv4 import Credentials
 from hapi.models._wire import decode
 from tests.support import HAPI, control_get, encode_image, gateway_process, signed_headers
 
@@ -288,7 +288,7 @@ def test_the_gateway_evicts_least_recently_used_entries_beyond_its_cap(
 ):
     from hapi.gateway import GatewaySettings
     from hapi.gateway._app import new_upstream_client
-    from hapi.gateway._cache import FeatureCache, encode_entry
+    from hapi.gateway.pushdown._cache import FeatureCache, encode_entry
     from hapi.models import ObjectIdentity, cache_key, entry_path
 
     settings = GatewaySettings(

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from hapi.gateway._batcher import Batcher, MemoryBudget, OutOfMemory
 from hapi.gateway._errors import InsufficientMemory, InvalidRequest, SlowDown
+from hapi.gateway.pushdown._batcher import Batcher, MemoryBudget, OutOfMemory
 
 SAMPLE = 1000  # bytes per sample in these tests
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from hapi.gateway._batcher import Batcher, MemoryBudget
+from hapi.gateway.pushdown._batcher import Batcher, MemoryBudget
 
 SAMPLE = 1000
 

@@ -18,8 +18,6 @@ import pytest
 from botocore.config import Config
 from botocore.httpchecksum import Crc32Checksum, Sha1Checksum, Sha256Checksum
 
-from hapi.gateway import _chunked
-from hapi.gateway._chunked import decode_body
 from hapi.gateway._errors import (
     BadDigest,
     IncompleteBody,
@@ -29,7 +27,9 @@ from hapi.gateway._errors import (
     SignatureDoesNotMatch,
     XAmzContentSHA256Mismatch,
 )
-from hapi.gateway._sigv4 import Verified, verify_request
+from hapi.gateway.edge import _chunked
+from hapi.gateway.edge._chunked import decode_body
+from hapi.gateway.edge._sigv4 import Verified, verify_request
 from tests.gateway.support import botocore_chunked, encode_signed
 
 # The example of https://docs.aws.amazon.com/AmazonS3/latest/API/sigv4-streaming.html and

@@ -21,8 +21,8 @@ from hapi.gateway._errors import (
     MaxPostPreDataLengthExceeded,
     SignatureDoesNotMatch,
 )
-from hapi.gateway._form import FormReader, form_boundary
-from hapi.gateway._post_policy import verify_form
+from hapi.gateway.edge._form import FormReader, form_boundary
+from hapi.gateway.edge._post_policy import verify_form
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hapi.gateway import _profiles
-from hapi.gateway._profiles import (
+from hapi.gateway.pushdown import _profiles
+from hapi.gateway.pushdown._profiles import (
     ChainedRun,
     ProfiledRun,
     StorageProfiler,

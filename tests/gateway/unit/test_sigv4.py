@@ -25,7 +25,7 @@ from hapi.gateway._errors import (
     RequestTimeTooSkewed,
     SignatureDoesNotMatch,
 )
-from hapi.gateway._sigv4 import (
+from hapi.gateway.edge._sigv4 import (
     Credentials,
     Verified,
     canonical_query_string,

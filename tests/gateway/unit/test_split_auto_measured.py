@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from hapi import planner
-from hapi.gateway._batcher import MemoryBudget
-from hapi.gateway._pushdown_params import Params
-from hapi.gateway._pushdown_plan import choose_split
+from hapi.gateway.pushdown._batcher import MemoryBudget
+from hapi.gateway.pushdown._params import Params
+from hapi.gateway.pushdown._plan import choose_split
 from hapi.models import BlockTime, Manifest, StorageLoad, StorageProfile
 from tests.planner.synthetic import manifest
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from asgi_lifespan import LifespanManager
 
-from hapi.gateway import Credentials, GatewaySettings, _profiles, create_app
+from hapi.gateway import Credentials, GatewaySettings, create_app
+from hapi.gateway.pushdown import _profiles
 from hapi.models import Manifest, ModelProfile
 from tests.gateway.support import (
     CLIENT,

@@ -18,7 +18,7 @@ from email.utils import parsedate_to_datetime
 from typing import Literal, NamedTuple
 from urllib.parse import SplitResult, quote, unquote, unquote_to_bytes, urlsplit
 
-from ._errors import (
+from .._errors import (
     AccessDenied,
     AuthorizationHeaderMalformed,
     AuthorizationQueryParametersError,

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from urllib.parse import unquote, unquote_plus
 
-from ._errors import (
+from .._errors import (
     AccessDenied,
     AuthorizationQueryParametersError,
     InvalidAccessKeyId,

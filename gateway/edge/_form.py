@@ -11,7 +11,7 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from ._errors import MalformedPOSTRequest, MaxPostPreDataLengthExceeded
+from .._errors import MalformedPOSTRequest, MaxPostPreDataLengthExceeded
 
 __all__ = ["FilePart", "FormReader", "form_boundary"]
 

@@ -14,12 +14,12 @@ import httpx
 
 from hapi.models import RuntimeSettings, runs_on_cuda
 
+from .._metrics import Metrics
+from .._settings import GatewaySettings
 from ._batcher import MemoryBudget
 from ._cache import FeatureCache
-from ._metrics import Metrics
-from ._pushdown import Pushdown
+from ._handler import Pushdown
 from ._registry import AsyncRegistry, StoreRegistry
-from ._settings import GatewaySettings
 from ._tenants import SessionFactory, Tenants
 
 log = logging.getLogger("hapi.gateway")

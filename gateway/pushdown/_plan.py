@@ -5,9 +5,9 @@ from __future__ import annotations
 from hapi import planner
 from hapi.models import Manifest, StorageProfile
 
+from .._errors import InsufficientMemory
 from ._batcher import MemoryBudget
-from ._errors import InsufficientMemory
-from ._pushdown_params import Params
+from ._params import Params
 
 __all__ = ["choose_split"]
 

@@ -41,10 +41,10 @@ from hapi.models import (
     is_entry,
 )
 
-from ._addressing import object_path
-from ._metrics import Metrics
-from ._settings import GatewaySettings
-from ._sigv4 import UNSIGNED_PAYLOAD, sign_request
+from .._metrics import Metrics
+from .._settings import GatewaySettings
+from ..edge._addressing import object_path
+from ..edge._sigv4 import UNSIGNED_PAYLOAD, sign_request
 
 logger = logging.getLogger("hapi.gateway.cache")
 _S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"

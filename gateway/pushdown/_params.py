@@ -18,7 +18,7 @@ from hapi import planner
 from hapi.models import WIRE_DTYPES as DTYPES
 from hapi.models import InvalidModelSpec, parse_ref
 
-from ._errors import InvalidArgument, InvalidRequest
+from .._errors import InvalidArgument, InvalidRequest
 
 PARAMETERS = ("model", "split", "dtype", "format", "bandwidth", "cache")
 FORMATS = ("safetensors", "json")

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import InsufficientMemory, InvalidRequest, SlowDown
+from .._errors import InsufficientMemory, InvalidRequest, SlowDown
 
 Run = Callable[[np.ndarray], np.ndarray]
 

@@ -39,8 +39,8 @@ from hapi.models import (
 )
 from hapi.models import NoSuchModel as RegistryNoSuchModel
 
+from .._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
 from ._batcher import Batcher, MemoryBudget, OutOfMemory
-from ._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
 from ._profiles import ChainedRun, ProfiledRun, StorageProfiler, TimedRun
 from ._registry import AsyncRegistry
 

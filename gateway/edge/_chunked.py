@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import (
+from .._errors import (
     BadDigest,
     IncompleteBody,
     InvalidArgument,

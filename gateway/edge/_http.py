@@ -17,10 +17,10 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from ._errors import RequestHeaderSectionTooLarge, SlowDown
-from ._observe import error_body
-from ._settings import GatewaySettings
-from ._types import ASGIReceive, ASGISend, Scope
+from .._errors import RequestHeaderSectionTooLarge, SlowDown
+from .._observe import error_body
+from .._settings import GatewaySettings
+from .._types import ASGIReceive, ASGISend, Scope
 
 _WORKER_STARTUP_S = 120
 _SHUTDOWN_GRACE_S = 5
@@ -152,7 +152,7 @@ class _AppFactory:
         self.log_level = log_level
 
     def __call__(self) -> Any:
-        from ._app import create_app
+        from .._app import create_app
 
         root = logging.getLogger()
         if not root.handlers:  # a spawned worker: log as the parent was told to

@@ -19,8 +19,8 @@ import numpy as np
 
 from hapi.models import Manifest, to_wire_dtype
 
-from ._pushdown_params import Params
-from ._types import ASGISend
+from .._types import ASGISend
+from ._params import Params
 
 _CODES = {"float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2)}
 

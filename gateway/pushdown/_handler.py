@@ -8,11 +8,11 @@ goes in two steps:
 1. fetch the objects (bounded together by ``max_object_bytes``) and list their samples,
    counting them against ``max_request_samples`` and reading each image's header, without
    decoding any pixels; per-key failures of a batch are known here
-   (:mod:`._pushdown_fetch`);
+   (:mod:`._fetch`);
 2. decode, run and send the samples in windows sized from ``max_decoded_bytes``: one
    window decodes (in a worker pool, off the event loop) while the previous one runs
    through blocks ``[0, split)`` on the shared batcher, and its rows go out as soon as they
-   are done (:mod:`._pushdown_stream`).
+   are done (:mod:`._stream`).
 
 So what one request holds is bounded by settings, whatever the objects hold. A client
 that goes away cancels its request: decoding stops at the next sample, and its queued
@@ -36,18 +36,18 @@ import numpy as np
 
 from hapi.models import Manifest, PendingSample, UndecodableObject
 
+from .._errors import BackendError, InvalidArgument, S3Error, UnprocessableObject
+from .._metrics import Metrics
+from .._settings import GatewaySettings
+from .._types import ASGIReceive, ASGISend
 from ._batcher import Batcher
 from ._cache import Cached, FeatureCache
 from ._cached import CachedSample, EntryWriter, cached_samples, lookup_all, merge_rows
-from ._errors import BackendError, InvalidArgument, S3Error, UnprocessableObject
-from ._metrics import Metrics
-from ._pushdown_fetch import ObjectLister
-from ._pushdown_params import Params, parse_batch, parse_params
-from ._pushdown_plan import choose_split
-from ._pushdown_stream import Answer, open_stream
-from ._settings import GatewaySettings
+from ._fetch import ObjectLister
+from ._params import Params, parse_batch, parse_params
+from ._plan import choose_split
+from ._stream import Answer, open_stream
 from ._tenants import RequestStats, Tenants, per_sample_bytes
-from ._types import ASGIReceive, ASGISend
 
 __all__ = ["Params", "Pushdown", "parse_params"]
 

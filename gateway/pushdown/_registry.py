@@ -34,9 +34,9 @@ from hapi.models import (
     parse_ref,
 )
 
-from ._addressing import object_path
-from ._settings import GatewaySettings
-from ._sigv4 import sign_request
+from .._settings import GatewaySettings
+from ..edge._addressing import object_path
+from ..edge._sigv4 import sign_request
 
 __all__ = ["AsyncRegistry", "StoreRegistry"]
 

@@ -18,19 +18,19 @@ from xml.sax.saxutils import escape
 
 import httpx
 
-from ._addressing import Target, object_path
-from ._errors import (
+from .._errors import (
     EntityTooLarge,
     EntityTooSmall,
     InvalidArgument,
     InvalidRequest,
     ServiceUnavailable,
 )
+from .._settings import GatewaySettings
+from .._types import ASGIReceive, ASGISend, Message, Scope, request_state
+from ._addressing import Target, object_path
 from ._form import FilePart, FormReader, form_boundary
 from ._post_policy import AUTH_FIELDS, PostPolicy, verify_form
-from ._settings import GatewaySettings
 from ._sigv4 import sign_request
-from ._types import ASGIReceive, ASGISend, Message, Scope, request_state
 
 __all__ = ["PostObject", "form_upload_boundary"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ._errors import (
+from .._errors import (
     AccessDenied,
     InvalidAccessKeyId,
     InvalidArgument,

@@ -16,17 +16,17 @@ from typing import Any
 
 import httpx
 
+from .._errors import AccessDenied, InvalidRequest, ServiceUnavailable
+from .._settings import GatewaySettings
+from .._types import ASGIReceive, ASGISend, Scope, request_state
+from ..pushdown._handler import Pushdown, parse_params
 from ._addressing import Target, resolve
 from ._chunked import decode_body
-from ._errors import AccessDenied, InvalidRequest, ServiceUnavailable
 from ._operations import classify
 from ._post_object import PostObject, form_upload_boundary
-from ._pushdown import Pushdown, parse_params
-from ._settings import GatewaySettings
 from ._sigv2 import QUERY_PARAMS as V2_PARAMS
 from ._sigv2 import is_presigned_v2, verify_presigned_v2
 from ._sigv4 import Verified, canonical_query_string, sign_request, verify_request
-from ._types import ASGIReceive, ASGISend, Scope, request_state
 
 # Never forwarded: hop-by-hop headers, the client's own signature, and the aws-chunked
 # framing headers (the upstream body is the decoded payload).

@@ -25,18 +25,18 @@ from hapi.models import (
     list_samples,
 )
 
-from ._addressing import object_path
-from ._cache import identity_from
-from ._errors import (
+from .._errors import (
     BackendError,
     InvalidRequest,
     S3Error,
     ServiceUnavailable,
     UnprocessableObject,
 )
-from ._metrics import Metrics
-from ._settings import GatewaySettings
-from ._sigv4 import sign_request
+from .._metrics import Metrics
+from .._settings import GatewaySettings
+from ..edge._addressing import object_path
+from ..edge._sigv4 import sign_request
+from ._cache import identity_from
 
 __all__ = ["Listing", "ObjectLister"]
 
