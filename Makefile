@@ -4,20 +4,23 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 AWSCLI := .venv-awscli/bin/aws
-PACKAGES := gateway planner models sdk store cli bench examples
+PACKAGES := protocol gateway planner models sdk store cli examples
 # mypy cannot follow the editable install's package-dir mapping (a path hook), so `hapi.*`
 # imports would be Any to it. It checks a tree of links build/mypy/hapi/<pkg> -> <pkg>
 # instead, where every `hapi.*` import resolves to the real sources (mypy_path).
 MYPY_TREE := build/mypy/hapi
+# The benchmarks (benchmarks/hapi_bench, the hapi-bench distribution) sit beside it.
+BENCH_TREE := build/mypy/hapi_bench
 
 .PHONY: run test test-slow check lint format bench-proxy bench-pushdown bench-device bench-load bench clean venv
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml benchmarks/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e ./benchmarks
 	touch $(STAMP)
 
 # The AWS CLI pins botocore differently from boto3: it lives in a venv of its own.
@@ -41,7 +44,8 @@ check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@mkdir -p $(MYPY_TREE) && for p in $(PACKAGES); do ln -sfn ../../../$$p $(MYPY_TREE)/$$p; done
-	$(VENV)/bin/mypy $$(find -L $(MYPY_TREE) -name '*.py' | sort)
+	@ln -sfn ../../benchmarks/hapi_bench $(BENCH_TREE)
+	$(VENV)/bin/mypy $$(find -L $(MYPY_TREE) $(BENCH_TREE) -name '*.py' | sort)
 	$(VENV)/bin/lint-imports
 
 format: $(STAMP)
@@ -50,24 +54,24 @@ format: $(STAMP)
 
 bench-proxy: $(STAMP)
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
-	$(PY) -m hapi.bench._proxy --out bench-results
+	$(VENV)/bin/hapi-bench proxy --out bench-results
 
 bench-pushdown: $(STAMP)
-	$(PY) -m hapi.bench._pushdown --out bench-results
+	$(VENV)/bin/hapi-bench pushdown --out bench-results
 
 # The storage side's blocks on a GPU: fidelity (TF32 off and on), samples/s per batch
 # size, how a batch's time divides among blocks; needs a CUDA GPU (DEVICE_ARGS="--device cpu" to try it anywhere).
 bench-device: $(STAMP)
-	$(PY) -m hapi.bench._device --out bench-results $(DEVICE_ARGS)
+	$(VENV)/bin/hapi-bench device --out bench-results $(DEVICE_ARGS)
 
 # Bounded load (150 clients, 60 s): gateway, nginx and the store; e.g. LOAD_ARGS="--workers 2".
 bench-load: $(STAMP)
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
-	$(PY) -m hapi.bench._load --out bench-results $(LOAD_ARGS)
+	$(VENV)/bin/hapi-bench load --out bench-results $(LOAD_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-awscli build *.egg-info
+	rm -rf $(VENV) .venv-awscli build *.egg-info benchmarks/*.egg-info
 
 # The two-tier testbed (root: network namespace, veth, tc tbf); `make bench QUICK=1` for --quick.
 bench: $(STAMP)
-	$(PY) -m hapi.bench $(if $(QUICK),--quick) --out bench-results/testbed
+	$(VENV)/bin/hapi-bench testbed $(if $(QUICK),--quick) --out bench-results/testbed

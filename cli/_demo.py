@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hapi.models import UserError
+from hapi.protocol import UserError
 
 
 @click.command(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from hapi.models import UserError
+from hapi.protocol import UserError
 
 from ._demo import demo
 from ._up import DEFAULT_STATE_DIR, up

@@ -18,8 +18,9 @@ from typing import Any
 import click
 from rich.console import Console
 
-from hapi.gateway import Credentials, GatewaySettings, listen, run_gateway
-from hapi.models import Manifest, UserError
+from hapi.gateway import GatewaySettings, listen, run_gateway
+from hapi.models import Manifest
+from hapi.protocol import Credentials, UserError
 
 from ._state import AlreadyRunning, RunLock, RunRecord, clean_stale
 

@@ -12,14 +12,13 @@ from ._errors import S3Error
 from ._knobs import Knob, markdown_table
 from ._server import listen, run_gateway
 from ._settings import GatewaySettings, environment_variables, settings_knobs
-from .edge._sigv4 import Credentials, sign_request
+from .edge._sigv4 import sign_request
 from .pushdown._registry import AsyncRegistry, StoreRegistry
 from .pushdown._resources import memory_budget
 from .pushdown._tenants import SessionFactory
 
 __all__ = [
     "AsyncRegistry",
-    "Credentials",
     "Gateway",
     "GatewaySettings",
     "Knob",

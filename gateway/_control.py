@@ -13,11 +13,12 @@ the data plane), unless the operator made it public (``public_control``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from fastapi import FastAPI, Query, Request
@@ -26,7 +27,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from hapi.models import GatewayStats, ModelError, ModelProfile, ModelSummary
+from hapi.models import Manifest, ModelError
+from hapi.protocol import (
+    BlockProfile,
+    GatewayStats,
+    ModelProfile,
+    ModelSummary,
+    StorageProfile,
+)
 
 from ._errors import InvalidArgument, S3Error, ServiceUnavailable, SlowDown
 from ._observe import s3_error_handler
@@ -187,7 +195,7 @@ def _model_routes(app: FastAPI, gateway: Gateway) -> None:
             raise ServiceUnavailable(
                 f"the model registry cannot be read: {exc}", retry_after=1
             ) from exc
-        return [ModelSummary.of(manifest) for manifest in manifests]
+        return [_summary(manifest) for manifest in manifests]
 
     @app.get("/_hapi/models/{name:path}", response_model=ModelProfile)
     async def model(name: str) -> ModelProfile:
@@ -196,7 +204,7 @@ def _model_routes(app: FastAPI, gateway: Gateway) -> None:
         tenants serving it."""
         tenants = _pushdown(gateway).tenants
         manifest = await tenants.manifest(name)
-        return ModelProfile.of(manifest, tenants.stats(), await tenants.profiler.current(manifest))
+        return _profile(manifest, tenants.stats(), await tenants.profiler.current(manifest))
 
     @app.get("/_hapi/stats", response_model=GatewayStats)
     async def stats() -> GatewayStats:
@@ -256,3 +264,33 @@ async def _zeros(size: int) -> AsyncIterator[bytes]:
         chunk = _PROBE_CHUNK[: min(size, len(_PROBE_CHUNK))]
         size -= len(chunk)
         yield chunk
+
+
+def _summary(manifest: Manifest) -> ModelSummary:
+    """One entry of ``GET /_hapi/models``."""
+    return ModelSummary(**_summary_fields(manifest), blocks=len(manifest.blocks))
+
+
+def _profile(manifest: Manifest, stats: GatewayStats, storage: StorageProfile) -> ModelProfile:
+    """The profile of ``manifest``, with its storage-side times and the tenants of ``stats``
+    that serve it."""
+    return ModelProfile(
+        **_summary_fields(manifest),
+        blocks=[BlockProfile(**dataclasses.asdict(block)) for block in manifest.blocks],
+        preprocess=manifest.preprocess.to_dict(),
+        served=[t for t in stats.tenants if t.serves(manifest.ref)],
+        storage=storage,
+    )
+
+
+def _summary_fields(manifest: Manifest) -> dict[str, Any]:
+    return {
+        "name": manifest.name,
+        "version": manifest.version,
+        "ref": manifest.ref,
+        "family": manifest.family,
+        "freeze": manifest.freeze,
+        "bytes": manifest.size,
+        "parent": manifest.parent,
+        "created": manifest.created,
+    }

@@ -18,7 +18,8 @@ from typing import Any
 
 import httpx
 
-from hapi.models import UserError, cuda_usable
+from hapi.models import cuda_usable
+from hapi.protocol import UserError
 
 from ._settings import GatewaySettings
 from .edge._http import edge_config

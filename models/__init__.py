@@ -21,19 +21,7 @@ Run (no torch needed; what the gateway and the SDK do)::
 
 from __future__ import annotations
 
-from ._cache import (
-    DEFAULT_CACHE_BUCKET,
-    ENTRY_PREFIX,
-    CacheEntry,
-    ObjectIdentity,
-    block_prefix,
-    cache_key,
-    entry_path,
-    eviction_order,
-    is_entry,
-    list_entries,
-)
-from ._cli import UserError, cli_errors, open_registry, store_options
+from ._cli import cli_errors, open_registry
 from ._cuts import MIN_BLOCK_SHARE, cut_points
 from ._decode import (
     PendingSample,
@@ -57,23 +45,11 @@ from ._export import DEFAULT_MODEL, export_model, register_default_model, sample
 from ._families import FAMILIES, Decomposition, build
 from ._hub import HUBS, RandomWeightsWarning, build_hub, export_hub
 from ._import import CutPoint, describe_cuts, import_onnx
-from ._layout import (
-    MODELS_PREFIX,
-    assemble_blocks,
-    block_key,
-    check_block,
-    latest_key,
-    manifest_key,
-    model_names,
-    model_prefix,
-    parse_latest,
-    parse_manifest_key,
-)
+from ._layout import assemble_blocks, check_block
 from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec, Manifest
 from ._onnx import compose
 from ._preprocess import PRESETS, Preset, get_preset, preprocess, preprocess_batch
 from ._registry import (
-    DEFAULT_BUCKET,
     Lineage,
     Registry,
     RegistryReader,
@@ -89,41 +65,14 @@ from ._runtime import (
     cuda_usable,
     runs_on_cuda,
 )
-from ._schema import (
-    BlockProfile,
-    BlockTime,
-    Figure,
-    GatewayStats,
-    MemoryBudgetStats,
-    ModelProfile,
-    ModelSummary,
-    RequestCounters,
-    ServedSplit,
-    Source,
-    StorageLoad,
-    StorageProfile,
-    TenantStats,
-)
-from ._wire import DTYPES as WIRE_DTYPES
-from ._wire import decode as decode_features
-from ._wire import encode as encode_features
-from ._wire import to_wire_dtype
 
 __all__ = [
-    "DEFAULT_BUCKET",
-    "DEFAULT_CACHE_BUCKET",
     "DEFAULT_MODEL",
-    "ENTRY_PREFIX",
     "FAMILIES",
     "HUBS",
     "MIN_BLOCK_SHARE",
-    "MODELS_PREFIX",
     "PRESETS",
-    "WIRE_DTYPES",
     "BlockInfo",
-    "BlockProfile",
-    "BlockTime",
-    "CacheEntry",
     "CorruptBlock",
     "CutPoint",
     "Decomposition",
@@ -131,18 +80,12 @@ __all__ = [
     "ExportError",
     "ExportedBlock",
     "ExportedModel",
-    "Figure",
-    "GatewayStats",
     "InputSpec",
     "InvalidModelSpec",
     "Lineage",
     "Manifest",
-    "MemoryBudgetStats",
     "ModelError",
-    "ModelProfile",
-    "ModelSummary",
     "NoSuchModel",
-    "ObjectIdentity",
     "PendingSample",
     "Preset",
     "RandomWeightsWarning",
@@ -150,26 +93,16 @@ __all__ = [
     "RegistryError",
     "RegistryReader",
     "Removal",
-    "RequestCounters",
     "RuntimeSettings",
     "Sample",
-    "ServedSplit",
     "SessionError",
-    "Source",
-    "StorageLoad",
-    "StorageProfile",
-    "TenantStats",
     "TooManySamples",
     "UndecodableObject",
-    "UserError",
     "VersionConflict",
     "assemble_blocks",
-    "block_key",
-    "block_prefix",
     "block_times",
     "build",
     "build_hub",
-    "cache_key",
     "check_block",
     "check_name",
     "cli_errors",
@@ -177,32 +110,18 @@ __all__ = [
     "create_session",
     "cuda_usable",
     "cut_points",
-    "decode_features",
     "decode_object",
     "describe_cuts",
-    "encode_features",
-    "entry_path",
-    "eviction_order",
     "export_hub",
     "export_model",
     "get_preset",
     "import_onnx",
-    "is_entry",
-    "latest_key",
-    "list_entries",
     "list_samples",
-    "manifest_key",
-    "model_names",
-    "model_prefix",
     "open_registry",
-    "parse_latest",
-    "parse_manifest_key",
     "parse_ref",
     "preprocess",
     "preprocess_batch",
     "register_default_model",
     "runs_on_cuda",
     "sample_images",
-    "store_options",
-    "to_wire_dtype",
 ]

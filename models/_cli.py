@@ -20,17 +20,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from hapi.protocol import UserError, store_options
+
 from ._errors import ExportError, InvalidModelSpec, ModelError, NoSuchModel
 from ._manifest import Manifest
-from ._registry import DEFAULT_BUCKET, Registry, check_name
+from ._registry import Registry, check_name
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class UserError(click.ClickException):
-    """A one-line error caused by the user's input; exit code 2, like click's usage errors."""
-
-    exit_code = 2
 
 
 @contextmanager
@@ -46,22 +42,6 @@ def cli_errors() -> Iterator[None]:
 
 def _one_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def store_options(command: F) -> F:
-    """Add ``--endpoint`` and ``--bucket``, so every command finds the registry the same way."""
-    command = click.option(
-        "--bucket",
-        default=DEFAULT_BUCKET,
-        show_default=True,
-        envvar="HAPI_REGISTRY_BUCKET",
-        help="Registry bucket [env HAPI_REGISTRY_BUCKET].",
-    )(command)
-    return click.option(
-        "--endpoint",
-        envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"],
-        help="S3 endpoint: the store or the gateway [env AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL].",
-    )(command)
 
 
 def open_registry(endpoint: str | None, bucket: str) -> Registry:

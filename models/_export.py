@@ -29,12 +29,14 @@ import numpy as np
 import onnx
 from PIL import Image
 
+from hapi.protocol import DEFAULT_REGISTRY_BUCKET
+
 from ._errors import ExportError, InvalidModelSpec, NoSuchModel
 from ._families import FAMILIES, Decomposition, WeightsArg, build
 from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec, Manifest
 from ._onnx import INPUT, OUTPUT, canonical_bytes, expose_all, peak_activation_bytes, sha256
 from ._preprocess import preprocess_batch
-from ._registry import DEFAULT_BUCKET, Registry
+from ._registry import Registry
 from ._runtime import RuntimeSettings, create_session
 
 if TYPE_CHECKING:
@@ -313,7 +315,7 @@ DEFAULT_MODEL = "efficientnet_lite0"
 
 
 def register_default_model(
-    client: Any, bucket: str = DEFAULT_BUCKET, *, progress: bool = False
+    client: Any, bucket: str = DEFAULT_REGISTRY_BUCKET, *, progress: bool = False
 ) -> Manifest:
     """Export and register EfficientNet-Lite0 (real ImageNet weights) unless it is there.
 

@@ -34,12 +34,10 @@ from typing import Any, Protocol
 import onnx
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ._errors import InvalidModelSpec, NoSuchModel, RegistryError, VersionConflict
-from ._layout import (
+from hapi.protocol import (
+    DEFAULT_REGISTRY_BUCKET,
     MODELS_PREFIX,
-    assemble_blocks,
     block_key,
-    check_block,
     latest_key,
     manifest_key,
     model_names,
@@ -47,10 +45,12 @@ from ._layout import (
     parse_latest,
     parse_manifest_key,
 )
+
+from ._errors import InvalidModelSpec, NoSuchModel, RegistryError, VersionConflict
+from ._layout import assemble_blocks, check_block
 from ._manifest import ExportedBlock, ExportedModel, Manifest
 from ._onnx import sha256
 
-DEFAULT_BUCKET = "hapi-models"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MISSING = {"404", "NoSuchKey", "NoSuchBucket", "NotFound"}
 _REGISTER_ATTEMPTS = 5
@@ -157,7 +157,7 @@ class Registry:
         bucket: The registry bucket; created on first :meth:`register`.
     """
 
-    def __init__(self, client: Any, bucket: str = DEFAULT_BUCKET) -> None:
+    def __init__(self, client: Any, bucket: str = DEFAULT_REGISTRY_BUCKET) -> None:
         self._client = client
         self.bucket = bucket
 

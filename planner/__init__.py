@@ -2,9 +2,10 @@
 
 Plan from a manifest's own profile::
 
-    from hapi import planner
+    from hapi import planner, protocol
+    from hapi import protocol
     profile = planner.profile_from_manifest(manifest, raw_bytes=110_000)
-    chosen = planner.plan(manifest, profile, planner.parse_bandwidth("100mbit"))
+    chosen = planner.plan(manifest, profile, protocol.parse_bandwidth("100mbit"))
     print(chosen.explain())
 
 Measure instead of assuming: :func:`measure_client_blocks`, :func:`measure_decode_ms` and
@@ -50,7 +51,6 @@ from ._profile import (
     profile_from_manifest,
 )
 from ._trial import NEAR_TIE, Trial, near_rival
-from ._units import format_bandwidth, format_bytes, parse_bandwidth, parse_size
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -77,16 +77,12 @@ __all__ = [
     "Trial",
     "drift",
     "fetch_gateway_profile",
-    "format_bandwidth",
-    "format_bytes",
     "gain_over",
     "measure_client_blocks",
     "measure_decode_ms",
     "measure_request_ms",
     "near_rival",
     "needs_replan",
-    "parse_bandwidth",
-    "parse_size",
     "plan",
     "plot_plan",
     "probe_bandwidth",

@@ -22,15 +22,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hapi.models import (
-    Manifest,
-    NoSuchModel,
-    Registry,
-    UserError,
-    cli_errors,
-    open_registry,
-    store_options,
-)
+from hapi.models import Manifest, NoSuchModel, Registry, cli_errors, open_registry
+from hapi.protocol import UserError, format_bandwidth, parse_bandwidth, parse_size, store_options
 
 from ._cost import DEFAULT_BATCH_SIZE, DEFAULT_DATASET_SIZE, Plan, Profile
 from ._cost import plan as compute_plan
@@ -43,7 +36,6 @@ from ._profile import (
     measure_decode_ms,
     profile_from_manifest,
 )
-from ._units import format_bandwidth, parse_bandwidth, parse_size
 
 _BARE_NUMBER = re.compile(r"\s*(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*")
 _MEMORY_HELP = "memory budget, e.g. 16GB or 8GiB; unlimited if unset."

@@ -43,10 +43,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from hapi.models import Manifest
+from hapi.protocol import format_bytes
 
 from . import _explain
 from ._errors import InvalidInput, NoFeasibleSplit
-from ._units import format_bytes
 
 Stage = Literal["storage", "transfer", "client"]
 DEFAULT_BATCH_SIZE = 32

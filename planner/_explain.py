@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ._units import format_bandwidth, format_bytes
+from hapi.protocol import format_bandwidth, format_bytes
 
 if TYPE_CHECKING:
     from ._cost import Candidate, Plan

@@ -4,7 +4,7 @@ Both read the gateway's control plane with httpx: ``/_hapi/probe`` streams zeros
 ``/_hapi/models/{name}`` and ``/_hapi/stats`` give the manifest's figures, the storage
 side's per-block, decode and load figures measured on real traffic (each with its source
 and age), and the memory budget, in the schema both sides share
-(:class:`hapi.models.GatewayStats`, :class:`hapi.models.ModelProfile`). The control plane
+(:class:`hapi.protocol.GatewayStats`, :class:`hapi.protocol.ModelProfile`). The control plane
 wants SigV4-signed requests: :class:`GatewayAuth` signs them with the caller's S3
 credentials (botocore's signer), found the way boto3 finds them unless given. The httpx
 client is a seam: pass one (with an ``httpx.MockTransport`` in tests), or one is created
@@ -25,7 +25,7 @@ import httpx
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 
-from hapi.models import Figure, GatewayStats, ModelProfile, StorageLoad, StorageProfile
+from hapi.protocol import Figure, GatewayStats, ModelProfile, StorageLoad, StorageProfile
 
 from ._cost import Profile
 from ._errors import ProbeError

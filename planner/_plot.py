@@ -10,9 +10,10 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
+from hapi.protocol import format_bandwidth
+
 from ._errors import InvalidInput
 from ._explain import format_duration, split_label
-from ._units import format_bandwidth
 
 if TYPE_CHECKING:
     from ._cost import Plan

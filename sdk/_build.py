@@ -10,9 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hapi.models import DEFAULT_BUCKET, Manifest, ModelError, Registry, RuntimeSettings
-from hapi.models import WIRE_DTYPES as DTYPES
+from hapi.models import Manifest, ModelError, Registry, RuntimeSettings
 from hapi.models import NoSuchModel as MissingModel
+from hapi.protocol import DEFAULT_REGISTRY_BUCKET
+from hapi.protocol import WIRE_DTYPES as DTYPES
 
 from ._client import client
 from ._compute import Spec
@@ -88,7 +89,7 @@ class Options:
     dtype: str = "float32"
     endpoint_url: str | Sequence[str] | None = None
     client_options: Mapping[str, Any] | None = None
-    registry_bucket: str = DEFAULT_BUCKET
+    registry_bucket: str = DEFAULT_REGISTRY_BUCKET
     runtime: RuntimeSettings | None = None
     request_size: int = 32
     bandwidth: float | str | None = None

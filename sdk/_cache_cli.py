@@ -18,14 +18,8 @@ import click
 from botocore.exceptions import BotoCoreError, ClientError
 from tqdm import tqdm
 
-from hapi import planner
-from hapi.models import (
-    DEFAULT_CACHE_BUCKET,
-    CacheEntry,
-    UserError,
-    eviction_order,
-    list_entries,
-)
+from hapi import protocol
+from hapi.protocol import DEFAULT_CACHE_BUCKET, CacheEntry, UserError, eviction_order, list_entries
 
 from ._client import client
 from ._errors import SDKError
@@ -78,9 +72,9 @@ def ls(limit: int, bucket: str, endpoint: str | None) -> None:
     """List entries, most recently used first: key, size, last use (one per line)."""
     _, entries = _entries(endpoint, bucket)
     for entry in sorted(entries, key=lambda e: e.last_used, reverse=True)[:limit]:
-        size = planner.format_bytes(entry.size)
+        size = protocol.format_bytes(entry.size)
         click.echo(f"{entry.key}\t{size}\t{_age(entry.last_used)}")
-    click.echo(f"{len(entries)} entries, {planner.format_bytes(_total(entries))}")
+    click.echo(f"{len(entries)} entries, {protocol.format_bytes(_total(entries))}")
 
 
 @cache.command()
@@ -90,7 +84,7 @@ def du(bucket: str, endpoint: str | None) -> None:
     """Entries and bytes in the cache."""
     _, entries = _entries(endpoint, bucket)
     oldest = min((e.last_used for e in entries), default=None)
-    line = f"{len(entries)} entries, {planner.format_bytes(_total(entries))} in {bucket}"
+    line = f"{len(entries)} entries, {protocol.format_bytes(_total(entries))} in {bucket}"
     if oldest is not None:
         line += f"; least recently used {_age(oldest)}"
     click.echo(line)
@@ -106,12 +100,12 @@ def du(bucket: str, endpoint: str | None) -> None:
 def prune(max_size: str, dry_run: bool, bucket: str, endpoint: str | None) -> None:
     """Delete least-recently-used entries until the cache fits MAX_SIZE."""
     try:
-        limit = planner.parse_size(max_size)
+        limit = protocol.parse_size(max_size)
     except ValueError as exc:
         raise UserError(f"--max-size: {exc}") from exc
     s3, entries = _entries(endpoint, bucket)
     doomed = eviction_order(entries, limit)
-    freed = planner.format_bytes(_total(doomed))
+    freed = protocol.format_bytes(_total(doomed))
     if dry_run:
         click.echo(f"would delete {len(doomed)} of {len(entries)} entries ({freed})")
         return
@@ -214,8 +208,8 @@ def materialize(
     click.echo(
         f"{summary.objects} objects, {summary.samples} samples "
         f"({summary.hits} objects already cached, {summary.failed} failed); "
-        f"{planner.format_bytes(summary.bytes_in)} of objects -> "
-        f"{planner.format_bytes(summary.bytes_out)} of features in {seconds:.1f} s"
+        f"{protocol.format_bytes(summary.bytes_in)} of objects -> "
+        f"{protocol.format_bytes(summary.bytes_out)} of features in {seconds:.1f} s"
     )
     if summary.failed:
         raise click.ClickException(f"{summary.failed} objects could not be materialized")

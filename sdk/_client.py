@@ -45,8 +45,8 @@ from botocore.exceptions import (
     IncompleteReadError,
 )
 
-from hapi.models import WIRE_DTYPES as DTYPES
-from hapi.models import decode_features as decode
+from hapi.protocol import WIRE_DTYPES as DTYPES
+from hapi.protocol import decode_features as decode
 
 from ._endpoints import EndpointFailure, EndpointPool, failover, rebase, resolve_endpoints
 from ._errors import PushdownUnavailable, RequestError, SDKError, request_error

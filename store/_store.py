@@ -39,9 +39,10 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from hapi.protocol import Credentials
+
 __all__ = [
     "STORE_EXTRA_HINT",
-    "Credentials",
     "EmbeddedStore",
     "StoreError",
     "StoreSettings",
@@ -84,14 +85,6 @@ _DISABLED_FEATURES = (
     "-s3.autoCreateBucket=false",
     "-s3.allowDeleteBucketNotEmpty=false",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Credentials:
-    """The store's access key pair (what the gateway signs its upstream requests with)."""
-
-    access_key_id: str
-    secret_access_key: str = field(repr=False)
 
 
 class StoreError(RuntimeError):

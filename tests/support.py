@@ -22,7 +22,7 @@ from hapi.store import free_port
 if TYPE_CHECKING:
     import numpy as np
 
-    from hapi.gateway import Credentials
+    from hapi.protocol import Credentials
 
 HAPI = str(Path(sys.executable).parent / "hapi")
 
@@ -134,7 +134,7 @@ def control_get(gw: RunningGateway, path: str, **options: object) -> httpx.Respo
 
 def credentials(gw: RunningGateway) -> Credentials:
     """The gateway's test client credential."""
-    from hapi.gateway import Credentials
+    from hapi.protocol import Credentials
 
     return Credentials(gw.access_key_id, gw.secret_access_key)
 

@@ -113,7 +113,8 @@ def _normalized(values: Any) -> list[float]:
 
 def run(out: Path, families: list[str], device: Device, repeats: int) -> dict[str, Any]:
     """Every step for every model; returns and writes the results."""
-    from hapi.gateway import Credentials, GatewaySettings, memory_budget
+    from hapi.gateway import GatewaySettings, memory_budget
+    from hapi.protocol import Credentials
 
     if device == "cuda" and not cuda_usable():
         raise SystemExit(

@@ -29,7 +29,8 @@ from typing import Any
 import httpx
 from botocore.exceptions import ClientError
 
-from hapi.models import DEFAULT_CACHE_BUCKET, Manifest, Registry, list_entries
+from hapi.models import Manifest, Registry
+from hapi.protocol import DEFAULT_CACHE_BUCKET, list_entries
 
 from ._client import (
     BUCKET,

@@ -25,7 +25,8 @@ import httpx
 from PIL import Image
 
 from hapi import models
-from hapi.gateway import Credentials, sign_request
+from hapi.gateway import sign_request
+from hapi.protocol import Credentials
 from hapi.store import EmbeddedStore, StoreSettings, free_port
 
 from ._gateway import gateway_subprocess

@@ -260,7 +260,8 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def _gateway_settings(spec: TierSpec, backend_url: str, *, cache: bool) -> Any:
-    from hapi.gateway import Credentials, GatewaySettings
+    from hapi.gateway import GatewaySettings
+    from hapi.protocol import Credentials
 
     return GatewaySettings(
         backend_url=backend_url,

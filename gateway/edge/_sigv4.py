@@ -12,11 +12,13 @@ import hashlib
 import hmac
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Literal, NamedTuple
 from urllib.parse import SplitResult, quote, unquote, unquote_to_bytes, urlsplit
+
+from hapi.protocol import Credentials
 
 from .._errors import (
     AccessDenied,
@@ -97,14 +99,6 @@ _MISMATCH = (
     "The request signature we calculated does not match the signature you provided. "
     "Check your key and signing method."
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Credentials:
-    """An access key pair the gateway signs its upstream requests with."""
-
-    access_key_id: str
-    secret_access_key: str = field(repr=False)
 
 
 @dataclass(frozen=True, slots=True)

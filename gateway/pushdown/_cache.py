@@ -28,10 +28,10 @@ from xml.etree import ElementTree
 import httpx
 import numpy as np
 
-from hapi.models import (
+from hapi.models import Manifest
+from hapi.protocol import (
     ENTRY_PREFIX,
     CacheEntry,
-    Manifest,
     ObjectIdentity,
     cache_key,
     decode_features,
@@ -132,7 +132,7 @@ class FeatureCache:
         """The cached features, or ``None`` on a miss (or when the cache cannot be read)."""
         if not self.enabled:
             return None
-        path = entry_path(cache_key(identity, manifest, split, dtype))
+        path = entry_path(_key(identity, manifest, split, dtype))
         url = self._entry_url(path)
         try:
             reply = await self._client().get(url, headers=self._signed("GET", url))
@@ -169,7 +169,7 @@ class FeatureCache:
         when the queue is full and the write was skipped."""
         if not self.enabled:
             return False
-        path = entry_path(cache_key(identity, manifest, split, dtype))
+        path = entry_path(_key(identity, manifest, split, dtype))
         model = manifest.name
         if not self._enqueue(path, lambda: self._put(path, entry, model)):
             self.skipped_writes += 1
@@ -374,3 +374,13 @@ def _parse(body: bytes) -> Cached | None:
     if not isinstance(keys, list) or len(keys) != len(features):
         return None
     return Cached(features, tensors.get("labels"), keys, samples, len(body))
+
+
+def _key(identity: ObjectIdentity, manifest: Manifest, split: int, dtype: str) -> str:
+    """The cache key of ``identity``'s features through ``manifest``'s blocks ``[0, split)``."""
+    return cache_key(
+        identity,
+        blocks=manifest.hashes[:split],
+        preprocess=manifest.preprocess.to_dict(),
+        dtype=dtype,
+    )

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from hapi.models import Manifest, ObjectIdentity
+from hapi.models import Manifest
+from hapi.protocol import ObjectIdentity
 
 from ._cache import Cached, FeatureCache, encode_entry
 

@@ -16,14 +16,8 @@ from xml.etree import ElementTree
 
 import httpx
 
-from hapi.models import (
-    Manifest,
-    ObjectIdentity,
-    PendingSample,
-    TooManySamples,
-    UndecodableObject,
-    list_samples,
-)
+from hapi.models import Manifest, PendingSample, TooManySamples, UndecodableObject, list_samples
+from hapi.protocol import ObjectIdentity
 
 from .._errors import (
     BackendError,

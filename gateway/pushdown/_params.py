@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
-from hapi import planner
-from hapi.models import WIRE_DTYPES as DTYPES
+from hapi import protocol
 from hapi.models import InvalidModelSpec, parse_ref
+from hapi.protocol import WIRE_DTYPES as DTYPES
 
 from .._errors import InvalidArgument, InvalidRequest
 
@@ -172,7 +172,7 @@ def _bandwidth(text: Any) -> float | None:
     if isinstance(text, bool) or not isinstance(text, str | int | float):
         raise InvalidArgument(f"x-hapi-bandwidth must be a rate such as 100mbit, not {text!r}")
     try:
-        return float(planner.parse_bandwidth(str(text)))
+        return float(protocol.parse_bandwidth(str(text)))
     except ValueError as exc:
         raise InvalidArgument(f"x-hapi-bandwidth: {exc}") from exc
 

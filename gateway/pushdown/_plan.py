@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from hapi import planner
-from hapi.models import Manifest, StorageProfile
+from hapi.models import Manifest
+from hapi.protocol import StorageProfile
 
 from .._errors import InsufficientMemory
 from ._batcher import MemoryBudget

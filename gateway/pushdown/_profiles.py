@@ -49,7 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from hapi.models import BlockTime, Figure, Manifest, StorageLoad, StorageProfile, block_times
+from hapi.models import Manifest, block_times
+from hapi.protocol import BlockTime, Figure, StorageLoad, StorageProfile
 
 BlockRun = Callable[[np.ndarray], np.ndarray]
 _WINDOW = 64  # batches a figure averages over: recent enough to follow a change of load

@@ -18,20 +18,22 @@ from xml.etree import ElementTree
 import httpx
 
 from hapi.models import (
-    MODELS_PREFIX,
     InvalidModelSpec,
     Manifest,
     NoSuchModel,
     RegistryError,
-    block_key,
     check_name,
+    parse_ref,
+)
+from hapi.protocol import (
+    MODELS_PREFIX,
+    block_key,
     latest_key,
     manifest_key,
     model_names,
     model_prefix,
     parse_latest,
     parse_manifest_key,
-    parse_ref,
 )
 
 from .._settings import GatewaySettings

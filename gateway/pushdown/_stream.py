@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from hapi.models import Manifest, to_wire_dtype
+from hapi.models import Manifest
+from hapi.protocol import to_wire_dtype
 
 from .._types import ASGISend
 from ._params import Params

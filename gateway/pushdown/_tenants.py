@@ -23,21 +23,17 @@ from typing import Any
 import numpy as np
 
 from hapi.models import (
-    GatewayStats,
     InvalidModelSpec,
     Manifest,
-    MemoryBudgetStats,
     ModelError,
-    RequestCounters,
     RuntimeSettings,
-    ServedSplit,
-    TenantStats,
     assemble_blocks,
     create_session,
     parse_ref,
     runs_on_cuda,
 )
 from hapi.models import NoSuchModel as RegistryNoSuchModel
+from hapi.protocol import GatewayStats, MemoryBudgetStats, RequestCounters, ServedSplit, TenantStats
 
 from .._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
 from ._batcher import Batcher, MemoryBudget, OutOfMemory

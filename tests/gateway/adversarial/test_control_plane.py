@@ -23,8 +23,8 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 
-from hapi.gateway import Credentials, sign_request
-from hapi.models import GatewayStats, ModelSummary
+from hapi.gateway import sign_request
+from hapi.protocol import Credentials, GatewayStats, ModelSummary
 from hapi.store import free_port
 from tests.support import RunningGateway, gateway_process
 

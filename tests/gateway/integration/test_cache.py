@@ -289,7 +289,7 @@ def test_the_gateway_evicts_least_recently_used_entries_beyond_its_cap(
     from hapi.gateway import GatewaySettings
     from hapi.gateway._app import new_upstream_client
     from hapi.gateway.pushdown._cache import FeatureCache, encode_entry
-    from hapi.models import ObjectIdentity, cache_key, entry_path
+    from hapi.protocol import ObjectIdentity, cache_key, entry_path
 
     settings = GatewaySettings(
         backend_url=store.endpoint_url,
@@ -304,7 +304,14 @@ def test_the_gateway_evicts_least_recently_used_entries_beyond_its_cap(
 
     def path(name: str) -> str:
         identity = ObjectIdentity(bucket="b", key=name, etag=name, size=1)
-        return entry_path(cache_key(identity, registered["r18"], 2, "float32"))
+        return entry_path(
+            cache_key(
+                identity,
+                blocks=registered["r18"].hashes[:2],
+                preprocess=registered["r18"].preprocess.to_dict(),
+                dtype="float32",
+            )
+        )
 
     async def scenario() -> list[str]:
         async with new_upstream_client(settings) as client:

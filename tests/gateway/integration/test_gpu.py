@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from hapi import models
-from hapi.models import ModelProfile, RuntimeSettings, create_session, cuda_usable
+from hapi.models import RuntimeSettings, create_session, cuda_usable
+from hapi.protocol import ModelProfile
 from tests.support import RunningGateway, control_get, signed_headers
 
 pytestmark = pytest.mark.skipif(not cuda_usable(), reason="needs a CUDA GPU")

@@ -16,8 +16,9 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from hapi import planner
-from hapi.gateway import Credentials, GatewaySettings, create_app
-from hapi.models import GatewayStats, Manifest, ModelProfile, decode_features
+from hapi.gateway import GatewaySettings, create_app
+from hapi.models import Manifest
+from hapi.protocol import Credentials, GatewayStats, ModelProfile, decode_features
 from tests.gateway.support import (
     CLIENT,
     GATEWAY,

@@ -12,7 +12,8 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 
-from hapi.gateway import Credentials, GatewaySettings, ProbeMeter, S3Error, create_app
+from hapi.gateway import GatewaySettings, ProbeMeter, S3Error, create_app
+from hapi.protocol import Credentials
 from tests.gateway.support import (
     CLIENT,
     GATEWAY,

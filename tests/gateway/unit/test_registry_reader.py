@@ -23,8 +23,9 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 from PIL import Image
 
-from hapi.gateway import Credentials, GatewaySettings, create_app
-from hapi.models import Manifest, ModelSummary, block_key, latest_key, manifest_key
+from hapi.gateway import GatewaySettings, create_app
+from hapi.models import Manifest
+from hapi.protocol import Credentials, ModelSummary, block_key, latest_key, manifest_key
 from tests.planner.synthetic import manifest as synthetic_manifest
 
 CLIENT = ("CLIENTKEY", "client-secret")

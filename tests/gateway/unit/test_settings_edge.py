@@ -10,7 +10,6 @@ import pytest
 from click.testing import CliRunner
 
 from hapi.gateway import (
-    Credentials,
     GatewaySettings,
     environment_variables,
     markdown_table,
@@ -19,6 +18,7 @@ from hapi.gateway import (
 )
 from hapi.gateway import _cli as gateway_cli
 from hapi.gateway._knobs import knobs
+from hapi.protocol import Credentials
 
 ROOT = Path(__file__).resolve().parents[3]
 BASE_ENV = {

@@ -6,7 +6,8 @@ from hapi import planner
 from hapi.gateway.pushdown._batcher import MemoryBudget
 from hapi.gateway.pushdown._params import Params
 from hapi.gateway.pushdown._plan import choose_split
-from hapi.models import BlockTime, Manifest, StorageLoad, StorageProfile
+from hapi.models import Manifest
+from hapi.protocol import BlockTime, StorageLoad, StorageProfile
 from tests.planner.synthetic import manifest
 
 MODEL = manifest(freeze=9)

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from asgi_lifespan import LifespanManager
 
-from hapi.gateway import Credentials, GatewaySettings, create_app
+from hapi.gateway import GatewaySettings, create_app
 from hapi.gateway.pushdown import _profiles
-from hapi.models import Manifest, ModelProfile
+from hapi.models import Manifest
+from hapi.protocol import Credentials, ModelProfile
 from tests.gateway.support import (
     CLIENT,
     GATEWAY,

@@ -63,7 +63,8 @@ def test_gateway_and_sdk_pushdown_path_import_without_torch() -> None:
         _BLOCK_HEAVY
         + """
 import hapi.gateway, hapi.sdk, hapi.cli
-from hapi.gateway import Credentials, GatewaySettings, create_app, run_gateway
+from hapi.gateway import GatewaySettings, create_app, run_gateway
+from hapi.protocol import Credentials
 from hapi.sdk import client, Features, SDKError
 create_app(GatewaySettings(backend_url="http://127.0.0.1:9", backend_credentials=Credentials("K", "S"), allow_anonymous=True))
 s3 = client("http://127.0.0.1:9", region_name="us-east-1")

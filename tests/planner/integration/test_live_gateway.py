@@ -12,8 +12,9 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from hapi.models import Manifest, ModelProfile, sample_images
+from hapi.models import Manifest, sample_images
 from hapi.planner._cli import plan
+from hapi.protocol import ModelProfile
 from tests.support import RunningGateway, control_get, gateway_process, signed_headers
 
 pytestmark = pytest.mark.slow

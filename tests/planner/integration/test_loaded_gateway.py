@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from hapi.models import Manifest, ModelProfile
+from hapi.models import Manifest
+from hapi.protocol import ModelProfile
 from tests.support import control_get, gateway_process
 
 

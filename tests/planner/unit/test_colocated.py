@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from hapi import planner
-from hapi.models import BlockTime, Figure, StorageLoad, StorageProfile
+from hapi.protocol import BlockTime, Figure, StorageLoad, StorageProfile
 from tests.planner import synthetic
 
 LOOPBACK_BPS = 20e9

@@ -10,7 +10,6 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from hapi.models import StorageProfile
 from hapi.planner import (
     GatewayProfile,
     InvalidInput,
@@ -20,6 +19,7 @@ from hapi.planner import (
     probe_bandwidth,
     profile_from_manifest,
 )
+from hapi.protocol import StorageProfile
 from tests.planner.synthetic import manifest, r18
 
 GATEWAY = "http://gateway.test"
@@ -113,7 +113,7 @@ def test_probe_of_nothing_says_so() -> None:
 
 
 def _model_json(served: list[dict], storage: dict | None = None) -> dict:
-    """What ``GET /_hapi/models/synthetic`` answers (``hapi.models.ModelProfile``)."""
+    """What ``GET /_hapi/models/synthetic`` answers (``hapi.protocol.ModelProfile``)."""
     model = manifest(freeze=4)
     return {
         "name": "synthetic",

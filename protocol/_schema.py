@@ -8,12 +8,9 @@ here, in the lowest package both may import.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
-
-from ._manifest import Manifest
 
 
 class _Schema(BaseModel):
@@ -177,11 +174,6 @@ class ModelSummary(_Schema):
     parent: str | None
     created: str
 
-    @classmethod
-    def of(cls, manifest: Manifest) -> ModelSummary:
-        """The summary of ``manifest``."""
-        return cls(**_summary_fields(manifest), blocks=len(manifest.blocks))
-
 
 class ModelProfile(_Schema):
     """``GET /_hapi/models/{name}``: the manifest's figures, the storage side's measured
@@ -199,28 +191,3 @@ class ModelProfile(_Schema):
     preprocess: dict[str, Any]
     served: list[TenantStats]
     storage: StorageProfile
-
-    @classmethod
-    def of(cls, manifest: Manifest, stats: GatewayStats, storage: StorageProfile) -> ModelProfile:
-        """The profile of ``manifest``, with its storage-side times and the tenants of
-        ``stats`` that serve it."""
-        return cls(
-            **_summary_fields(manifest),
-            blocks=[BlockProfile(**dataclasses.asdict(block)) for block in manifest.blocks],
-            preprocess=manifest.preprocess.to_dict(),
-            served=[t for t in stats.tenants if t.serves(manifest.ref)],
-            storage=storage,
-        )
-
-
-def _summary_fields(manifest: Manifest) -> dict[str, Any]:
-    return {
-        "name": manifest.name,
-        "version": manifest.version,
-        "ref": manifest.ref,
-        "family": manifest.family,
-        "freeze": manifest.freeze,
-        "bytes": manifest.size,
-        "parent": manifest.parent,
-        "created": manifest.created,
-    }

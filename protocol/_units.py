@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 
-from ._errors import InvalidInput
+from ._errors import InvalidValue
 
 _PATTERN = re.compile(
     r"""
@@ -42,11 +42,11 @@ def parse_bandwidth(text: str) -> float:
         Bits per second, a positive finite float.
 
     Raises:
-        InvalidInput: Not one of the accepted forms (the message lists them), or not positive.
+        InvalidValue: Not one of the accepted forms (the message lists them), or not positive.
     """
     match = _PATTERN.fullmatch(text)
     if match is None or (match["prefix"] and not match["unit"]):
-        raise InvalidInput(f"invalid bandwidth {text!r}: use {ACCEPTED_FORMS}")
+        raise InvalidValue(f"invalid bandwidth {text!r}: use {ACCEPTED_FORMS}")
     value = float(match["number"])
     if match["prefix"]:
         table = _BINARY if match["binary"] else _DECIMAL
@@ -55,7 +55,7 @@ def parse_bandwidth(text: str) -> float:
     if unit == "B" or unit.lower().startswith("byte"):
         value *= 8
     if not 0 < value < math.inf:
-        raise InvalidInput(f"invalid bandwidth {text!r}: it must be positive and finite")
+        raise InvalidValue(f"invalid bandwidth {text!r}: it must be positive and finite")
     return value
 
 
@@ -69,18 +69,18 @@ def parse_size(text: str) -> int:
     """Parse a memory size into bytes: ``4GB``, ``512MiB``, ``8G``, ``1000000``.
 
     Raises:
-        InvalidInput: Not a positive size in one of those forms.
+        InvalidValue: Not a positive size in one of those forms.
     """
     match = _SIZE.fullmatch(text)
     if match is None:
-        raise InvalidInput(
+        raise InvalidValue(
             f"invalid size {text!r}: use bytes with an optional prefix, e.g. 4GB, 512MiB, 8G"
         )
     value = float(match["number"])
     if match["prefix"]:
         value *= (_BINARY if match["binary"] else _DECIMAL)[match["prefix"].lower()]
     if not 1 <= value < math.inf:
-        raise InvalidInput(f"invalid size {text!r}: it must be at least one byte")
+        raise InvalidValue(f"invalid size {text!r}: it must be at least one byte")
     return int(value)
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hapi.planner import InvalidInput, format_bandwidth, parse_bandwidth, parse_size
+from hapi.protocol import InvalidValue, format_bandwidth, parse_bandwidth, parse_size
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ from hapi.planner import InvalidInput, format_bandwidth, parse_bandwidth, parse_
 )
 def test_parse_bandwidth(text: str, bits: float | None) -> None:
     if bits is None:
-        with pytest.raises(InvalidInput):
+        with pytest.raises(InvalidValue):
             parse_bandwidth(text)
     else:
         assert parse_bandwidth(text) == pytest.approx(bits)
@@ -43,7 +43,7 @@ def test_parse_bandwidth(text: str, bits: float | None) -> None:
 
 @pytest.mark.parametrize("text", ["", "fast", "100m", "100 G", "mbit", "-5mbit", "1e400", "0"])
 def test_bad_bandwidth_lists_the_accepted_forms(text: str) -> None:
-    with pytest.raises(ValueError) as caught:  # InvalidInput is a ValueError
+    with pytest.raises(ValueError) as caught:  # InvalidValue is a ValueError
         parse_bandwidth(text)
     message = str(caught.value)
     assert message.startswith(f"invalid bandwidth {text!r}")
@@ -71,5 +71,5 @@ def test_parse_size(text: str, size: int) -> None:
 
 @pytest.mark.parametrize("text", ["lots", "4Gbit", "0", "-1GB"])
 def test_bad_size(text: str) -> None:
-    with pytest.raises(InvalidInput, match="invalid size"):
+    with pytest.raises(InvalidValue, match="invalid size"):
         parse_size(text)

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import InvalidValue
+
 DTYPES = ("float32", "float16", "bfloat16")
 _CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "uint8": "U8"}
 _NUMPY = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "U8": np.uint8}
@@ -25,7 +27,7 @@ def to_wire_dtype(array: np.ndarray, dtype: str) -> tuple[str, bytes]:
     """Convert a float32 array to ``dtype``; returns the safetensors code and the bytes.
 
     Raises:
-        ValueError: ``dtype`` is not one of :data:`DTYPES`.
+        InvalidValue: ``dtype`` is not one of :data:`DTYPES`.
     """
     if dtype == "float32":
         return "F32", np.ascontiguousarray(array, dtype="<f4").tobytes()
@@ -35,7 +37,7 @@ def to_wire_dtype(array: np.ndarray, dtype: str) -> tuple[str, bytes]:
         bits = np.ascontiguousarray(array, dtype="<f4").view("<u4")
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even
         return "BF16", rounded.astype("<u2").tobytes()
-    raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    raise InvalidValue(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
 
 
 def encode(
@@ -78,15 +80,15 @@ def decode(body: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Parse safetensors bytes into float32 (or int64) numpy arrays and the metadata.
 
     Raises:
-        ValueError: The bytes are not a safetensors payload.
+        InvalidValue: The bytes are not a safetensors payload.
     """
     if len(body) < 8:
-        raise ValueError("not a safetensors payload: shorter than its header length")
+        raise InvalidValue("not a safetensors payload: shorter than its header length")
     (size,) = struct.unpack("<Q", body[:8])
     try:
         header = json.loads(body[8 : 8 + size])
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"not a safetensors payload: {exc}") from exc
+        raise InvalidValue(f"not a safetensors payload: {exc}") from exc
     metadata = header.pop("__metadata__", {}) or {}
     data = memoryview(body)[8 + size :]
     return {name: _array(spec, data) for name, spec in header.items()}, metadata

@@ -20,19 +20,17 @@ Least-recently-used eviction works on the entries' ``LastModified``: a hit on an
 touched for a while rewrites its metadata in place (a copy onto itself), so the oldest
 ``LastModified`` is the least recently used entry. This module is the contract shared by
 the gateway (which reads and writes entries) and ``hapi cache`` (which lists and prunes
-them); it imports nothing above ``hapi.models``.
+them); it imports nothing of hapi.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
-
-from ._manifest import Manifest
 
 DEFAULT_CACHE_BUCKET = "hapi-cache"
 ENTRY_PREFIX = "features/"
@@ -59,13 +57,20 @@ class ObjectIdentity:
     version_id: str | None = None
 
 
-def block_prefix(manifest: Manifest, split: int) -> tuple[str, ...]:
-    """The content hashes of blocks ``[0, split)``: what the features depend on."""
-    return tuple(block.hash for block in manifest.blocks[:split])
+def cache_key(
+    identity: ObjectIdentity,
+    *,
+    blocks: Sequence[str],
+    preprocess: Mapping[str, Any],
+    dtype: str,
+) -> str:
+    """The hex SHA-256 naming the entry of ``identity``'s features after ``blocks``.
 
-
-def cache_key(identity: ObjectIdentity, manifest: Manifest, split: int, dtype: str) -> str:
-    """The hex SHA-256 naming the entry of ``identity``'s features at ``split``.
+    Args:
+        identity: The object.
+        blocks: The content hashes of the blocks the features went through, ``[0, split)``.
+        preprocess: The preprocessing preset, as a manifest records it.
+        dtype: The wire dtype.
 
     Models whose blocks ``[0, split)`` have the same hashes and the same preprocessing
     get the same key, whatever their names and versions.
@@ -73,9 +78,9 @@ def cache_key(identity: ObjectIdentity, manifest: Manifest, split: int, dtype: s
     material = {
         "v": KEY_VERSION,
         "object": asdict(identity),
-        "preprocess": asdict(manifest.preprocess),
-        "blocks": list(block_prefix(manifest, split)),
-        "split": split,
+        "preprocess": dict(preprocess),
+        "blocks": list(blocks),
+        "split": len(blocks),
         "dtype": dtype,
     }
     text = json.dumps(material, sort_keys=True, separators=(",", ":"), default=list)

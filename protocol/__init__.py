@@ -1,0 +1,107 @@
+"""hapi.protocol: what two or more of hapi's packages share, and nothing of hapi below it.
+
+The wire format of pushdown answers (:func:`encode_features`, :func:`decode_features`),
+the control plane's typed schema (:class:`GatewayStats`, :class:`ModelProfile`, ...), where
+the registry and the feature cache keep what (:func:`manifest_key`, :func:`cache_key`, ...),
+S3's XML (:func:`parse_error`, :func:`parse_list_page`), sizes and bandwidths
+(:func:`parse_size`, :func:`parse_bandwidth`), :class:`Credentials`, and the command line's
+shared pieces (:class:`UserError`, :func:`store_options`).
+
+The gateway, the SDK, the planner, the registry and the CLI all import from here, so a
+change to the contract between them is a change in one place.
+"""
+
+from __future__ import annotations
+
+from ._cache import (
+    DEFAULT_CACHE_BUCKET,
+    ENTRY_PREFIX,
+    CacheEntry,
+    ObjectIdentity,
+    cache_key,
+    entry_path,
+    eviction_order,
+    is_entry,
+    list_entries,
+)
+from ._cli import UserError, store_options
+from ._credentials import Credentials
+from ._errors import InvalidValue, ProtocolError
+from ._layout import (
+    DEFAULT_REGISTRY_BUCKET,
+    MODELS_PREFIX,
+    block_key,
+    latest_key,
+    manifest_key,
+    model_names,
+    model_prefix,
+    parse_latest,
+    parse_manifest_key,
+)
+from ._schema import (
+    BlockProfile,
+    BlockTime,
+    Figure,
+    GatewayStats,
+    MemoryBudgetStats,
+    ModelProfile,
+    ModelSummary,
+    RequestCounters,
+    ServedSplit,
+    Source,
+    StorageLoad,
+    StorageProfile,
+    TenantStats,
+)
+from ._units import format_bandwidth, format_bytes, parse_bandwidth, parse_size
+from ._wire import DTYPES as WIRE_DTYPES
+from ._wire import decode as decode_features
+from ._wire import encode as encode_features
+from ._wire import to_wire_dtype
+
+__all__ = [
+    "DEFAULT_CACHE_BUCKET",
+    "DEFAULT_REGISTRY_BUCKET",
+    "ENTRY_PREFIX",
+    "MODELS_PREFIX",
+    "WIRE_DTYPES",
+    "BlockProfile",
+    "BlockTime",
+    "CacheEntry",
+    "Credentials",
+    "Figure",
+    "GatewayStats",
+    "InvalidValue",
+    "MemoryBudgetStats",
+    "ModelProfile",
+    "ModelSummary",
+    "ObjectIdentity",
+    "ProtocolError",
+    "RequestCounters",
+    "ServedSplit",
+    "Source",
+    "StorageLoad",
+    "StorageProfile",
+    "TenantStats",
+    "UserError",
+    "block_key",
+    "cache_key",
+    "decode_features",
+    "encode_features",
+    "entry_path",
+    "eviction_order",
+    "format_bandwidth",
+    "format_bytes",
+    "is_entry",
+    "latest_key",
+    "list_entries",
+    "manifest_key",
+    "model_names",
+    "model_prefix",
+    "parse_bandwidth",
+    "parse_latest",
+    "parse_manifest_key",
+    "parse_size",
+    "store_options",
+    "to_wire_dtype",
+]
