@@ -1,9 +1,10 @@
 """hapi.cli: the ``hapi`` console script, ``hapi up``, ``hapi store`` and ``hapi demo``.
 
-The top of the layering beside ``hapi.bench``: it may import every package but the bench,
-and nothing imports it. Each package contributes its own subcommands as ``hapi.commands``
-entry points (``serve``, ``models``, ``plan``, ``bench``), so this package loads
-them by name instead of importing them. ``hapi demo`` runs ``hapi.examples`` (the
+The top of the layering beside the benchmarks (``hapi_bench``, a distribution of their own):
+it may import every package but the benchmarks, and nothing imports it. Each package
+contributes its own subcommands as ``hapi.commands`` entry points (``serve``, ``models``,
+``plan``; ``bench`` from hapi-bench where it is installed), so this package loads them by
+name instead of importing them. ``hapi demo`` runs ``hapi.examples`` (the
 repository's ``examples/``).
 """
 

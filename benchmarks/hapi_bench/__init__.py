@@ -6,11 +6,16 @@ pinned to its own CPU core. For each model and bandwidth it measures the raw-obj
 baseline, every split (bounded by the link where it cannot win) and the planner's pick,
 and reports speedup, planner regret, pipeline efficiency and bytes saved.
 
-``bench`` is the click command; ``python -m hapi_bench`` runs it alone.
+Public names: ``bench``, the click command of the testbed (``hapi bench``, registered in
+the ``hapi.commands`` entry points; ``python -m hapi_bench`` runs it alone), and ``main``,
+the ``hapi-bench`` console script: ``hapi-bench testbed`` (the same command) and the
+micro-benchmarks ``hapi-bench proxy``, ``pushdown``, ``device`` and ``load``
+(``hapi-bench NAME --help`` for each one's options).
 """
 
 from __future__ import annotations
 
 from ._cli import bench
+from ._commands import main
 
-__all__ = ["bench"]
+__all__ = ["bench", "main"]

@@ -7,7 +7,7 @@ object and reads it back (every PUT must read back byte-identical), and, when ``
 names a family to export and register, one in five asks for pushdown features. Then a
 small-GET-only load runs through the gateway, nginx and straight to the store, a sixth of
 ``--seconds`` each, for a like-for-like comparison. Prints status counts, p50/p99 latency per kind, and the gateway's RSS (all its
-processes) at the start, its peak and at the end. Run as ``python -m hapi_bench._load``.
+processes) at the start, its peak and at the end. Run as ``hapi-bench load``.
 """
 
 from __future__ import annotations

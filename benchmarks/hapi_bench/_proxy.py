@@ -3,7 +3,7 @@
 Starts a real embedded store, the gateway (``hapi serve``) and nginx as a plain reverse
 proxy (one worker, buffering off, upstream keep-alive), then measures in one interleaved
 run: 64 MiB GET and PUT throughput, and 4 KiB GET latency (p50, p99). Writes JSON and
-prints the ratios. Run as ``python -m hapi_bench._proxy --out DIR``.
+prints the ratios. Run as ``hapi-bench proxy --out DIR``.
 """
 
 from __future__ import annotations

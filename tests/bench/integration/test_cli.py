@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from hapi_bench import bench
 from hapi_bench._errors import TestbedUnavailable
 from hapi_bench._preflight import check_environment

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from hapi_bench._competitor import BUSY_LOOP, storage_competitor
 
 

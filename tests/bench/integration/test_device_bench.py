@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from hapi_bench._device import BATCHES, main
 
 pytestmark = pytest.mark.slow

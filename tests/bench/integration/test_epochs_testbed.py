@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from hapi_bench._netns import PREFIX, namespaces
 
 pytestmark = [

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from hapi_bench._netns import Link
 
 pytestmark = pytest.mark.skipif(

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
+from hapi.models import cuda_usable
 from hapi_bench._cli import _config, bench
 from hapi_bench._competitor import competitor_command
 from hapi_bench._config import BenchConfig
 from hapi_bench._report import _run_line
 from hapi_bench._tier import TierSpec, main_gateway_settings
-
-from hapi.models import cuda_usable
 from tests.bench.support import CLI_OPTIONS
 
 

@@ -6,11 +6,11 @@ import io
 import tarfile
 
 import pytest
-from hapi_bench import _data
 from PIL import Image
 
 from hapi import models
 from hapi.models._decode import decode_object
+from hapi_bench import _data
 
 
 @pytest.fixture(scope="module")

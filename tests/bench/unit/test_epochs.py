@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
+
 from hapi_bench import bench
 from hapi_bench._config import BenchConfig
 from hapi_bench._epochs import choose_split, pending_writes

@@ -7,9 +7,9 @@ import math
 from dataclasses import replace
 
 import pytest
+
 from hapi_bench import _report
 from hapi_bench._results import CellResult
-
 from tests.bench.support import cell, run
 
 

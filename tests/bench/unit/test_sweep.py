@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from hapi_bench._config import REGIMES, BenchConfig, bandwidth_for
 from hapi_bench._netns import pick_subnet, tbf_burst, tbf_limit
 from hapi_bench._sweep import lower_bound_s, planned_line, sweep_order
