@@ -3,18 +3,19 @@
 Plan from a manifest's own profile::
 
     from hapi import planner, protocol
-    from hapi import protocol
     profile = planner.profile_from_manifest(manifest, raw_bytes=110_000)
     chosen = planner.plan(manifest, profile, protocol.parse_bandwidth("100mbit"))
     print(chosen.explain())
 
 Measure instead of assuming: :func:`measure_client_blocks`, :func:`measure_decode_ms` and
-:func:`measure_request_ms` time the client side here, :func:`probe_bandwidth` and
-:func:`fetch_gateway_profile` ask a running gateway. After a run, :func:`needs_replan`
+:func:`measure_request_ms` time the client side here; :func:`gateway_view` turns what a
+running gateway says (the SDK asks it) into a :class:`GatewayProfile` that prices a profile. After a run, :func:`needs_replan`
 says whether what was measured left the plan's assumptions by more than 25%, and a
 :class:`Trial` times a pick against a candidate predicted within 5% of it.
 
-The command line is ``hapi plan`` (:data:`hapi.planner._cli.plan`).
+The planner does no I/O of its own beyond timing local runs: it takes figures and returns
+plans. ``hapi plan`` (in :mod:`hapi.sdk`, which reads the registry and asks the gateway)
+prints them with :func:`print_plan`.
 """
 
 from __future__ import annotations
@@ -38,9 +39,8 @@ from ._cost import (
     plan,
     replan,
 )
-from ._errors import InvalidInput, NoFeasibleSplit, PlannerError, ProbeError
-from ._gateway import GatewayAuth, GatewayProfile, fetch_gateway_profile, probe_bandwidth
-from ._host import same_host
+from ._errors import InvalidInput, NoFeasibleSplit, PlannerError
+from ._explain import print_plan
 from ._plot import plot_plan
 from ._profile import (
     DEFAULT_DECODE_MS,
@@ -51,6 +51,7 @@ from ._profile import (
     profile_from_manifest,
 )
 from ._trial import NEAR_TIE, Trial, near_rival
+from ._view import GatewayProfile, gateway_view
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -64,20 +65,18 @@ __all__ = [
     "NEAR_TIE",
     "SHARED_BYTE_MARGIN",
     "Candidate",
-    "GatewayAuth",
     "GatewayProfile",
     "InvalidInput",
     "Measurement",
     "NoFeasibleSplit",
     "Plan",
     "PlannerError",
-    "ProbeError",
     "Profile",
     "SplitKeeper",
     "Trial",
     "drift",
-    "fetch_gateway_profile",
     "gain_over",
+    "gateway_view",
     "measure_client_blocks",
     "measure_decode_ms",
     "measure_request_ms",
@@ -85,8 +84,7 @@ __all__ = [
     "needs_replan",
     "plan",
     "plot_plan",
-    "probe_bandwidth",
+    "print_plan",
     "profile_from_manifest",
     "replan",
-    "same_host",
 ]

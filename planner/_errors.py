@@ -5,13 +5,10 @@
     PlannerError                     base of everything raised here
     ├── InvalidInput (ValueError)    bad input: an unparsable bandwidth, a profile that
     │                                does not fit the manifest, a batch size below 1
-    ├── NoFeasibleSplit              every candidate exceeds a memory budget
-    └── ProbeError                   the gateway's operations endpoints failed, or what
-                                     answered is not a hapi gateway
+    └── NoFeasibleSplit              every candidate exceeds a memory budget
 
-httpx errors are wrapped where they enter (``raise ProbeError(...) from exc``); errors of
-``hapi.models`` (no such model, a corrupt block) pass through unchanged, so the CLI
-translates both trees at its one boundary.
+Errors of ``hapi.models`` (no such model, a corrupt block) pass through unchanged, so the
+CLI translates both trees at its one boundary.
 """
 
 from __future__ import annotations
@@ -42,7 +39,3 @@ class NoFeasibleSplit(PlannerError):
     def __init__(self, message: str, candidates: Sequence[Candidate]) -> None:
         super().__init__(message)
         self.candidates = tuple(candidates)
-
-
-class ProbeError(PlannerError):
-    """A request to the gateway's ``/_hapi/`` endpoints failed or returned nonsense."""

@@ -177,3 +177,29 @@ def _fastest_reason(plan: Plan) -> str:
 
 def _ratio(value: float) -> str:
     return f"{value:.2f}x" if value < 10 else f"{value:.0f}x"
+
+
+def print_plan(chosen: Plan, *, bandwidth_source: str) -> None:
+    """Print ``chosen``'s candidate table, the bandwidth and where it came from, the choice
+    and why, where the storage-side figures came from, and a near tie (with rich)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(*HEADERS, title=Text(title(chosen)), title_justify="left")
+    for candidate in chosen.candidates:
+        style = "bold green" if candidate.split == chosen.split else None
+        cells = (Text(cell) for cell in row(chosen, candidate))
+        table.add_row(*cells, style=style if candidate.feasible else "dim")
+    console = Console(soft_wrap=True, width=max(160, Console().width))
+    console.print(table)
+    console.print(
+        f"bandwidth {format_bandwidth(chosen.bandwidth_bps)} ({bandwidth_source})", style="dim"
+    )
+    choice = Text.assemble((f"chosen: split {split_label(chosen.split)}", "bold"), ". ")
+    console.print(choice + Text(chosen.reason()))
+    if chosen.profile.storage_origin:
+        console.print(chosen.profile.storage_origin, style="dim")
+    tie = near_tie(chosen)
+    if tie:
+        console.print(tie)

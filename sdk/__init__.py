@@ -38,12 +38,14 @@ from ._errors import (
     ModelUnavailable,
     NoSuchKey,
     NoSuchModel,
+    ProbeError,
     PushdownUnavailable,
     RequestError,
     SDKError,
     SlowDown,
     UnprocessableObject,
 )
+from ._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
 from ._sources import LABEL_SOURCES
 from ._split import SplitChoice
 from ._stats import EpochStats
@@ -59,12 +61,14 @@ __all__ = [
     "FallbackWarning",
     "FeatureDataset",
     "Features",
+    "GatewayAuth",
     "InvalidArgument",
     "IterableFeatureDataset",
     "LabelError",
     "ModelUnavailable",
     "NoSuchKey",
     "NoSuchModel",
+    "ProbeError",
     "PushdownUnavailable",
     "RequestError",
     "SDKError",
@@ -72,6 +76,8 @@ __all__ = [
     "SplitChoice",
     "UnprocessableObject",
     "client",
+    "fetch_gateway_profile",
+    "probe_bandwidth",
 ]
 
 

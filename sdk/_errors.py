@@ -16,6 +16,8 @@
     │                                       .endpoints: each one's last failure
     ├── PushdownUnavailable                 the endpoint is a plain S3 store: no features
     ├── ModelUnavailable                    the frozen blocks cannot be loaded or run here
+    ├── ProbeError                          a gateway's ``/_hapi/`` endpoints failed, or what
+    │                                       answered is not a hapi gateway
     └── LabelError (LookupError)            an object has no label in the label source
 
 Gateway errors arrive as S3 XML (botocore's ``ClientError`` for ``get_features``); they are
@@ -151,3 +153,8 @@ def request_error(
     """The :class:`RequestError` subclass for an S3 error code (the base for others)."""
     cls = _BY_CODE.get(code, RequestError)
     return cls(code, message, bucket=bucket, key=key, status=status, request_id=request_id)
+
+
+class ProbeError(SDKError):
+    """A request to a gateway's ``/_hapi/`` endpoints failed or returned nonsense (httpx
+    errors are wrapped where they enter, in the probe)."""

@@ -41,6 +41,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from hapi import planner, protocol
 from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, decode_object
 
+from ._errors import ProbeError
+from ._host import same_host
+from ._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
 from ._stats import EpochStats
 
 logger = logging.getLogger("hapi.sdk")
@@ -178,7 +181,7 @@ def choose_split(
     raw_bytes: float | None,
     dataset_size: int,
     batch_size: int,
-    auth: planner.GatewayAuth | None = None,
+    auth: GatewayAuth | None = None,
     measure: Callable[[bool], ClientTimes] | None = None,
 ) -> SplitChoice:
     """Ask the planner for the split; fall back to :func:`fewest_bytes`.
@@ -204,11 +207,11 @@ def choose_split(
         return fewest_bytes(manifest, freeze, dtype, "no endpoint to probe")
     given = bandwidth_bps is not None
     raw = raw_bytes or planner.DEFAULT_RAW_BYTES
-    shared = all(planner.same_host(endpoint) for endpoint in endpoints)
+    shared = all(same_host(endpoint) for endpoint in endpoints)
     view: planner.GatewayProfile | None = None
     try:
         view, bandwidth_bps = _probe(endpoints, manifest, bandwidth_bps, auth)
-    except planner.ProbeError as exc:  # not a hapi gateway, or one without the model
+    except ProbeError as exc:  # not a hapi gateway, or one without the model
         if bandwidth_bps is None:
             return fewest_bytes(manifest, freeze, dtype, str(exc))
     times, unmeasured = _measured(measure, blocks=not shared)
@@ -248,36 +251,36 @@ def _probe(
     endpoints: Sequence[str],
     manifest: Manifest,
     bandwidth_bps: float | None,
-    auth: planner.GatewayAuth | None,
+    auth: GatewayAuth | None,
 ) -> tuple[planner.GatewayProfile, float]:
     """The gateway's view of the model and the bandwidth, from the first endpoint that
     answers.
 
     Raises:
-        planner.ProbeError: No endpoint answered (the last one's error).
+        ProbeError: No endpoint answered (the last one's error).
     """
-    failure: planner.ProbeError | None = None
+    failure: ProbeError | None = None
     for endpoint in endpoints:
         try:
-            view = planner.fetch_gateway_profile(endpoint, manifest.ref, auth=auth)
+            view = fetch_gateway_profile(endpoint, manifest.ref, auth=auth)
             if bandwidth_bps is None:
-                bits = planner.probe_bandwidth(endpoint, bytes=PROBE_BYTES, auth=auth)
+                bits = probe_bandwidth(endpoint, bytes=PROBE_BYTES, auth=auth)
                 return view, bits
             return view, bandwidth_bps
-        except planner.ProbeError as exc:
+        except ProbeError as exc:
             failure = exc
     assert failure is not None  # endpoints is not empty
     raise failure
 
 
-def gateway_auth(s3: Any) -> planner.GatewayAuth | None:
+def gateway_auth(s3: Any) -> GatewayAuth | None:
     """A signer for the gateways' control plane with the credentials and region of ``s3``
     (a boto3 client), so the planner's probes are signed like the client's S3 calls."""
     signer = getattr(s3, "_request_signer", None)  # botocore keeps no public handle on it
     credentials = getattr(signer, "_credentials", None)
     if credentials is None:
         return None
-    return planner.GatewayAuth(credentials, s3.meta.region_name or "us-east-1")
+    return GatewayAuth(credentials, s3.meta.region_name or "us-east-1")
 
 
 def replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> SplitChoice | None:

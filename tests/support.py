@@ -126,7 +126,7 @@ def control_get(gw: RunningGateway, path: str, **options: object) -> httpx.Respo
     test credential, the way boto3 signs (botocore's S3 SigV4 signer)."""
     from botocore.credentials import Credentials as BotoCredentials
 
-    from hapi.planner import GatewayAuth
+    from hapi.sdk import GatewayAuth
 
     auth = GatewayAuth(BotoCredentials(gw.access_key_id, gw.secret_access_key))
     return httpx.get(gw.endpoint_url + path, auth=auth, **options)  # type: ignore[arg-type]

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from hapi import planner
+from hapi import planner, sdk
 from hapi.models import Manifest, Registry, RuntimeSettings
 
 from ._client import ModelClient
@@ -125,13 +125,13 @@ def measure_profile(
 
 
 def plan_cell(
-    gateway: str, measured: ModelProfile, rate_bps: float, auth: planner.GatewayAuth | None = None
+    gateway: str, measured: ModelProfile, rate_bps: float, auth: sdk.GatewayAuth | None = None
 ) -> tuple[planner.Plan, float, planner.GatewayProfile]:
     """The planner's plan at the current shaping, the probed bandwidth (the better of
     two probes: interference only ever makes a probe slower), and the gateway's view."""
     size = max(64 * 1024, int(rate_bps / 8 * PROBE_SECONDS))
-    probed = max(planner.probe_bandwidth(gateway, bytes=size, auth=auth) for _ in range(2))
-    view = planner.fetch_gateway_profile(gateway, measured.manifest.name, auth=auth)
+    probed = max(sdk.probe_bandwidth(gateway, bytes=size, auth=auth) for _ in range(2))
+    view = sdk.fetch_gateway_profile(gateway, measured.manifest.name, auth=auth)
     chosen = planner.plan(
         measured.manifest,
         view.apply(measured.profile),
@@ -183,7 +183,7 @@ def sweep_cell(
     progress.log(planned_line(measured.manifest.name, regime, rate, probed, chosen.split))
 
     def available() -> float | None:
-        served = planner.fetch_gateway_profile(gateway, measured.manifest.name, auth=auth)
+        served = sdk.fetch_gateway_profile(gateway, measured.manifest.name, auth=auth)
         load = served.storage.load
         return load.available if load.source == "measured" else None
 

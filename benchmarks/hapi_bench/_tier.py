@@ -27,7 +27,7 @@ from typing import Any, Literal
 import httpx
 from botocore.credentials import Credentials as BotoCredentials
 
-from hapi import planner
+from hapi import sdk
 
 from ._errors import BenchError
 from ._netns import Link
@@ -82,9 +82,9 @@ class TierSpec:
             client_secret=secrets.token_urlsafe(30),
         )
 
-    def control_auth(self) -> planner.GatewayAuth:
+    def control_auth(self) -> sdk.GatewayAuth:
         """Signs requests to the gateway's control plane with the client credential."""
-        return planner.GatewayAuth(BotoCredentials(self.client_key, self.client_secret))
+        return sdk.GatewayAuth(BotoCredentials(self.client_key, self.client_secret))
 
     @property
     def gateway_url(self) -> str:

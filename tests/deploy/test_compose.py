@@ -304,7 +304,7 @@ def _exercise_gateway(url: str, gateway: dict[str, Any]) -> None:
     import httpx
     from botocore.credentials import Credentials as BotoCredentials
 
-    from hapi.planner import GatewayAuth
+    from hapi.sdk import GatewayAuth
 
     credentials = BotoCredentials(env["HAPI_ACCESS_KEY_ID"], env["HAPI_SECRET_ACCESS_KEY"])
     assert httpx.get(url + "/metrics", timeout=5).status_code == 403

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from hapi.models import Manifest, sample_images
-from hapi.planner._cli import plan
 from hapi.protocol import ModelProfile
+from hapi.sdk._plan_cli import plan
 from tests.support import RunningGateway, control_get, gateway_process, signed_headers
 
 pytestmark = pytest.mark.slow

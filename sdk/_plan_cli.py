@@ -18,24 +18,27 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from hapi.models import Manifest, NoSuchModel, Registry, cli_errors, open_registry
-from hapi.protocol import UserError, format_bandwidth, parse_bandwidth, parse_size, store_options
-
-from ._cost import DEFAULT_BATCH_SIZE, DEFAULT_DATASET_SIZE, Plan, Profile
-from ._cost import plan as compute_plan
-from ._errors import InvalidInput, PlannerError
-from ._explain import HEADERS, near_tie, row, split_label, title
-from ._gateway import fetch_gateway_profile, probe_bandwidth
-from ._profile import (
+from hapi.planner import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_DATASET_SIZE,
     DEFAULT_RAW_BYTES,
+    InvalidInput,
+    Plan,
+    PlannerError,
+    Profile,
     measure_client_blocks,
     measure_decode_ms,
+    plot_plan,
+    print_plan,
     profile_from_manifest,
 )
+from hapi.planner import plan as compute_plan
+from hapi.protocol import InvalidValue, UserError, parse_bandwidth, parse_size, store_options
+
+from ._errors import ProbeError
+from ._probe import fetch_gateway_profile, probe_bandwidth
 
 _BARE_NUMBER = re.compile(r"\s*(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*")
 _MEMORY_HELP = "memory budget, e.g. 16GB or 8GiB; unlimited if unset."
@@ -45,9 +48,9 @@ _MEMORY_HELP = "memory budget, e.g. 16GB or 8GiB; unlimited if unset."
 def _planner_errors() -> Iterator[None]:
     try:
         yield
-    except InvalidInput as exc:
+    except (InvalidInput, InvalidValue) as exc:
         raise UserError(str(exc)) from exc
-    except PlannerError as exc:  # the gateway failed, or nothing fits in memory
+    except (PlannerError, ProbeError) as exc:  # the gateway failed, or nothing fits
         raise click.ClickException(str(exc)) from exc
 
 
@@ -139,7 +142,7 @@ def plan(
     if as_json:
         click.echo(json.dumps(chosen.to_dict(), indent=1))
         return
-    _print(chosen, bandwidth_source="probed" if auto else "given")
+    print_plan(chosen, bandwidth_source="probed" if auto else "given")
 
 
 def _bandwidth(text: str) -> float:
@@ -173,8 +176,6 @@ def _measured(registry: Registry, manifest: Manifest, profile: Profile) -> Profi
 
 
 def _plot(chosen: Plan, path: Path) -> None:
-    from ._plot import plot_plan
-
     try:
         plot_plan(chosen, path)
     except OSError as exc:
@@ -182,23 +183,3 @@ def _plot(chosen: Plan, path: Path) -> None:
     except ValueError as exc:  # matplotlib: an image format it does not know
         raise InvalidInput(f"cannot draw {path}: {exc}") from exc
     click.echo(f"wrote {path}", err=True)
-
-
-def _print(chosen: Plan, *, bandwidth_source: str) -> None:
-    table = Table(*HEADERS, title=Text(title(chosen)), title_justify="left")
-    for candidate in chosen.candidates:
-        style = "bold green" if candidate.split == chosen.split else None
-        cells = (Text(cell) for cell in row(chosen, candidate))
-        table.add_row(*cells, style=style if candidate.feasible else "dim")
-    console = Console(soft_wrap=True, width=max(160, Console().width))
-    console.print(table)
-    console.print(
-        f"bandwidth {format_bandwidth(chosen.bandwidth_bps)} ({bandwidth_source})", style="dim"
-    )
-    choice = Text.assemble((f"chosen: split {split_label(chosen.split)}", "bold"), ". ")
-    console.print(choice + Text(chosen.reason()))
-    if chosen.profile.storage_origin:
-        console.print(chosen.profile.storage_origin, style="dim")
-    tie = near_tie(chosen)
-    if tie:
-        console.print(tie)

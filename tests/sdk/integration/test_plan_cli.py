@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from hapi.models import Manifest
-from hapi.planner._cli import plan
+from hapi.sdk._plan_cli import plan
 from tests.support import store_env
 
 

@@ -10,16 +10,9 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from hapi.planner import (
-    GatewayProfile,
-    InvalidInput,
-    ProbeError,
-    fetch_gateway_profile,
-    plan,
-    probe_bandwidth,
-    profile_from_manifest,
-)
+from hapi.planner import GatewayProfile, InvalidInput, plan, profile_from_manifest
 from hapi.protocol import StorageProfile
+from hapi.sdk import ProbeError, fetch_gateway_profile, probe_bandwidth
 from tests.planner.synthetic import manifest, r18
 
 GATEWAY = "http://gateway.test"
