@@ -34,11 +34,11 @@ class Knob:
         field: The settings field.
         env: Its environment variable.
         flag: Its ``hapi serve`` flag.
-        help: One line for ``--help`` and the README's configuration table.
+        help: One line for ``--help`` and the table of docs/configuration.md.
         parse: Turns the variable's or the flag's text into the field's typed value.
         is_bool: An on/off switch (``--flag/--no-flag``).
         repeatable: The flag may be given several times (a tuple field).
-        default: The field's default, as the README shows it (``None``: required).
+        default: The field's default, as docs/configuration.md shows it (``None``: required).
         metavar: What the flag takes, for ``--help``.
     """
 
@@ -222,7 +222,7 @@ def from_environment(all_knobs: tuple[Knob, ...], env: Mapping[str, str]) -> dic
 
 
 def markdown_table(all_knobs: tuple[Knob, ...]) -> str:
-    """The README's configuration table: variable, flag, meaning, default, one row each."""
+    """The table of docs/configuration.md: variable, flag, meaning, default, one row each."""
     rows = ["| variable | `hapi serve` flag | meaning | default |", "|---|---|---|---|"]
     for item in all_knobs:
         default = "required" if item.default is None else f"`{item.default}`"
