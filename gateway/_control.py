@@ -38,8 +38,9 @@ from hapi.protocol import (
 
 from ._errors import InvalidArgument, S3Error, ServiceUnavailable, SlowDown
 from ._observe import s3_error_handler
+from ._store import StoreClient
 from ._types import ASGIReceive, ASGISend, Scope, request_state
-from .edge._sigv4 import sign_request, verify_request
+from .edge._sigv4 import verify_request
 
 if TYPE_CHECKING:
     from ._app import Gateway
@@ -168,17 +169,9 @@ def _health_routes(app: FastAPI, gateway: Gateway) -> None:
 
 
 async def _backend_up(gateway: Gateway) -> bool:
-    settings = gateway.settings
-    url = settings.backend_url + "/"
-    headers = sign_request(
-        method="GET",
-        url=url,
-        headers={},
-        credentials=settings.backend_credentials,
-        region=settings.region,
-    )
+    store = StoreClient.of(gateway.settings, gateway.upstream.get)
     try:
-        reply = await gateway.upstream.get().get(url, headers=headers, timeout=3.0)
+        reply = await store.request("GET", "", timeout=3.0)
     except httpx.HTTPError:
         return False
     return reply.status_code < 500

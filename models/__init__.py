@@ -22,7 +22,7 @@ Run (no torch needed; what the gateway and the SDK do)::
 from __future__ import annotations
 
 from ._cli import cli_errors, open_registry
-from ._cuts import MIN_BLOCK_SHARE, cut_points
+from ._cuts import cut_points
 from ._decode import (
     PendingSample,
     Sample,
@@ -43,17 +43,14 @@ from ._errors import (
 )
 from ._export import DEFAULT_MODEL, export_model, register_default_model, sample_images
 from ._families import FAMILIES, Decomposition, build
-from ._hub import HUBS, RandomWeightsWarning, build_hub, export_hub
-from ._import import CutPoint, describe_cuts, import_onnx
-from ._layout import assemble_blocks, check_block
-from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec, Manifest
+from ._hub import RandomWeightsWarning, build_hub, export_hub
+from ._import import import_onnx
+from ._layout import assemble_blocks
+from ._manifest import BlockInfo, ExportedModel, InputSpec, Manifest
 from ._onnx import compose
 from ._preprocess import PRESETS, Preset, get_preset, preprocess, preprocess_batch
 from ._registry import (
-    Lineage,
     Registry,
-    RegistryReader,
-    Removal,
     check_name,
     parse_ref,
 )
@@ -69,20 +66,15 @@ from ._runtime import (
 __all__ = [
     "DEFAULT_MODEL",
     "FAMILIES",
-    "HUBS",
-    "MIN_BLOCK_SHARE",
     "PRESETS",
     "BlockInfo",
     "CorruptBlock",
-    "CutPoint",
     "Decomposition",
     "Device",
     "ExportError",
-    "ExportedBlock",
     "ExportedModel",
     "InputSpec",
     "InvalidModelSpec",
-    "Lineage",
     "Manifest",
     "ModelError",
     "NoSuchModel",
@@ -91,8 +83,6 @@ __all__ = [
     "RandomWeightsWarning",
     "Registry",
     "RegistryError",
-    "RegistryReader",
-    "Removal",
     "RuntimeSettings",
     "Sample",
     "SessionError",
@@ -103,7 +93,6 @@ __all__ = [
     "block_times",
     "build",
     "build_hub",
-    "check_block",
     "check_name",
     "cli_errors",
     "compose",
@@ -111,7 +100,6 @@ __all__ = [
     "cuda_usable",
     "cut_points",
     "decode_object",
-    "describe_cuts",
     "export_hub",
     "export_model",
     "get_preset",

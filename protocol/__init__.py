@@ -38,6 +38,7 @@ from ._layout import (
     parse_latest,
     parse_manifest_key,
 )
+from ._s3xml import ErrorReply, ListedObject, ListPage, parse_error, parse_list_page
 from ._schema import (
     BlockProfile,
     BlockTime,
@@ -68,10 +69,13 @@ __all__ = [
     "BlockProfile",
     "BlockTime",
     "CacheEntry",
+    "ErrorReply",
     "Credentials",
     "Figure",
     "GatewayStats",
     "InvalidValue",
+    "ListPage",
+    "ListedObject",
     "MemoryBudgetStats",
     "ModelProfile",
     "ModelSummary",
@@ -99,7 +103,9 @@ __all__ = [
     "model_names",
     "model_prefix",
     "parse_bandwidth",
+    "parse_error",
     "parse_latest",
+    "parse_list_page",
     "parse_manifest_key",
     "parse_size",
     "store_options",

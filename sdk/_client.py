@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
-from xml.etree import ElementTree
 
 import boto3
 import numpy as np
@@ -47,6 +46,7 @@ from botocore.exceptions import (
 
 from hapi.protocol import WIRE_DTYPES as DTYPES
 from hapi.protocol import decode_features as decode
+from hapi.protocol import parse_error
 
 from ._endpoints import EndpointFailure, EndpointPool, failover, rebase, resolve_endpoints
 from ._errors import PushdownUnavailable, RequestError, SDKError, request_error
@@ -353,10 +353,7 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 
 
 def _error_code(response: AWSResponse) -> str:
-    try:
-        return ElementTree.fromstring(response.content).findtext("Code") or ""
-    except ElementTree.ParseError:
-        return ""
+    return parse_error(response.content).code
 
 
 def _batch_error(response: AWSResponse, endpoint: str, bucket: str, key: str) -> SDKError:
@@ -377,15 +374,10 @@ def _client_failure(exc: ClientError, bucket: str, key: str) -> SDKError | Endpo
 
 
 def _xml_error(response: AWSResponse, bucket: str, key: str) -> RequestError:
-    try:
-        root = ElementTree.fromstring(response.content)
-        code = root.findtext("Code") or f"HTTP{response.status_code}"
-        message = root.findtext("Message") or ""
-    except ElementTree.ParseError:
-        code, message = f"HTTP{response.status_code}", response.content[:200].decode("replace")
+    error = parse_error(response.content)
     return request_error(
-        code,
-        message,
+        error.code or f"HTTP{response.status_code}",
+        error.message,
         bucket=bucket,
         key=key,
         status=response.status_code,

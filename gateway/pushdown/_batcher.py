@@ -155,12 +155,17 @@ class Batcher:
             return self._fixed
         return max(1, min(self._max_batch, self._budget.share() // self.per_sample_bytes))
 
-    def announce(self) -> None:
-        """A request for this batcher has started (fetching, decoding): worth waiting for."""
-        self._incoming += 1
+    def expecting(self) -> Arrival:
+        """Announce a request whose samples are on their way (fetching, decoding), so the
+        batcher waits a little for them: ``with batcher.expecting() as arrival: ...``.
 
-    def withdraw(self) -> None:
-        """An announced request will not submit (it failed); stop waiting for it."""
+        Its first :meth:`Arrival.submit` ends the announcement; leaving the block without
+        one (the request failed, or was cancelled) withdraws it. Either way exactly once.
+        """
+        self._incoming += 1
+        return Arrival(self)
+
+    def _withdraw(self) -> None:
         self._incoming -= 1
         self._wakeup.set()
 
@@ -171,8 +176,8 @@ class Batcher:
 
         Args:
             samples: The preprocessed inputs.
-            announced: The request called :meth:`announce` earlier (it is no longer on
-                its way once it submits).
+            announced: The first submission of an :class:`Arrival` (the request is no
+                longer on its way); :meth:`Arrival.submit` sets it.
             wait: When the queue is full, wait for room instead of raising ``SlowDown``
                 (for a request whose response has already started).
 
@@ -388,3 +393,30 @@ class BatcherStats:
             "recent_batch_sizes": sizes,
             "mean_batch_size": round(sum(sizes) / len(sizes), 2) if sizes else None,
         }
+
+
+class Arrival:
+    """A request announced to a :class:`Batcher` (:meth:`Batcher.expecting`): its first
+    submission, or leaving the ``with`` block, ends the announcement, exactly once."""
+
+    def __init__(self, batcher: Batcher) -> None:
+        self.batcher = batcher
+        self._expected = True
+
+    @property
+    def expected(self) -> bool:
+        """Whether the announcement still stands (nothing submitted yet)."""
+        return self._expected
+
+    async def submit(self, samples: np.ndarray, *, wait: bool) -> tuple[np.ndarray, int]:
+        """:meth:`Batcher.submit`, counting the first call as the announced arrival."""
+        announced, self._expected = self._expected, False
+        return await self.batcher.submit(samples, announced=announced, wait=wait)
+
+    def __enter__(self) -> Arrival:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._expected:
+            self._expected = False
+            self.batcher._withdraw()

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import quote, urlencode
-from xml.etree import ElementTree
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -41,13 +40,12 @@ from hapi.protocol import (
     is_entry,
 )
 
+from .._errors import BackendError
 from .._metrics import Metrics
 from .._settings import GatewaySettings
-from ..edge._addressing import object_path
-from ..edge._sigv4 import UNSIGNED_PAYLOAD, sign_request
+from .._store import StoreClient
 
 logger = logging.getLogger("hapi.gateway.cache")
-_S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,8 @@ class FeatureCache:
         metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
-        self._client = client
+        self._store = StoreClient.of(settings, client)
+        self._bucket = settings.cache_bucket
         self._metrics = metrics
         self._queue: asyncio.Queue[tuple[str, Callable[[], Any]]] = asyncio.Queue(
             maxsize=max(1, settings.cache_write_queue)
@@ -116,10 +115,9 @@ class FeatureCache:
         (unsigned for an anonymous caller, so the store judges whether it may read the
         object before any cached features are served); ``None`` when the HEAD fails, so
         the caller's own GET reports the error exactly as without the cache."""
-        url = self._settings.backend_url + object_path(bucket, key)
-        headers = self._signed("HEAD", url) if signed else {}
+        store = self._store if signed else self._store.anonymous()
         try:
-            reply = await self._client().head(url, headers=headers)
+            reply = await store.request("HEAD", bucket, key)
         except httpx.TransportError:
             return None
         if reply.status_code != 200:
@@ -133,9 +131,8 @@ class FeatureCache:
         if not self.enabled:
             return None
         path = entry_path(_key(identity, manifest, split, dtype))
-        url = self._entry_url(path)
         try:
-            reply = await self._client().get(url, headers=self._signed("GET", url))
+            reply = await self._store.request("GET", self._bucket, path)
         except httpx.TransportError as exc:
             self._warn("read", f"the feature cache cannot be read ({exc!r}); computing instead")
             return None
@@ -200,15 +197,15 @@ class FeatureCache:
 
     async def _put(self, path: str, body: bytes, model: str) -> None:
         await self._ensure_bucket()
-        url = self._entry_url(path)
-        digest = hashlib.sha256(body).hexdigest()
-        headers = self._signed(
+        headers = {"content-type": "application/octet-stream", "content-length": str(len(body))}
+        reply = await self._store.request(
             "PUT",
-            url,
-            {"content-type": "application/octet-stream", "content-length": str(len(body))},
-            digest,
+            self._bucket,
+            path,
+            headers=headers,
+            content=body,
+            payload_sha256=hashlib.sha256(body).hexdigest(),
         )
-        reply = await self._client().put(url, headers=headers, content=body)
         if reply.status_code != 200:
             if reply.status_code == 404:  # the bucket went away: create it on the next write
                 self._bucket_checked = False
@@ -220,10 +217,9 @@ class FeatureCache:
     async def _ensure_bucket(self) -> None:
         if self._bucket_checked:
             return
-        url = f"{self._settings.backend_url}/{quote(self._settings.cache_bucket)}"
-        reply = await self._client().head(url, headers=self._signed("HEAD", url))
+        reply = await self._store.request("HEAD", self._bucket)
         if reply.status_code == 404:
-            created = await self._client().put(url, headers=self._signed("PUT", url))
+            created = await self._store.request("PUT", self._bucket)
             if created.status_code not in (200, 409):
                 raise RuntimeError(
                     f"cannot create the cache bucket {self._settings.cache_bucket!r}: "
@@ -243,14 +239,9 @@ class FeatureCache:
         self._enqueue(path, lambda: self._touch(path))  # a full queue skips the record
 
     async def _touch(self, path: str) -> None:
-        url = self._entry_url(path)
-        source = f"/{self._settings.cache_bucket}/{path}"
-        headers = self._signed(
-            "PUT",
-            url,
-            {"x-amz-copy-source": quote(source), "x-amz-metadata-directive": "REPLACE"},
-        )
-        await self._client().put(url, headers=headers)
+        source = f"/{self._bucket}/{path}"
+        headers = {"x-amz-copy-source": quote(source), "x-amz-metadata-directive": "REPLACE"}
+        await self._store.request("PUT", self._bucket, path, headers=headers)
 
     # -- eviction ----------------------------------------------------------------------
 
@@ -268,53 +259,18 @@ class FeatureCache:
         entries = [entry async for entry in self._entries()]
         doomed = eviction_order(entries, self._settings.cache_max_bytes)
         for entry in doomed:
-            url = self._entry_url(entry.key)
-            await self._client().delete(url, headers=self._signed("DELETE", url))
+            await self._store.request("DELETE", self._bucket, entry.key)
         return len(doomed)
 
     async def _entries(self) -> AsyncIterator[CacheEntry]:
-        token: str | None = None
-        while True:
-            query = {"list-type": "2", "prefix": ENTRY_PREFIX}
-            if token:
-                query["continuation-token"] = token
-            url = f"{self._settings.backend_url}/{quote(self._settings.cache_bucket)}?" + urlencode(
-                sorted(query.items()), quote_via=quote
-            )
-            reply = await self._client().get(url, headers=self._signed("GET", url))
-            if reply.status_code != 200:
-                return
-            root = ElementTree.fromstring(reply.content)
-            for item in root.iter(f"{_S3}Contents"):
-                key = item.findtext(f"{_S3}Key") or ""
-                if is_entry(key):
-                    stamp = item.findtext(f"{_S3}LastModified") or ""
-                    used = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-                    yield CacheEntry(key, int(item.findtext(f"{_S3}Size") or 0), used)
-            token = root.findtext(f"{_S3}NextContinuationToken")
-            if root.findtext(f"{_S3}IsTruncated") != "true" or not token:
-                return
-
-    # -- helpers -----------------------------------------------------------------------
-
-    def _entry_url(self, path: str) -> str:
-        return self._settings.backend_url + object_path(self._settings.cache_bucket, path)
-
-    def _signed(
-        self,
-        method: str,
-        url: str,
-        headers: dict[str, str] | None = None,
-        payload_sha256: str | None = None,
-    ) -> dict[str, str]:
-        return sign_request(
-            method=method,
-            url=url,
-            headers=headers or {},
-            credentials=self._settings.backend_credentials,
-            region=self._settings.region,
-            payload_sha256=payload_sha256 or UNSIGNED_PAYLOAD,
-        )
+        """Every entry, from the store's listing (none when the listing fails: eviction
+        waits for the next round)."""
+        try:
+            async for item in self._store.list_objects(self._bucket, ENTRY_PREFIX):
+                if is_entry(item.key) and item.last_modified is not None:
+                    yield CacheEntry(item.key, item.size, item.last_modified)
+        except BackendError:
+            return
 
     def _warn(self, kind: str, message: str) -> None:
         if kind not in self._warned:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from xml.etree import ElementTree
 
 import httpx
 
@@ -20,7 +19,6 @@ from hapi.models import Manifest, PendingSample, TooManySamples, UndecodableObje
 from hapi.protocol import ObjectIdentity
 
 from .._errors import (
-    BackendError,
     InvalidRequest,
     S3Error,
     ServiceUnavailable,
@@ -28,8 +26,7 @@ from .._errors import (
 )
 from .._metrics import Metrics
 from .._settings import GatewaySettings
-from ..edge._addressing import object_path
-from ..edge._sigv4 import sign_request
+from .._store import StoreClient, backend_error
 from ._cache import identity_from
 
 __all__ = ["Listing", "ObjectLister"]
@@ -67,7 +64,7 @@ class ObjectLister:
         metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
-        self._client = client
+        self._store = StoreClient.of(settings, client)
         self._decode_pool = decode_pool
         self._metrics = metrics
 
@@ -105,24 +102,13 @@ class ObjectLister:
     ) -> bytes:
         # The whole object is needed before listing can start (image headers and tar
         # indexes want random access); the objects of a request are capped together.
-        url = self._settings.backend_url + object_path(bucket, key)
         if self._metrics is not None:
             self._metrics.object_fetches.inc()
-        headers = (
-            sign_request(
-                method="GET",
-                url=url,
-                headers={},
-                credentials=self._settings.backend_credentials,
-                region=self._settings.region,
-            )
-            if signed
-            else {}
-        )
+        store = self._store if signed else self._store.anonymous()
         try:
-            async with self._client().stream("GET", url, headers=headers) as reply:
+            async with store.stream(bucket, key) as reply:
                 if reply.status_code != 200:
-                    raise _backend_error(reply.status_code, await reply.aread(), f"/{bucket}/{key}")
+                    raise backend_error(reply.status_code, await reply.aread(), f"/{bucket}/{key}")
                 identity = identity_from(bucket, key, reply.headers)
                 if identity is not None:
                     listing.identities[key] = identity
@@ -195,15 +181,4 @@ def _too_many(cap: int, bucket: str, key: str) -> InvalidRequest:
         f"more than {cap} samples in one pushdown request (HAPI_MAX_REQUEST_SAMPLES); "
         "ask for fewer keys or smaller shards",
         resource=f"/{bucket}/{key}",
-    )
-
-
-def _backend_error(status: int, body: bytes, resource: str) -> S3Error:
-    try:
-        root = ElementTree.fromstring(body)
-        code, message = root.findtext("Code") or "BackendError", root.findtext("Message") or ""
-    except ElementTree.ParseError:
-        code, message = "BackendError", body[:200].decode(errors="replace")
-    return BackendError(
-        code, status, message or f"the backend answered HTTP {status}", resource=resource
     )

@@ -40,10 +40,10 @@ from .._errors import BackendError, InvalidArgument, S3Error, UnprocessableObjec
 from .._metrics import Metrics
 from .._settings import GatewaySettings
 from .._types import ASGIReceive, ASGISend
-from ._batcher import Batcher
+from ._batcher import Arrival, Batcher
 from ._cache import Cached, FeatureCache
 from ._cached import CachedSample, EntryWriter, cached_samples, lookup_all, merge_rows
-from ._fetch import ObjectLister
+from ._fetch import Listing, ObjectLister
 from ._params import Params, parse_batch, parse_params
 from ._plan import choose_split
 from ._stream import Answer, open_stream
@@ -53,6 +53,7 @@ __all__ = ["Params", "Pushdown", "parse_params"]
 
 T = TypeVar("T")
 _REASONS_SHOWN = 20  # per-key reasons in the message of an all-failed batch
+_NOT_EXPECTED: contextlib.nullcontext[None] = contextlib.nullcontext()  # no batcher to tell
 
 
 class _Progress:
@@ -140,18 +141,32 @@ class Pushdown:
         missing = [key for key in keys if key not in hits]
         split = params.split
         batcher = await self.tenants.batcher(manifest, split) if split and missing else None
-        if batcher is not None:
-            batcher.announce()  # samples are on their way: worth a short wait for company
-        try:
-            listing = await self._lister.list_all(
-                bucket, missing, manifest, batch, signed=self._signed
-            )
-        except BaseException as exc:
-            if batcher is not None:
-                batcher.withdraw()
-            if isinstance(exc, asyncio.CancelledError):
+        # Samples are on their way: worth a short wait for company in the batcher.
+        with batcher.expecting() if batcher is not None else _NOT_EXPECTED as arrival:
+            try:
+                listing = await self._lister.list_all(
+                    bucket, missing, manifest, batch, signed=self._signed
+                )
+            except asyncio.CancelledError:
                 self.stats.requests_cancelled += 1
-            raise
+                raise
+            answer, writer = self._answer(keys, hits, listing, manifest, params, cache, timings)
+            await self._run(send, answer, arrival, writer)
+
+    def _answer(
+        self,
+        keys: Sequence[str],
+        hits: dict[str, Cached],
+        listing: Listing,
+        manifest: Manifest,
+        params: Params,
+        cache: FeatureCache | None,
+        timings: dict[str, float],
+    ) -> tuple[Answer, EntryWriter | None]:
+        """The answer's samples in key order (cached rows in place), and the writer of the
+        computed objects' cache entries."""
+        split, missing = params.split, [key for key in keys if key not in hits]
+        assert split is not None
         samples: list[PendingSample | CachedSample] = []
         owners: list[str | None] = []
         for key in keys:
@@ -159,8 +174,6 @@ class Pushdown:
             samples += found
             owners += [None if key in hits else key] * len(found)
         if not samples:
-            if batcher is not None:
-                batcher.withdraw()
             raise _all_failed(listing.errors)
         if missing:
             timings.update({"fetch": listing.fetch_ms, "decode": 0.0, "infer": 0.0})
@@ -179,7 +192,7 @@ class Pushdown:
             writer = EntryWriter(
                 cache, manifest, split, params.dtype, owners, listing.identities, row_bytes
             )
-        await self._run(send, answer, batcher, writer)
+        return answer, writer
 
     async def _lookup(
         self, bucket: str, keys: Sequence[str], manifest: Manifest, params: Params
@@ -223,10 +236,11 @@ class Pushdown:
         self,
         send: ASGISend,
         answer: Answer,
-        batcher: Batcher | None,
+        arrival: Arrival | None,
         writer: EntryWriter | None = None,
     ) -> None:
         samples, stream = answer.samples, open_stream(send, answer)
+        batcher = arrival.batcher if arrival is not None else None
         assert answer.params.split is not None
         size = self.window(answer.manifest, answer.params.split, batcher)
         progress = _Progress()
@@ -236,7 +250,6 @@ class Pushdown:
         decoding: asyncio.Future[np.ndarray] = asyncio.ensure_future(
             self._decode(windows[0], answer, progress)
         )
-        announced = batcher  # until the first computed window is submitted
         try:
             for index in range(len(windows)):
                 inputs = await decoding
@@ -244,10 +257,7 @@ class Pushdown:
                     decoding = asyncio.ensure_future(
                         self._decode(windows[index + 1], answer, progress)
                     )
-                first = announced is not None and len(inputs) > 0
-                if len(inputs):
-                    announced = None
-                outputs = await self._infer(inputs, answer, batcher, first=first)
+                outputs = await self._infer(inputs, answer, arrival)
                 del inputs
                 rows = merge_rows(windows[index], outputs, answer.row_shape)
                 if writer is not None:
@@ -255,8 +265,6 @@ class Pushdown:
                 await stream.rows(rows)
             await stream.finish()
         except BaseException as exc:
-            if announced is not None:
-                announced.withdraw()
             decoding.cancel()
             with contextlib.suppress(BaseException):
                 await decoding
@@ -309,16 +317,16 @@ class Pushdown:
         return inputs
 
     async def _infer(
-        self, inputs: np.ndarray, answer: Answer, batcher: Batcher | None, *, first: bool
+        self, inputs: np.ndarray, answer: Answer, arrival: Arrival | None
     ) -> np.ndarray:
-        if batcher is None:
+        if arrival is None:
             return inputs
         if not len(inputs):  # every sample of the window came from the cache
             return np.empty((0, *answer.row_shape), np.float32)
         started = time.perf_counter()
         # The first window may be told to slow down (nothing is sent yet); later ones
         # wait for room in the queue, since their response has started.
-        outputs, used = await batcher.submit(inputs, announced=first, wait=not first)
+        outputs, used = await arrival.submit(inputs, wait=not arrival.expected)
         answer.batch_size = max(answer.batch_size, used)
         _add(answer.timings, "infer", started)
         return outputs

@@ -1,8 +1,7 @@
 """The gateway's own reads of the model registry: async, over the upstream client.
 
-Manifests and blocks are GETs on the registry bucket, signed with the backend's
-credentials like every other upstream request of the gateway (the feature cache's
-included), so no thread waits on a blocking client. The layout is ``hapi.models``'
+Manifests and blocks are GETs on the registry bucket through the gateway's one store
+client (:class:`hapi.gateway._store.StoreClient`), so no thread waits on a blocking client. The layout is ``hapi.protocol``'s
 contract; this module does only the I/O, and reports failures as ``hapi.models``' errors
 (``NoSuchModel``, ``RegistryError``) exactly as :class:`hapi.models.Registry` does.
 """
@@ -10,10 +9,9 @@ contract; this module does only the I/O, and reports failures as ``hapi.models``
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Protocol
-from urllib.parse import quote, urlencode
-from xml.etree import ElementTree
 
 import httpx
 
@@ -32,17 +30,17 @@ from hapi.protocol import (
     manifest_key,
     model_names,
     model_prefix,
+    parse_error,
     parse_latest,
     parse_manifest_key,
 )
 
+from .._errors import BackendError
 from .._settings import GatewaySettings
-from ..edge._addressing import object_path
-from ..edge._sigv4 import sign_request
+from .._store import StoreClient
 
 __all__ = ["AsyncRegistry", "StoreRegistry"]
 
-_S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 _LIST_CONCURRENCY = 8  # manifests read at once when listing every model
 
 
@@ -73,8 +71,7 @@ class StoreRegistry:
     """
 
     def __init__(self, settings: GatewaySettings, client: Callable[[], httpx.AsyncClient]) -> None:
-        self._settings = settings
-        self._client = client
+        self._store = StoreClient.of(settings, client)
         self.bucket = settings.registry_bucket
 
     async def get_manifest(self, ref: str) -> Manifest:
@@ -145,58 +142,28 @@ class StoreRegistry:
 
     async def _get(self, key: str) -> bytes | None:
         """The object's bytes; ``None`` when it (or the bucket) does not exist."""
-        url = self._settings.backend_url + object_path(self.bucket, key)
-        reply = await self._request(url, f"cannot read s3://{self.bucket}/{key}")
-        return None if reply is None else reply.content
-
-    async def _keys(self, prefix: str) -> list[str]:
-        """Every key under ``prefix`` (none when the bucket does not exist)."""
-        keys: list[str] = []
-        token: str | None = None
-        while True:
-            query = {"list-type": "2", "prefix": prefix}
-            if token:
-                query["continuation-token"] = token
-            url = f"{self._settings.backend_url}/{quote(self.bucket)}?" + urlencode(
-                sorted(query.items()), quote_via=quote
-            )
-            reply = await self._request(url, f"cannot list s3://{self.bucket}/{prefix}")
-            if reply is None:
-                return keys
-            try:
-                root = ElementTree.fromstring(reply.content)
-            except ElementTree.ParseError as exc:
-                raise RegistryError(f"cannot list s3://{self.bucket}/{prefix}: {exc}") from exc
-            keys += [item.findtext(f"{_S3}Key") or "" for item in root.iter(f"{_S3}Contents")]
-            token = root.findtext(f"{_S3}NextContinuationToken")
-            if root.findtext(f"{_S3}IsTruncated") != "true" or not token:
-                return keys
-
-    async def _request(self, url: str, what: str) -> httpx.Response | None:
-        """A signed GET: the reply when 200, ``None`` when 404, else a RegistryError."""
-        headers = sign_request(
-            method="GET",
-            url=url,
-            headers={},
-            credentials=self._settings.backend_credentials,
-            region=self._settings.region,
-        )
-        try:
-            reply = await self._client().get(url, headers=headers)
-        except httpx.HTTPError as exc:
-            raise RegistryError(f"{what}: {exc!r}") from exc
+        what = f"cannot read s3://{self.bucket}/{key}"
+        with _registry_errors(what):
+            reply = await self._store.request("GET", self.bucket, key)
         if reply.status_code == 404:
             return None
         if reply.status_code != 200:
-            raise RegistryError(f"{what}: {_describe(reply)}")
-        return reply
+            raise RegistryError(f"{what}: {parse_error(reply.content).describe(reply.status_code)}")
+        return reply.content
+
+    async def _keys(self, prefix: str) -> list[str]:
+        """Every key under ``prefix`` (none when the bucket does not exist)."""
+        with _registry_errors(f"cannot list s3://{self.bucket}/{prefix}"):
+            return [item.key async for item in self._store.list_objects(self.bucket, prefix)]
 
 
-def _describe(reply: httpx.Response) -> str:
-    """``Code Message`` of an S3 error reply, as botocore's errors read."""
+@contextlib.contextmanager
+def _registry_errors(what: str) -> Iterator[None]:
+    """The store's failures as the registry's own error (``Code Message``, as botocore's
+    errors read)."""
     try:
-        root = ElementTree.fromstring(reply.content)
-        code, message = root.findtext("Code") or "", root.findtext("Message") or ""
-    except ElementTree.ParseError:
-        code, message = "", ""
-    return f"{code} {message}".strip() or f"HTTP {reply.status_code}"
+        yield
+    except httpx.HTTPError as exc:
+        raise RegistryError(f"{what}: {exc!r}") from exc
+    except BackendError as exc:
+        raise RegistryError(f"{what}: {exc.code} {exc}") from exc

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from hapi.models._wire import decode
+from hapi.protocol import decode_features as decode
 from tests.support import RunningGateway, gateway_process
 
 from ._pushdown_support import (

@@ -17,7 +17,7 @@ from skimage import data as samples
 
 from hapi import models
 from hapi.gateway.edge._sigv4 import Credentials
-from hapi.models._wire import decode
+from hapi.protocol import decode_features as decode
 from tests.support import HAPI, control_get, encode_image, gateway_process, signed_headers
 
 CACHE_BUCKET = "hapi-cache"

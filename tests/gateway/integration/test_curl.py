@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from skimage import data as samples
 
-from hapi.models._wire import decode
+from hapi.protocol import decode_features as decode
 from tests.support import encode_image
 
 

@@ -16,7 +16,7 @@ from PIL import Image
 from skimage import data as samples
 
 from hapi import models
-from hapi.models._wire import decode
+from hapi.protocol import decode_features as decode
 from tests.support import control_get, encode_image, signed_headers
 
 IMAGES = {

@@ -178,15 +178,14 @@ def test_waits_only_for_announced_requests():
         batcher = _batcher(device, max_delay_s=2.0)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        batcher.announce()
-        await batcher.submit(_samples(1), announced=True)  # nothing else on its way: no wait
+        with batcher.expecting() as alone_arrival:
+            await alone_arrival.submit(_samples(1), wait=False)  # nothing else on its way
         alone = loop.time() - started
-        batcher.announce()
-        batcher.announce()  # two requests still decoding
-        first = asyncio.create_task(batcher.submit(_samples(1), announced=True))
-        await asyncio.sleep(0.05)
-        second = asyncio.create_task(batcher.submit(_samples(2, 5), announced=True))
-        await asyncio.gather(first, second)
+        with batcher.expecting() as one, batcher.expecting() as two:  # two still decoding
+            first = asyncio.create_task(one.submit(_samples(1), wait=False))
+            await asyncio.sleep(0.05)
+            second = asyncio.create_task(two.submit(_samples(2, 5), wait=False))
+            await asyncio.gather(first, second)
         await batcher.close()
         return alone
 
@@ -200,16 +199,37 @@ def test_withdrawn_announcement_releases_the_wait():
 
     async def main():
         batcher = _batcher(device, max_delay_s=5.0)
-        batcher.announce()
-        batcher.announce()
-        task = asyncio.create_task(batcher.submit(_samples(1), announced=True))
-        await asyncio.sleep(0.05)
-        batcher.withdraw()  # the other request failed while decoding
-        out, _ = await asyncio.wait_for(task, 1.0)
+        with batcher.expecting() as arrival:
+            task = asyncio.create_task(arrival.submit(_samples(1), wait=False))
+            with pytest.raises(RuntimeError), batcher.expecting():
+                await asyncio.sleep(0.05)
+                raise RuntimeError("the other request failed while decoding")
+            out, _ = await asyncio.wait_for(task, 1.0)
         await batcher.close()
         return out
 
     assert asyncio.run(main()).tolist() == [[0.0]]
+
+
+def test_an_announcement_ends_exactly_once_whatever_happens():
+    device = FakeDevice()
+
+    async def main():
+        batcher = _batcher(device, max_delay_s=0.001)
+        with batcher.expecting() as submitted:
+            await submitted.submit(_samples(1), wait=False)
+            await submitted.submit(_samples(1), wait=False)  # a later window: not announced
+            assert not submitted.expected
+        with pytest.raises(asyncio.CancelledError), batcher.expecting() as cancelled:
+            assert cancelled.expected
+            raise asyncio.CancelledError
+        with batcher.expecting():
+            pass  # nothing to submit (every sample came from the cache)
+        incoming = batcher._incoming
+        await batcher.close()
+        return incoming
+
+    assert asyncio.run(main()) == 0
 
 
 def test_a_partially_taken_cancelled_request_is_not_grown():

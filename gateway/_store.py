@@ -1,0 +1,167 @@
+"""The gateway's own calls to its store: one client for the registry, the feature cache,
+pushdown's fetches and the control plane's health check.
+
+URLs are built, requests signed, idempotent requests retried once on a refused connection,
+ListObjectsV2 pages followed and S3 error replies parsed here and nowhere else. It is also
+the one place that decides which store identity a call acts as: the backend credentials
+(the default), or none at all for :meth:`StoreClient.anonymous` (an unsigned request, which
+the store's own ACLs and bucket policies judge).
+
+Transport failures (``httpx.TransportError``) pass through unchanged: each caller knows
+what one means for it (a registry error, a cache miss, ``503 ServiceUnavailable``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, replace
+from urllib.parse import quote, urlencode
+
+import httpx
+
+from hapi.protocol import Credentials, ListedObject, parse_error, parse_list_page
+
+from ._errors import BackendError
+from ._settings import GatewaySettings
+from .edge._addressing import object_path
+from .edge._sigv4 import UNSIGNED_PAYLOAD, sign_request
+
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+
+
+@dataclass(frozen=True)
+class StoreClient:
+    """Signed S3 requests from the gateway to its store, over the app's upstream client.
+
+    Args:
+        settings: Where the store is (``backend_url``) and the region to sign for.
+        client: Getter of the upstream HTTP client (the app's lifespan owns it).
+        credentials: The identity the requests act as; ``None`` sends them unsigned.
+    """
+
+    settings: GatewaySettings
+    client: Callable[[], httpx.AsyncClient]
+    credentials: Credentials | None
+
+    @classmethod
+    def of(cls, settings: GatewaySettings, client: Callable[[], httpx.AsyncClient]) -> StoreClient:
+        """The client acting as the gateway's backend identity."""
+        return cls(settings, client, settings.backend_credentials)
+
+    def anonymous(self) -> StoreClient:
+        """The same client, sending unsigned requests (the store judges them as anonymous)."""
+        return replace(self, credentials=None)
+
+    def url(self, bucket: str, key: str = "", query: Mapping[str, str] | None = None) -> str:
+        """The path-style URL of ``bucket`` (or of its object ``key``), with ``query``
+        encoded the way SigV4 canonicalizes it."""
+        url = self.settings.backend_url + (object_path(bucket, key) if bucket else "/")
+        if query:
+            url += "?" + urlencode(sorted(query.items()), quote_via=quote)
+        return url
+
+    def sign(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        payload_sha256: str = UNSIGNED_PAYLOAD,
+    ) -> dict[str, str]:
+        """``headers`` plus this client's signature (unchanged when it is anonymous)."""
+        if self.credentials is None:
+            return dict(headers or {})
+        return sign_request(
+            method=method,
+            url=url,
+            headers=headers or {},
+            credentials=self.credentials,
+            region=self.settings.region,
+            payload_sha256=payload_sha256,
+        )
+
+    async def request(
+        self,
+        method: str,
+        bucket: str,
+        key: str = "",
+        *,
+        query: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+        payload_sha256: str = UNSIGNED_PAYLOAD,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        """Send one signed request and read its reply (any status).
+
+        A refused connection is retried once for idempotent methods (a store restarting,
+        a pooled connection the store closed); other transport errors are raised.
+        """
+        url = self.url(bucket, key, query)
+        signed = self.sign(method, url, headers, payload_sha256)
+        extra = {} if timeout is None else {"timeout": timeout}
+        for attempt in (1, 2):
+            try:
+                return await self.client().request(
+                    method, url, headers=signed, content=content, **extra
+                )
+            except httpx.ConnectError:
+                if attempt == 2 or method not in _IDEMPOTENT:
+                    raise
+        raise AssertionError("unreachable")
+
+    @contextlib.asynccontextmanager
+    async def stream(self, bucket: str, key: str) -> AsyncIterator[httpx.Response]:
+        """A signed GET whose body is read as it arrives (any status)."""
+        url = self.url(bucket, key)
+        async with self.client().stream("GET", url, headers=self.sign("GET", url)) as reply:
+            yield reply
+
+    async def list_objects(self, bucket: str, prefix: str) -> AsyncIterator[ListedObject]:
+        """Every object under ``prefix``, page after page; nothing when the bucket does not
+        exist.
+
+        Raises:
+            BackendError: The store refused a page (or answered something not a listing).
+        """
+        token: str | None = None
+        while True:
+            query = {"list-type": "2", "prefix": prefix}
+            if token:
+                query["continuation-token"] = token
+            reply = await self.request("GET", bucket, query=query)
+            if reply.status_code == 404:
+                return
+            check(reply, f"/{bucket}?prefix={prefix}")
+            try:
+                page = parse_list_page(reply.content)
+            except ValueError as exc:
+                raise BackendError("BackendError", reply.status_code, str(exc)) from exc
+            for item in page.objects:
+                yield item
+            if page.next_token is None:
+                return
+            token = page.next_token
+
+
+def check(reply: httpx.Response, resource: str, ok: tuple[int, ...] = (200,)) -> None:
+    """Raise the store's own error when ``reply``'s status is not one of ``ok``.
+
+    Raises:
+        BackendError: With the store's S3 code and message (``BackendError`` and the start
+            of the body when it is not S3 XML).
+    """
+    if reply.status_code in ok:
+        return
+    raise backend_error(reply.status_code, reply.content, resource)
+
+
+def backend_error(status: int, body: bytes, resource: str) -> BackendError:
+    """The store's error reply as the gateway's :class:`BackendError`."""
+    error = parse_error(body)
+    return BackendError(
+        error.code or "BackendError",
+        status,
+        error.message or f"the backend answered HTTP {status}",
+        resource=resource,
+    )
