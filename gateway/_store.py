@@ -99,12 +99,12 @@ class StoreClient:
         """
         url = self.url(bucket, key, query)
         signed = self.sign(method, url, headers, payload_sha256)
-        extra = {} if timeout is None else {"timeout": timeout}
+        request = self.client().build_request(method, url, headers=signed, content=content)
+        if timeout is not None:
+            request.extensions["timeout"] = httpx.Timeout(timeout).as_dict()
         for attempt in (1, 2):
             try:
-                return await self.client().request(
-                    method, url, headers=signed, content=content, **extra
-                )
+                return await self.client().send(request)
             except httpx.ConnectError:
                 if attempt == 2 or method not in _IDEMPOTENT:
                     raise

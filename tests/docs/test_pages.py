@@ -34,6 +34,7 @@ from tests.docs._reader import (
 # diagram. docs/results.md is the benchmarks' record; its command needs root and the
 # two-tier testbed, which tests/bench runs.
 LANGUAGES = {
+    "api.md": set(),
     "cache.md": {"sh"},
     "configuration.md": {"console"},
     "design.md": {""},
