@@ -408,7 +408,7 @@ def test_auto_split_times_the_client_here(gateway, registered, data, monkeypatch
     assert shared.split_choice.plan is not None
     assert shared.split_choice.plan.profile.client_request_ms > 0
 
-    monkeypatch.setattr(planner, "same_host", lambda endpoint: False)
+    monkeypatch.setattr("hapi.sdk._split.same_host", lambda endpoint: False)
     remote = sdk.FeatureDataset.from_prefix(
         f"s3://{data['bucket']}/train/", model="r18", **_through(gateway, split="auto")
     )
@@ -423,7 +423,7 @@ def test_auto_split_times_the_client_here(gateway, registered, data, monkeypatch
 
 
 def test_auto_split_says_when_the_client_could_not_be_timed(gateway, registered, data, monkeypatch):
-    monkeypatch.setattr(planner, "same_host", lambda endpoint: False)
+    monkeypatch.setattr("hapi.sdk._split.same_host", lambda endpoint: False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sdk.FallbackWarning)
         dataset = sdk.FeatureDataset.from_prefix(
