@@ -1,8 +1,8 @@
 """`make run` on a fresh clone, exactly as the README's first command says.
 
-The clone reuses this checkout's virtual environment (a symlink, with pyproject.toml dated
-before the venv's stamp so make does not reinstall); everything else is the committed tree,
-with the default state directory `.state` relative to the clone.
+The clone reuses this checkout's virtual environment (a symlink, with every pyproject.toml
+dated before the venv's stamp so make does not reinstall into it); everything else is the
+committed tree, with the default state directory `.state` relative to the clone.
 """
 
 from __future__ import annotations
@@ -26,8 +26,19 @@ def _clone(tmp_path: Path) -> Path:
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     (clone / ".venv").symlink_to(ROOT / ".venv")
     stamp = (ROOT / ".venv" / ".installed").stat().st_mtime
-    os.utime(clone / "pyproject.toml", (stamp - 60, stamp - 60))
+    for project in clone.rglob("pyproject.toml"):  # every prerequisite of the stamp
+        os.utime(project, (stamp - 60, stamp - 60))
+    done = subprocess.run(["make", "-q", ".venv/.installed"], cwd=clone, check=False)
+    assert done.returncode == 0, "make would reinstall into the shared venv"
     return clone
+
+
+def _installed_from() -> str:
+    code = "import hapi.gateway; print(hapi.gateway.__file__)"
+    done = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True
+    )
+    return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
 
 
 def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str:
@@ -104,3 +115,5 @@ def test_make_run_on_a_fresh_clone(tmp_path):
     assert lines[-1] == "hapi stopped: the gateway and the store are down.", rest
     assert (clone / ".state" / "store" / "backend-credentials.json").is_file()
     assert _processes_mentioning(str(clone)) == []  # no weed left behind
+    # make did not reinstall into the shared venv (which would point it at the clone)
+    assert _installed_from() == str(ROOT / "gateway" / "__init__.py")
