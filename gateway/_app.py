@@ -13,6 +13,7 @@ from ._control import ControlPlane
 from ._metrics import Metrics
 from ._observe import Observe
 from ._settings import GatewaySettings
+from ._store import StoreClient
 from ._types import ASGIReceive, ASGISend, Scope
 from .edge._proxy import Proxy
 from .edge._transport import UpstreamTransport
@@ -103,6 +104,7 @@ class Gateway:
         self.metrics = Metrics()
         self.upstream = _Upstream(settings, upstream)
         self.proxy = Proxy(settings, self.upstream.get)
+        self.store = StoreClient.of(settings, self.upstream.get)
         self._registry = registry
         self._runner = runner
         self.metrics.queued_samples.set_function(self._queued_samples)
@@ -117,7 +119,7 @@ class Gateway:
             self.upstream.lifespan(),
             open_pushdown(
                 self.settings,
-                self.upstream.get,
+                self.store,
                 self.metrics,
                 registry=self._registry,
                 runner=self._runner,

@@ -38,7 +38,6 @@ from hapi.protocol import (
 
 from ._errors import InvalidArgument, S3Error, ServiceUnavailable, SlowDown
 from ._observe import s3_error_handler
-from ._store import StoreClient
 from ._types import ASGIReceive, ASGISend, Scope, request_state
 from .edge._sigv4 import verify_request
 
@@ -169,9 +168,8 @@ def _health_routes(app: FastAPI, gateway: Gateway) -> None:
 
 
 async def _backend_up(gateway: Gateway) -> bool:
-    store = StoreClient.of(gateway.settings, gateway.upstream.get)
     try:
-        reply = await store.request("GET", "", timeout=3.0)
+        reply = await gateway.store.request("GET", "", timeout=3.0)
     except httpx.HTTPError:
         return False
     return reply.status_code < 500

@@ -132,7 +132,8 @@ class StoreClient:
             reply = await self.request("GET", bucket, query=query)
             if reply.status_code == 404:
                 return
-            check(reply, f"/{bucket}?prefix={prefix}")
+            if reply.status_code != 200:
+                raise backend_error(reply.status_code, reply.content, f"/{bucket}?prefix={prefix}")
             try:
                 page = parse_list_page(reply.content)
             except ValueError as exc:
@@ -142,18 +143,6 @@ class StoreClient:
             if page.next_token is None:
                 return
             token = page.next_token
-
-
-def check(reply: httpx.Response, resource: str, ok: tuple[int, ...] = (200,)) -> None:
-    """Raise the store's own error when ``reply``'s status is not one of ``ok``.
-
-    Raises:
-        BackendError: With the store's S3 code and message (``BackendError`` and the start
-            of the body when it is not S3 XML).
-    """
-    if reply.status_code in ok:
-        return
-    raise backend_error(reply.status_code, reply.content, resource)
 
 
 def backend_error(status: int, body: bytes, resource: str) -> BackendError:

@@ -11,10 +11,10 @@ upload.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from rich.console import Console
@@ -25,8 +25,6 @@ from hapi.protocol import UserError, store_options
 from ._errors import ExportError, InvalidModelSpec, ModelError, NoSuchModel
 from ._manifest import Manifest
 from ._registry import Registry, check_name
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 @contextmanager

@@ -27,10 +27,6 @@ class ErrorReply:
     code: str
     message: str
 
-    def describe(self, status: int) -> str:
-        """``Code Message``, as botocore's errors read, or ``HTTP status`` when empty."""
-        return f"{self.code} {self.message}".strip() or f"HTTP {status}"
-
 
 def parse_error(body: bytes) -> ErrorReply:
     """The code and message of an S3 error body (never raises)."""

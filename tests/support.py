@@ -10,12 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 
 from hapi.store import free_port
 
@@ -198,3 +199,27 @@ def store_env(store: Any) -> dict[str, str | None]:
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_PROFILE": None,
     }
+
+
+def read_until(
+    proc: subprocess.Popen[str],
+    marker: str,
+    *,
+    timeout: float,
+    kill: Callable[[], None] | None = None,
+) -> str:
+    """``proc``'s output up to and including the line with ``marker`` (``hapi up``'s
+    ``Ctrl-C stops`` ends its banner); when the output ends or ``timeout`` passes first,
+    ``proc`` is killed (``kill``, else ``proc.kill()``) and the test fails with what it said."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if marker in line:
+            return "".join(lines)
+    (kill or proc.kill)()
+    pytest.fail(f"no {marker!r} in the output of {proc.args!r}:\n" + "".join(lines))

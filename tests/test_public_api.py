@@ -26,9 +26,9 @@ _SECTION = re.compile(r"^## `(hapi\.[a-z]+)`$", re.M)
 _ITEM = re.compile(r"^- `(\w+)`", re.M)
 
 
-def documented() -> dict[str, list[str]]:
-    """The names docs/api.md lists, per package, in the page's order."""
-    text = API.read_text(encoding="utf-8")
+def documented(text: str | None = None) -> dict[str, list[str]]:
+    """The names a page (docs/api.md unless given) lists, per package, in its order."""
+    text = API.read_text(encoding="utf-8") if text is None else text
     parts = _SECTION.split(text)[1:]
     return {name: _ITEM.findall(body) for name, body in zip(parts[::2], parts[1::2], strict=True)}
 
@@ -49,8 +49,10 @@ def test_all_names_every_public_name_the_package_defines(package: str) -> None:
     public = {n for n in dir(module) if not n.startswith("_")} - {"annotations", "TYPE_CHECKING"}
     modules = {n for n in public if type(getattr(module, n)).__name__ == "module"}
     assert set(module.__all__) == public - modules
+    assert module.__all__ == sorted(module.__all__, key=lambda n: (not n.isupper(), n))
 
 
 def test_the_check_sees_a_change() -> None:
-    listed = documented()["hapi.protocol"]
-    assert "parse_size" in listed and "parse_size" not in documented()["hapi.planner"]
+    page = "## `hapi.protocol`\n\nShared.\n\n- `parse_size`: sizes\n- `UserError`\n"
+    assert documented(page) == {"hapi.protocol": ["parse_size", "UserError"]}
+    assert documented(page.replace("- `UserError`\n", "")) != documented(page)

@@ -65,18 +65,18 @@ class FeatureCache:
 
     Args:
         settings: Gateway settings (backend, credentials, the cache's bucket and limits).
-        client: Getter of the upstream HTTP client.
+        store: The gateway's store client.
         metrics: Where hits, misses, bytes and writes are counted.
     """
 
     def __init__(
         self,
         settings: GatewaySettings,
-        client: Callable[[], httpx.AsyncClient],
+        store: StoreClient,
         metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
-        self._store = StoreClient.of(settings, client)
+        self._store = store
         self._bucket = settings.cache_bucket
         self._metrics = metrics
         self._queue: asyncio.Queue[tuple[str, Callable[[], Any]]] = asyncio.Queue(

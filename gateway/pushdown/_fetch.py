@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -51,7 +51,7 @@ class ObjectLister:
 
     Args:
         settings: Gateway settings (backend URL and credentials, limits).
-        client: Getter of the upstream HTTP client.
+        store: The gateway's store client.
         decode_pool: Worker threads where objects are listed.
         metrics: Where object fetches are counted.
     """
@@ -59,12 +59,12 @@ class ObjectLister:
     def __init__(
         self,
         settings: GatewaySettings,
-        client: Callable[[], httpx.AsyncClient],
+        store: StoreClient,
         decode_pool: Executor,
         metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
-        self._store = StoreClient.of(settings, client)
+        self._store = store
         self._decode_pool = decode_pool
         self._metrics = metrics
 

@@ -26,12 +26,11 @@ import contextlib
 import copy
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import Executor
 from dataclasses import replace
 from typing import TypeVar
 
-import httpx
 import numpy as np
 
 from hapi.models import Manifest, PendingSample, UndecodableObject
@@ -39,6 +38,7 @@ from hapi.models import Manifest, PendingSample, UndecodableObject
 from .._errors import BackendError, InvalidArgument, S3Error, UnprocessableObject
 from .._metrics import Metrics
 from .._settings import GatewaySettings
+from .._store import StoreClient
 from .._types import ASGIReceive, ASGISend
 from ._batcher import Arrival, Batcher
 from ._cache import Cached, FeatureCache
@@ -73,7 +73,7 @@ class Pushdown:
 
     Args:
         settings: Gateway settings (backend URL and credentials, limits).
-        client: Getter of the upstream HTTP client.
+        store: The gateway's store client (objects are fetched through it).
         tenants: Manifests, sessions and batchers.
         decode_pool: Worker threads for decoding and preprocessing.
         cache: The feature cache (``None``: none).
@@ -83,7 +83,7 @@ class Pushdown:
     def __init__(
         self,
         settings: GatewaySettings,
-        client: Callable[[], httpx.AsyncClient],
+        store: StoreClient,
         tenants: Tenants,
         decode_pool: Executor,
         cache: FeatureCache | None = None,
@@ -93,7 +93,7 @@ class Pushdown:
         self.tenants = tenants
         self._decode_pool = decode_pool
         self.cache = cache
-        self._lister = ObjectLister(settings, client, decode_pool, metrics)
+        self._lister = ObjectLister(settings, store, decode_pool, metrics)
         self._signed = True
 
     def unsigned(self) -> Pushdown:

@@ -1,16 +1,17 @@
 """The gateway's own reads of the model registry: async, over the upstream client.
 
 Manifests and blocks are GETs on the registry bucket through the gateway's one store
-client (:class:`hapi.gateway._store.StoreClient`), so no thread waits on a blocking client. The layout is ``hapi.protocol``'s
-contract; this module does only the I/O, and reports failures as ``hapi.models``' errors
-(``NoSuchModel``, ``RegistryError``) exactly as :class:`hapi.models.Registry` does.
+client (:class:`hapi.gateway._store.StoreClient`), so no thread waits on a blocking client.
+The layout is ``hapi.protocol``'s contract; this module does only the I/O, and reports
+failures as ``hapi.models``' errors (``NoSuchModel``, ``RegistryError``) exactly as
+:class:`hapi.models.Registry` does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Protocol
 
 import httpx
@@ -30,14 +31,12 @@ from hapi.protocol import (
     manifest_key,
     model_names,
     model_prefix,
-    parse_error,
     parse_latest,
     parse_manifest_key,
 )
 
 from .._errors import BackendError
-from .._settings import GatewaySettings
-from .._store import StoreClient
+from .._store import StoreClient, backend_error
 
 __all__ = ["AsyncRegistry", "StoreRegistry"]
 
@@ -66,13 +65,12 @@ class StoreRegistry:
     """The registry bucket of the backend, read with the backend's credentials.
 
     Args:
-        settings: Gateway settings (backend URL, credentials, region, registry bucket).
-        client: Getter of the upstream HTTP client.
+        store: The gateway's store client (its settings name the registry bucket).
     """
 
-    def __init__(self, settings: GatewaySettings, client: Callable[[], httpx.AsyncClient]) -> None:
-        self._store = StoreClient.of(settings, client)
-        self.bucket = settings.registry_bucket
+    def __init__(self, store: StoreClient) -> None:
+        self._store = store
+        self.bucket = store.settings.registry_bucket
 
     async def get_manifest(self, ref: str) -> Manifest:
         """The manifest of ``NAME`` (latest version) or ``NAME@VERSION``.
@@ -142,14 +140,13 @@ class StoreRegistry:
 
     async def _get(self, key: str) -> bytes | None:
         """The object's bytes; ``None`` when it (or the bucket) does not exist."""
-        what = f"cannot read s3://{self.bucket}/{key}"
-        with _registry_errors(what):
+        with _registry_errors(f"cannot read s3://{self.bucket}/{key}"):
             reply = await self._store.request("GET", self.bucket, key)
-        if reply.status_code == 404:
-            return None
-        if reply.status_code != 200:
-            raise RegistryError(f"{what}: {parse_error(reply.content).describe(reply.status_code)}")
-        return reply.content
+            if reply.status_code == 404:
+                return None
+            if reply.status_code != 200:
+                raise backend_error(reply.status_code, reply.content, f"/{self.bucket}/{key}")
+            return reply.content
 
     async def _keys(self, prefix: str) -> list[str]:
         """Every key under ``prefix`` (none when the bucket does not exist)."""

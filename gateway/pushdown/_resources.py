@@ -7,15 +7,14 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-
-import httpx
 
 from hapi.models import RuntimeSettings, runs_on_cuda
 
 from .._metrics import Metrics
 from .._settings import GatewaySettings
+from .._store import StoreClient
 from ._batcher import MemoryBudget
 from ._cache import FeatureCache
 from ._handler import Pushdown
@@ -55,7 +54,7 @@ def _gpu_free_bytes() -> int | None:
 @contextlib.asynccontextmanager
 async def open_pushdown(
     settings: GatewaySettings,
-    client: Callable[[], httpx.AsyncClient],
+    store: StoreClient,
     metrics: Metrics | None = None,
     *,
     registry: AsyncRegistry | None = None,
@@ -75,7 +74,7 @@ async def open_pushdown(
         ThreadPoolExecutor(1, thread_name_prefix="hapi-infer") as infer_pool,
     ):
         tenants = Tenants(
-            registry or StoreRegistry(settings, client),
+            registry or StoreRegistry(store),
             memory_budget(settings),
             infer_pool,
             runtime=runtime,
@@ -85,7 +84,7 @@ async def open_pushdown(
             make_run=runner,
         )
         try:
-            async with FeatureCache(settings, client, metrics).running() as cache:
-                yield Pushdown(settings, client, tenants, decode_pool, cache, metrics)
+            async with FeatureCache(settings, store, metrics).running() as cache:
+                yield Pushdown(settings, store, tenants, decode_pool, cache, metrics)
         finally:
             await tenants.close()

@@ -69,7 +69,7 @@ def gateway_routes() -> frozenset[str]:
     """The paths of the operations endpoints (``/_hapi/...``, ``/metrics``)."""
     from hapi.gateway._app import create_app
     from hapi.gateway._settings import GatewaySettings
-    from hapi.gateway.edge._sigv4 import Credentials
+    from hapi.protocol import Credentials
 
     settings = GatewaySettings(
         backend_url="http://127.0.0.1:9",

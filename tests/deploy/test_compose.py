@@ -108,7 +108,7 @@ def test_gateway_environment_makes_valid_settings_with_the_defaults() -> None:
 
 
 def test_store_accepts_exactly_the_gateways_backend_credentials() -> None:
-    from hapi.gateway.edge._sigv4 import Credentials
+    from hapi.protocol import Credentials
     from hapi.store._store import _identity_config
 
     rendered = _rendered()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs._reader import ROOT, photo_jpeg
-from tests.support import HAPI, free_port
+from tests.support import HAPI, free_port, read_until
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ def hapi_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         text=True,
     )
     try:
-        banner = _banner(proc)
+        banner = read_until(proc, "Ctrl-C stops", timeout=300)
         exports = dict(
             line.strip().removeprefix("export ").split("=", 1)
             for line in banner.splitlines()
@@ -48,21 +47,6 @@ def hapi_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def _banner(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C stops" in line:
-            return "".join(lines)
-    proc.kill()
-    pytest.fail("hapi up printed no banner:\n" + "".join(lines))
 
 
 def _aws_cli() -> Path:

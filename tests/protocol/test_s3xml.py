@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from hapi.protocol import InvalidValue, parse_error, parse_list_page
+from hapi.protocol import ErrorReply, InvalidValue, parse_error, parse_list_page
 
 NS = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
 
@@ -14,14 +14,13 @@ NS = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
 def test_an_error_reply_gives_its_code_and_message() -> None:
     error = parse_error(b"<Error><Code>NoSuchKey</Code><Message>gone</Message></Error>")
     assert (error.code, error.message) == ("NoSuchKey", "gone")
-    assert error.describe(404) == "NoSuchKey gone"
 
 
 def test_a_body_that_is_not_xml_keeps_its_start_as_the_message() -> None:
     error = parse_error(b"<html>bad gateway" + b"x" * 500)
     assert error.code == ""
     assert error.message.startswith("<html>bad gateway") and len(error.message) == 200
-    assert parse_error(b"").describe(502) == "HTTP 502"
+    assert parse_error(b"") == ErrorReply("", "")
 
 
 def test_a_listing_page_gives_its_objects_and_the_next_token() -> None:

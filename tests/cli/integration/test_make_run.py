@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import boto3
-import pytest
 
-from tests.support import free_port
+from tests.support import free_port, read_until
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -39,20 +37,6 @@ def _installed_from() -> str:
         [str(ROOT / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True
     )
     return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
-
-
-def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str:
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if marker in line:
-            return "".join(lines)
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail(f"no {marker!r} in the output of make run:\n" + "".join(lines))
 
 
 def _children(pid: int) -> list[int]:
@@ -85,7 +69,9 @@ def test_make_run_on_a_fresh_clone(tmp_path):
         start_new_session=True,  # its own process group, as a terminal would give it
     )
     try:
-        banner = _read_until(make, "Ctrl-C stops", timeout=120)
+        banner = read_until(
+            make, "Ctrl-C stops", timeout=120, kill=lambda: os.killpg(make.pid, signal.SIGKILL)
+        )
         values = dict(
             line.strip().removeprefix("export ").split("=", 1)
             for line in banner.splitlines()

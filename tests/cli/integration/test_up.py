@@ -11,7 +11,7 @@ import boto3
 import httpx
 import pytest
 
-from tests.support import HAPI, free_port
+from tests.support import HAPI, free_port, read_until
 
 
 def _start(tmp_path, port: int) -> subprocess.Popen[str]:
@@ -34,16 +34,7 @@ def _start(tmp_path, port: int) -> subprocess.Popen[str]:
 
 
 def _banner(proc: subprocess.Popen[str]) -> str:
-    lines, deadline = [], time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C stops" in line:
-            return "".join(lines)
-    proc.kill()
-    pytest.fail("hapi up printed no banner:\n" + "".join(lines))
+    return read_until(proc, "Ctrl-C stops", timeout=60)
 
 
 def _weeds(state: str) -> int:

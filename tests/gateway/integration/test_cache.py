@@ -16,7 +16,8 @@ import pytest
 from skimage import data as samples
 
 from hapi import models
-from hapi.gateway.edge._sigv4 import Credentials
+from hapi.gateway._store import StoreClient
+from hapi.protocol import Credentials
 from hapi.protocol import decode_features as decode
 from tests.support import HAPI, control_get, encode_image, gateway_process, signed_headers
 
@@ -315,9 +316,8 @@ def test_the_gateway_evicts_least_recently_used_entries_beyond_its_cap(
 
     async def scenario() -> list[str]:
         async with new_upstream_client(settings) as client:
-            cache = FeatureCache(
-                settings.with_changes(cache_max_bytes=2 * len(entry)), lambda: client
-            )
+            capped = settings.with_changes(cache_max_bytes=2 * len(entry))
+            cache = FeatureCache(capped, StoreClient.of(capped, lambda: client))
             async with cache.running():
                 for name in ("old", "mid", "new"):
                     identity = ObjectIdentity(bucket="b", key=name, etag=name, size=1)

@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 import httpx
 import pytest
 
-from hapi.gateway.edge._sigv4 import Credentials, sign_request, verify_request
+from hapi.gateway.edge._sigv4 import sign_request, verify_request
+from hapi.protocol import Credentials
 from tests.gateway.support import botocore_chunked, encode_signed
 
 PAYLOAD = os.urandom(300_000)

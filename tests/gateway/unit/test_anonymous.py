@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from hapi.gateway import GatewaySettings, _cli, create_app
 from hapi.gateway.edge._proxy import without_aws_chunked
-from hapi.gateway.edge._sigv4 import Credentials
+from hapi.protocol import Credentials
 
 BACKEND = Credentials("BACKENDKEY", "backend-secret")
 

@@ -11,7 +11,8 @@ import pytest
 from hapi.gateway import GatewaySettings, create_app
 from hapi.gateway._app import new_upstream_client
 from hapi.gateway.edge._addressing import object_path, resolve
-from hapi.gateway.edge._sigv4 import Credentials, verify_request
+from hapi.gateway.edge._sigv4 import verify_request
+from hapi.protocol import Credentials
 from tests.gateway.support import CLIENT, client_signed
 
 BACKEND = Credentials("BACKENDKEY", "backend-secret")

@@ -14,8 +14,8 @@ import pytest
 
 from hapi.gateway import GatewaySettings
 from hapi.gateway._app import new_upstream_client
-from hapi.gateway.edge._sigv4 import Credentials
 from hapi.gateway.edge._transport import UpstreamTransport
+from hapi.protocol import Credentials
 
 pytestmark = pytest.mark.anyio
 

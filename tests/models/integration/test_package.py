@@ -1,25 +1,10 @@
-"""The package's surface and layering: public names, and no torch on the serving path."""
+"""The package's layering: no torch on the serving path (its public names:
+tests/test_public_api.py)."""
 
 from __future__ import annotations
 
-import inspect
 import subprocess
 import sys
-
-import hapi.models
-
-
-def test_all_names_exist_and_nothing_public_is_left_out() -> None:
-    exported = set(hapi.models.__all__)
-    assert len(exported) == len(hapi.models.__all__)
-    for name in exported:
-        assert hasattr(hapi.models, name), name
-    defined = {
-        name
-        for name, value in vars(hapi.models).items()
-        if not name.startswith("_") and not inspect.ismodule(value) and name != "annotations"
-    }
-    assert defined == exported
 
 
 def test_serving_path_imports_without_torch_or_other_layers() -> None:
