@@ -10,12 +10,14 @@
     ├── AuthorizationHeaderMalformed     400
     ├── AuthorizationQueryParametersError 400
     ├── XAmzContentSHA256Mismatch        400
-    ├── BadDigest                        400  (checksum trailer mismatch)
+    ├── BadDigest                        400  (Content-MD5 or checksum header/trailer mismatch)
+    ├── InvalidDigest                    400  (Content-MD5 is not base64)
     ├── IncompleteBody                   400
     ├── InvalidRequest                   400
     ├── InvalidArgument                  400
     ├── MalformedPOSTRequest             400  (form uploads: body not multipart/form-data)
     ├── InvalidPolicyDocument            400  (form uploads: policy not readable)
+    ├── MissingFields                    400  (form uploads: V2 signature fields incomplete)
     ├── MaxPostPreDataLengthExceeded     400  (form uploads: fields before the file too large)
     ├── EntityTooSmall                   400  (form uploads: under content-length-range)
     ├── EntityTooLarge                   400  (form uploads: over content-length-range)
@@ -108,6 +110,13 @@ class BadDigest(S3Error):
     status = 400
 
 
+class InvalidDigest(S3Error):
+    """The Content-MD5 header is not a base64 digest."""
+
+    code = "InvalidDigest"
+    status = 400
+
+
 class IncompleteBody(S3Error):
     """The body ended before its declared length."""
 
@@ -196,6 +205,13 @@ class InvalidPolicyDocument(S3Error):
     """A form upload's policy cannot be read."""
 
     code = "InvalidPolicyDocument"
+    status = 400
+
+
+class MissingFields(S3Error):
+    """A form upload signed the V2 way lacks its access key id, policy or signature."""
+
+    code = "MissingFields"
     status = 400
 
 

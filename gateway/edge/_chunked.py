@@ -28,7 +28,9 @@ from .._errors import (
     BadDigest,
     IncompleteBody,
     InvalidArgument,
+    InvalidDigest,
     InvalidRequest,
+    S3Error,
     SignatureDoesNotMatch,
     XAmzContentSHA256Mismatch,
 )
@@ -204,8 +206,10 @@ async def decode_body(
         InvalidRequest: The payload is longer than declared, or its framing is malformed.
         SignatureDoesNotMatch: A chunk or trailer signature is wrong.
         XAmzContentSHA256Mismatch: The payload's SHA-256 differs from the signed one.
-        BadDigest: Content-MD5 or an x-amz-checksum-* header or trailer does not match.
-        InvalidArgument: A checksum header is not valid base64.
+        BadDigest: Content-MD5 or an x-amz-checksum-* header or trailer does not match (a
+            checksum header that is not base64 matches nothing).
+        InvalidDigest: Content-MD5 is not base64.
+        InvalidArgument: A checksum trailer is not base64.
     """
     checks = _PayloadChecks(verified, headers, content_length, check_header_checksums)
     decoder = None
@@ -252,12 +256,14 @@ class _PayloadChecks:
             self._expect("sha256", bytes.fromhex(verified.payload_sha256), "x-amz-content-sha256")
         lowered = {name.lower(): value for name, value in headers.items()}
         if "content-md5" in lowered:
-            self._expect("md5", _b64("content-md5", lowered["content-md5"]), "content-md5")
+            md5 = _b64("content-md5", lowered["content-md5"], InvalidDigest)
+            self._expect("md5", md5, "content-md5")
         if check_header_checksums:
             for name, value in lowered.items():
                 algorithm = name.removeprefix(_CHECKSUM_PREFIX)
                 if name.startswith(_CHECKSUM_PREFIX) and algorithm in _ALGORITHMS:
-                    self._expect(algorithm, _b64(name, value), name)
+                    # Not base64 is one more wrong digest: the store answers BadDigest too.
+                    self._expect(algorithm, _b64(name, value, BadDigest), name)
         for name in self._trailer_names:
             if name.startswith(_CHECKSUM_PREFIX):
                 self._digest(_trailer_algorithm(name))
@@ -296,7 +302,7 @@ class _PayloadChecks:
             if name not in trailers:
                 raise IncompleteBody(f"The trailer {name}, declared in x-amz-trailer, is missing.")
             if name.startswith(_CHECKSUM_PREFIX):
-                expected = _b64(name, trailers[name])
+                expected = _b64(name, trailers[name], InvalidArgument)
                 expectations.append((_trailer_algorithm(name), expected, BadDigest, name))
         for name in trailers:
             if name not in self._trailer_names:
@@ -314,11 +320,11 @@ def _trailer_algorithm(name: str) -> str:
     return algorithm
 
 
-def _b64(name: str, value: str) -> bytes:
+def _b64(name: str, value: str, error: type[S3Error]) -> bytes:
     try:
         return base64.b64decode(value.strip(), validate=True)
     except (binascii.Error, ValueError):
-        raise InvalidArgument(f"The value of {name} is not valid base64.") from None
+        raise error(f"The value of {name} is not valid base64.") from None
 
 
 class _ChunkDecoder:

@@ -24,9 +24,11 @@ from typing import Any
 
 from .._errors import (
     AccessDenied,
+    AuthorizationQueryParametersError,
     InvalidAccessKeyId,
     InvalidArgument,
     InvalidPolicyDocument,
+    MissingFields,
     SignatureDoesNotMatch,
 )
 from ._sigv4 import ALGORITHM, _signing_key
@@ -85,17 +87,27 @@ def verify_form(fields: Mapping[str, str], secrets: Mapping[str, str], now: date
         now: The gateway's clock.
 
     Raises:
-        SignatureDoesNotMatch: A signature field is missing or wrong.
+        AuthorizationQueryParametersError: The form has neither a V2 ``signature`` field nor
+            a well-formed ``x-amz-credential``.
+        MissingFields: A V2 form's access key id, policy or signature is empty.
+        SignatureDoesNotMatch: A signature is wrong (or a V4 one is missing).
         InvalidAccessKeyId: The access key id is not a client credential.
-        InvalidArgument: The credential or algorithm fields are malformed.
-        InvalidPolicyDocument: The signed policy is not a readable policy.
+        InvalidArgument: The algorithm field is not AWS4-HMAC-SHA256.
+        InvalidPolicyDocument: The signed policy is not a readable policy, or it has no
+            conditions.
         AccessDenied: The policy has expired.
     """
     policy = fields.get("policy", "")
+    # As the store tells the schemes apart: V4 by its fields, V2 by a signature field; a
+    # form with neither is refused as a V4 form without its credential.
     if "x-amz-credential" in fields or "x-amz-algorithm" in fields:
         key_id = _verify_v4(policy, fields, secrets)
-    else:
+    elif "signature" in fields:
         key_id = _verify_v2(policy, fields, secrets)
+    else:
+        raise AuthorizationQueryParametersError(
+            "The form has neither a signature (V2) nor an x-amz-credential (V4)."
+        )
     document = _document(policy)
     expiration = _expiration(document)
     if now >= expiration:
@@ -108,7 +120,7 @@ def _verify_v4(policy: str, fields: Mapping[str, str], secrets: Mapping[str, str
     credential = fields.get("x-amz-credential", "")
     parts = credential.split("/")
     if len(parts) != 5 or parts[3] != "s3" or parts[4] != "aws4_request":
-        raise InvalidArgument(
+        raise AuthorizationQueryParametersError(
             f"x-amz-credential {credential!r} is not AKID/date/region/s3/aws4_request"
         )
     if fields.get("x-amz-algorithm", ALGORITHM) != ALGORITHM:
@@ -124,6 +136,8 @@ def _verify_v4(policy: str, fields: Mapping[str, str], secrets: Mapping[str, str
 
 def _verify_v2(policy: str, fields: Mapping[str, str], secrets: Mapping[str, str]) -> str:
     key_id = fields.get("awsaccesskeyid", "")
+    if not (key_id and policy and fields.get("signature")):
+        raise MissingFields("A V2 form needs the fields AWSAccessKeyId, policy and signature.")
     secret = _secret(secrets, key_id)
     digest = hmac.new(secret.encode(), policy.encode(), hashlib.sha1).digest()
     _compare(base64.b64encode(digest).decode(), fields.get("signature", ""), policy)
@@ -156,6 +170,8 @@ def _document(policy: str) -> dict[str, Any]:
         ) from None
     if not isinstance(document, dict) or not isinstance(document.get("conditions"), list):
         raise InvalidPolicyDocument("Invalid Policy: it needs an expiration and a conditions list.")
+    if not document["conditions"]:  # it would let the form write any key of any bucket
+        raise InvalidPolicyDocument("Invalid Policy: the conditions list is empty.")
     return document
 
 
@@ -177,7 +193,7 @@ def _conditions(
     conditions: list[tuple[str, str, str]] = []
     length_range: tuple[int, int | None] = (0, None)
     for condition in document["conditions"]:
-        if isinstance(condition, dict):
+        if isinstance(condition, dict) and condition:  # {} is no condition: refused below
             conditions += [("eq", str(k).lower(), _text(v)) for k, v in condition.items()]
         elif isinstance(condition, list) and len(condition) == 3:
             operator = str(condition[0]).lower()

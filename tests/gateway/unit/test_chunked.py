@@ -22,6 +22,7 @@ from hapi.gateway._errors import (
     BadDigest,
     IncompleteBody,
     InvalidArgument,
+    InvalidDigest,
     InvalidRequest,
     S3Error,
     SignatureDoesNotMatch,
@@ -431,9 +432,23 @@ def test_header_checksums_can_be_left_alone():
     assert (out, error) == (PAYLOAD, None)
 
 
-def test_malformed_checksum_header():
-    _, error = decode([PAYLOAD], None, headers={"content-md5": "not base64!"})
-    assert isinstance(error, InvalidArgument)
+@pytest.mark.parametrize(
+    ("header", "error"),
+    [
+        # As the store answers: Content-MD5 that is not base64 is InvalidDigest, a checksum
+        # header that is not base64 (or not the digest's length) is just a wrong one.
+        ("content-md5", InvalidDigest),
+        ("x-amz-checksum-sha256", BadDigest),
+        ("x-amz-checksum-crc64nvme", BadDigest),
+    ],
+)
+@pytest.mark.parametrize("value", ["bad", "not base64!"])
+def test_malformed_checksum_header(header, error, value):
+    out, raised = decode([PAYLOAD], None, headers={header: value})
+    assert type(raised) is error
+    assert out == b""
+    _, raised = decode([PAYLOAD], None, headers={header: "AAAA"})  # base64, too short
+    assert type(raised) is BadDigest
 
 
 # --- streaming and memory -------------------------------------------------------------------

@@ -15,10 +15,12 @@ import pytest
 
 from hapi.gateway._errors import (
     AccessDenied,
+    AuthorizationQueryParametersError,
     InvalidAccessKeyId,
     InvalidPolicyDocument,
     MalformedPOSTRequest,
     MaxPostPreDataLengthExceeded,
+    MissingFields,
     SignatureDoesNotMatch,
 )
 from hapi.gateway.edge._form import FormReader, form_boundary
@@ -158,18 +160,21 @@ def test_content_length_range_is_read():
     assert (policy.min_length, policy.max_length) == (10, 20)
 
 
-def test_v4_signature():
-    policy = _policy([])
+def _v4(policy: str) -> dict[str, str]:
     key = b"AWS4secret"
     for part in ("20260102", "us-east-1", "s3", "aws4_request"):
         key = hmac.digest(key, part.encode(), "sha256")
-    fields = {
+    return {
         "policy": policy,
         "x-amz-algorithm": "AWS4-HMAC-SHA256",
         "x-amz-credential": "AKID/20260102/us-east-1/s3/aws4_request",
         "x-amz-date": "20260102T030405Z",
         "x-amz-signature": hmac.new(key, policy.encode(), hashlib.sha256).hexdigest(),
     }
+
+
+def test_v4_signature():
+    fields = _v4(_policy([{"bucket": "b"}]))
     assert verify_form(fields, {"AKID": "secret"}, NOW).access_key_id == "AKID"
     with pytest.raises(SignatureDoesNotMatch):
         verify_form({**fields, "x-amz-signature": "0" * 64}, {"AKID": "secret"}, NOW)
@@ -178,13 +183,60 @@ def test_v4_signature():
 def test_refusals():
     secrets = {"AKID": "secret"}
     with pytest.raises(AccessDenied, match="Policy expired"):
-        verify_form(_v2(_policy([], NOW - timedelta(seconds=1))), secrets, NOW)
+        verify_form(_v2(_policy([{"bucket": "b"}], NOW - timedelta(seconds=1))), secrets, NOW)
     with pytest.raises(SignatureDoesNotMatch):
-        verify_form(_v2(_policy([]), secret="other"), secrets, NOW)
+        verify_form(_v2(_policy([{"bucket": "b"}]), secret="other"), secrets, NOW)
     with pytest.raises(InvalidAccessKeyId):
-        verify_form(_v2(_policy([]), key_id="NOBODY"), secrets, NOW)
+        verify_form(_v2(_policy([{"bucket": "b"}]), key_id="NOBODY"), secrets, NOW)
     not_json = base64.b64encode(b"{not json").decode()
     with pytest.raises(InvalidPolicyDocument):
         verify_form(_v2(not_json), secrets, NOW)
     with pytest.raises(InvalidPolicyDocument):
         verify_form(_v2(_policy([["between", "$key", 1]])), secrets, NOW)
+
+
+def _without(fields: dict[str, str], *names: str) -> dict[str, str]:
+    return {name: value for name, value in fields.items() if name not in names}
+
+
+_SIGNED = _policy([{"bucket": "b"}])
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        # The store's answers (SeaweedFS): a form without a V2 signature field is read as a
+        # V4 form, whose credential is missing; a V2 form needs all three of its fields.
+        pytest.param(
+            _without(_v2(_SIGNED), "signature"), AuthorizationQueryParametersError, id="v2-no-sig"
+        ),
+        pytest.param({"policy": _SIGNED}, AuthorizationQueryParametersError, id="policy-alone"),
+        pytest.param({"awsaccesskeyid": "AKID"}, AuthorizationQueryParametersError, id="key-id"),
+        pytest.param({**_v2(_SIGNED), "signature": ""}, MissingFields, id="v2-empty-sig"),
+        pytest.param(_without(_v2(_SIGNED), "awsaccesskeyid"), MissingFields, id="v2-no-key-id"),
+        pytest.param(_without(_v2(_SIGNED), "policy"), MissingFields, id="v2-no-policy"),
+        pytest.param(
+            _without(_v4(_SIGNED), "x-amz-credential"),
+            AuthorizationQueryParametersError,
+            id="v4-no-credential",
+        ),
+        pytest.param(
+            {**_v4(_SIGNED), "x-amz-credential": "AKID"},
+            AuthorizationQueryParametersError,
+            id="v4-bad-credential",
+        ),
+        pytest.param(
+            _without(_v4(_SIGNED), "x-amz-signature"), SignatureDoesNotMatch, id="v4-no-sig"
+        ),
+    ],
+)
+def test_incomplete_signature_fields(fields, error):
+    with pytest.raises(error):
+        verify_form(fields, {"AKID": "secret"}, NOW)
+
+
+@pytest.mark.parametrize("conditions", [[], [{}], [{"bucket": "b"}, {}]])
+@pytest.mark.parametrize("sign", [_v2, _v4])
+def test_a_policy_without_conditions_is_refused(sign, conditions):
+    with pytest.raises(InvalidPolicyDocument):
+        verify_form(sign(_policy(conditions)), {"AKID": "secret"}, NOW)
