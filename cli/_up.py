@@ -9,8 +9,10 @@ killed run left is cleaned up by the next one.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -18,13 +20,17 @@ from typing import Any
 import click
 from rich.console import Console
 
-from hapi.gateway import GatewaySettings, listen, run_gateway
+from hapi.gateway import ClientKey, GatewaySettings, listen, run_gateway
 from hapi.models import Manifest
 from hapi.protocol import Credentials, UserError
 
 from ._state import AlreadyRunning, RunLock, RunRecord, clean_stale
 
 DEFAULT_STATE_DIR = ".state"
+# The client's own store identity: it may create and use buckets, and the bucket policies
+# set at every start keep it out of the cache bucket and off the registry's writes.
+CLIENT_IDENTITY = "client"
+CLIENT_ACTIONS = ("Admin", "Read", "Write", "List", "Tagging")
 STOPPED = "hapi stopped: the gateway and the store are down."
 
 
@@ -80,55 +86,85 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def _run(
     console: Console, lock: RunLock, state_dir: Path, port: int, store_port: int, demo: bool
 ) -> None:
-    from hapi.store import EmbeddedStore, StoreSettings, load_or_create_credentials
+    from hapi.store import (
+        EmbeddedStore,
+        StoreIdentity,
+        StoreSettings,
+        load_or_create_credentials,
+    )
 
     store_dir = state_dir / "store"
     if stale := clean_stale(state_dir, store_dir):
         console.print(stale)
     sock = listen("127.0.0.1", port)  # a busy port is one line, before the store starts
     url = f"http://127.0.0.1:{port}"
+    # The store's own identity is the gateway's (registry reads, the cache) and the admin
+    # key's upstream; the client key acts as a store identity of its own, which only the
+    # gateway holds, so the store's permissions judge it.
     backend = load_or_create_credentials(store_dir, None, None)
+    tenant = load_or_create_credentials(state_dir / "store-client", None, None)
     client = load_or_create_credentials(state_dir / "gateway", None, None)
+    admin = load_or_create_credentials(state_dir / "gateway-admin", None, None)
     store_settings = StoreSettings(
         data_dir=store_dir,
         port=store_port,
         access_key_id=backend.access_key_id,
         secret_access_key=backend.secret_access_key,
+        identities=(StoreIdentity(CLIENT_IDENTITY, tenant, CLIENT_ACTIONS),),
     )
     with sock, EmbeddedStore(store_settings) as store:
         lock.write(RunRecord(os.getpid(), url, store.endpoint_url, store.pid))
         console.print(f"[green]store[/] up at {store.endpoint_url} (data in {store_dir})")
         settings = GatewaySettings(
             backend_url=store.endpoint_url,
-            backend_credentials=Credentials(backend.access_key_id, backend.secret_access_key),
-            client_secrets={client.access_key_id: client.secret_access_key},
+            backend_credentials=backend,
+            clients={
+                client.access_key_id: ClientKey(client.secret_access_key, "client", tenant),
+                admin.access_key_id: ClientKey(admin.secret_access_key, "admin"),
+            },
         )
-        model = None
-        if demo:
-            model = _ensure_demo_model(console, store.endpoint_url, backend, settings)
+        s3 = _store_client(store.endpoint_url, backend)
+        _protect_internal_buckets(s3, settings)
+        model = _ensure_demo_model(console, s3, settings) if demo else None
+        keys = _Keys(client, admin, state_dir / "gateway-admin")
         run_gateway(
             settings,
             "127.0.0.1",
             port,
             sock=sock,
-            on_started=lambda: _banner(console, url, client, model),
+            on_started=lambda: _banner(console, url, keys, model),
         )
 
 
-def _ensure_demo_model(
-    console: Console, endpoint: str, creds: Any, settings: GatewaySettings
-) -> Manifest | None:
+def _store_client(endpoint: str, creds: Credentials) -> Any:
+    """A boto3 client of the store itself, as its own identity."""
     import boto3
 
-    from hapi.models import ExportError, register_default_model
-
-    s3 = boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=endpoint,
         region_name="us-east-1",
         aws_access_key_id=creds.access_key_id,
         aws_secret_access_key=creds.secret_access_key,
     )
+
+
+def _protect_internal_buckets(s3: Any, settings: GatewaySettings) -> None:
+    """Create the registry and cache buckets if need be and set their bucket policies (at
+    every start: what docs/security.md asks of every operator)."""
+    from hapi.store import internal_bucket_policies
+
+    policies = internal_bucket_policies(settings.registry_bucket, settings.cache_bucket)
+    existing = {bucket["Name"] for bucket in s3.list_buckets().get("Buckets", [])}
+    for bucket, policy in policies.items():
+        if bucket not in existing:
+            s3.create_bucket(Bucket=bucket)
+        s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
+
+
+def _ensure_demo_model(console: Console, s3: Any, settings: GatewaySettings) -> Manifest | None:
+    from hapi.models import ExportError, register_default_model
+
     try:
         with console.status("registering the demo model (EfficientNet-Lite0) on first start..."):
             manifest = register_default_model(s3, settings.registry_bucket)
@@ -139,8 +175,18 @@ def _ensure_demo_model(
     return manifest
 
 
-def _banner(console: Console, url: str, client: Any, model: Manifest | None) -> None:
-    key, secret = client.access_key_id, client.secret_access_key
+@dataclass(frozen=True)
+class _Keys:
+    """The gateway keys the banner shows: an ordinary client's, and the admin's (whose
+    secret stays in its file)."""
+
+    client: Credentials
+    admin: Credentials
+    admin_dir: Path
+
+
+def _banner(console: Console, url: str, keys: _Keys, model: Manifest | None) -> None:
+    key, secret = keys.client.access_key_id, keys.client.secret_access_key
     sig = '--aws-sigv4 aws:amz:us-east-1:s3 --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY"'
     pushdown = ""
     if model is not None:
@@ -155,6 +201,7 @@ def _banner(console: Console, url: str, client: Any, model: Manifest | None) -> 
         )
     text = f"""hapi gateway up at {url}
 
+  # an ordinary client key: reads and writes data, reads the registry
   export AWS_ENDPOINT_URL={url}
   export AWS_ACCESS_KEY_ID={key}
   export AWS_SECRET_ACCESS_KEY={secret}
@@ -168,6 +215,9 @@ def _banner(console: Console, url: str, client: Any, model: Manifest | None) -> 
   curl {url}/_hapi/health
   curl {sig} {url}/_hapi/models
   curl {sig} {url}/metrics
+
+  # the admin key ({keys.admin.access_key_id}; its secret is in {keys.admin_dir}/) writes the
+  # registry (hapi models export/import/rm) and manages the cache (hapi cache prune/rm)
 
 Ctrl-C stops the gateway and the store."""
     console.print(text, soft_wrap=True, markup=False)

@@ -9,6 +9,7 @@ from ._app import Gateway, create_app
 from ._cli import serve, settings_options
 from ._control import ProbeMeter
 from ._errors import S3Error
+from ._identities import Caller, ClientKey, read_credentials_file
 from ._knobs import Knob, markdown_table
 from ._server import listen, run_gateway
 from ._settings import GatewaySettings, environment_variables, settings_knobs
@@ -19,6 +20,8 @@ from .pushdown._tenants import SessionFactory
 
 __all__ = [
     "AsyncRegistry",
+    "Caller",
+    "ClientKey",
     "Gateway",
     "GatewaySettings",
     "Knob",
@@ -31,6 +34,7 @@ __all__ = [
     "listen",
     "markdown_table",
     "memory_budget",
+    "read_credentials_file",
     "run_gateway",
     "serve",
     "settings_knobs",

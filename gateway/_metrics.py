@@ -59,7 +59,7 @@ class Metrics:
         )
         self.cache_lookups = Counter(
             "hapi_cache_lookups",
-            "Feature cache lookups, by model and result (hit, miss).",
+            "Feature cache lookups, by model and result (hit, miss, rejected: an entry without a valid MAC).",
             ("model", "result"),
             registry=self.registry,
         )

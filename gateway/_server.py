@@ -148,9 +148,10 @@ def print_startup_block(settings: GatewaySettings, url: str) -> None:
 
 
 def _clients(settings: GatewaySettings) -> str:
-    count = len(settings.client_secrets)
+    count = len(settings.clients)
+    admins = sum(key.role == "admin" for key in settings.clients.values())
     anonymous = "; anonymous requests forwarded" if settings.allow_anonymous else ""
-    return f"{count} credential{'s' if count != 1 else ''}{anonymous}"
+    return f"{count} credential{'s' if count != 1 else ''} ({admins} admin){anonymous}"
 
 
 def _size(count: float) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import json
 import os
 from collections.abc import Mapping
@@ -13,6 +15,7 @@ from typing import Any
 
 from hapi.models import Device
 
+from ._identities import ClientKey, read_credentials_file
 from ._knobs import Knob, from_environment, knob, knobs
 from .edge._sigv4 import Credentials
 
@@ -20,10 +23,13 @@ ENV_BACKEND_KEY = "HAPI_BACKEND_ACCESS_KEY_ID"
 ENV_BACKEND_SECRET = "HAPI_BACKEND_SECRET_ACCESS_KEY"
 ENV_CLIENT_KEY = "HAPI_ACCESS_KEY_ID"
 ENV_CLIENT_SECRET = "HAPI_SECRET_ACCESS_KEY"
+ENV_ADMIN_KEY = "HAPI_ADMIN_ACCESS_KEY_ID"
+ENV_ADMIN_SECRET = "HAPI_ADMIN_SECRET_ACCESS_KEY"
 # The conventional key pairs: variables that fill a credentials field without a file.
 CREDENTIAL_PAIRS = {
     "backend_credentials": (ENV_BACKEND_KEY, ENV_BACKEND_SECRET),
-    "client_secrets": (ENV_CLIENT_KEY, ENV_CLIENT_SECRET),
+    "client": (ENV_CLIENT_KEY, ENV_CLIENT_SECRET),
+    "admin": (ENV_ADMIN_KEY, ENV_ADMIN_SECRET),
 }
 
 
@@ -39,8 +45,11 @@ class GatewaySettings:
         backend_credentials: What the gateway signs upstream requests with: a JSON file
             {"KEY_ID": "SECRET"} with one entry, or HAPI_BACKEND_ACCESS_KEY_ID and
             HAPI_BACKEND_SECRET_ACCESS_KEY.
-        client_secrets: The credentials clients may sign with: a JSON file
-            {"KEY_ID": "SECRET", ...}, and/or HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY.
+        clients: The keys clients may sign with, each with its role (admin or client) and
+            the store identity it acts as upstream: a JSON credentials file (see
+            docs/security.md), and/or HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY (a
+            client) and HAPI_ADMIN_ACCESS_KEY_ID and HAPI_ADMIN_SECRET_ACCESS_KEY (an
+            admin), both acting as the backend identity upstream.
         allow_anonymous: Forward unsigned requests upstream unsigned, so the store's ACLs and
             bucket policies judge them (the backend credentials never sign for an anonymous
             caller); off refuses them at the gateway with 403 AccessDenied.
@@ -98,6 +107,9 @@ class GatewaySettings:
         cache_write_queue: Entries waiting to be written; a full queue skips a write.
         cache_touch_s: A hit on an entry older than this (seconds) refreshes its last use.
         cache_prune_interval_s: Seconds between checks of the cache against its size cap.
+        cache_secret: A file holding the secret cache entries are authenticated with (the
+            same for every gateway of a store); by default one derived from the backend
+            secret.
     """
 
     backend_url: str = field(metadata=knob(env="HAPI_BACKEND_URL", flag="--backend"))
@@ -108,7 +120,7 @@ class GatewaySettings:
             parse=lambda path: read_backend_credentials(Path(path)),
         )
     )
-    client_secrets: Mapping[str, str] = field(
+    clients: Mapping[str, ClientKey] = field(
         default_factory=lambda: MappingProxyType({}),
         metadata=knob(
             env="HAPI_CREDENTIALS_FILE",
@@ -164,6 +176,16 @@ class GatewaySettings:
     cache_write_queue: int = 256
     cache_touch_s: float = 3600.0
     cache_prune_interval_s: float = 300.0
+    cache_secret: str | None = field(
+        default=None,
+        repr=False,
+        metadata=knob(
+            env="HAPI_CACHE_SECRET_FILE",
+            flag="--cache-secret-file",
+            parse=lambda path: read_secret_file(Path(path)),
+            shown_default="derived from the backend secret",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.backend_url.startswith(("http://", "https://")):
@@ -171,7 +193,7 @@ class GatewaySettings:
                 f"backend URL must start with http:// or https://: {self.backend_url!r}"
             )
         object.__setattr__(self, "backend_url", self.backend_url.rstrip("/"))
-        object.__setattr__(self, "client_secrets", MappingProxyType(dict(self.client_secrets)))
+        object.__setattr__(self, "clients", MappingProxyType(dict(self.clients)))
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         limits = (
@@ -194,7 +216,7 @@ class GatewaySettings:
             raise ValueError(
                 "header size and timeouts, connection limit and workers must be positive"
             )
-        if not self.client_secrets and not self.allow_anonymous:
+        if not self.clients and not self.allow_anonymous:
             raise ValueError(
                 "no client credentials and anonymous requests refused: nothing to serve"
             )
@@ -214,13 +236,11 @@ class GatewaySettings:
         if "backend_credentials" not in values and key in env and secret in env:
             values["backend_credentials"] = Credentials(env[key], env[secret])
         values.update({k: v for k, v in overrides.items() if v is not None})
-        key, secret = CREDENTIAL_PAIRS["client_secrets"]
-        pair = {env[key]: env[secret]} if env.get(key) and env.get(secret) else {}
-        values["client_secrets"] = {**values.get("client_secrets", {}), **pair}
+        values["clients"] = {**values.get("clients", {}), **_paired_keys(env)}
         for required in ("backend_url", "backend_credentials"):
             if required not in values:
                 raise ValueError(f"missing {required.replace('_', ' ')}: see `hapi serve --help`")
-        if not values["client_secrets"] and values.get("allow_anonymous") is not True:
+        if not values["clients"] and values.get("allow_anonymous") is not True:
             # A gateway for unsigned requests only must be asked for, not fallen into.
             raise ValueError(
                 "no client credentials: set HAPI_ACCESS_KEY_ID and HAPI_SECRET_ACCESS_KEY, "
@@ -237,8 +257,21 @@ class GatewaySettings:
         # Worker processes are spawned and receive the settings pickled; a mapping proxy
         # cannot be pickled, so the secrets travel as a dict.
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values["client_secrets"] = dict(self.client_secrets)
+        values["clients"] = dict(self.clients)
         return _rebuild, (values,)
+
+    @functools.cached_property
+    def client_secrets(self) -> Mapping[str, str]:
+        """The secret of every client key, by key id (what signatures are verified with)."""
+        return MappingProxyType({key_id: key.secret for key_id, key in self.clients.items()})
+
+    @functools.cached_property
+    def cache_mac_key(self) -> bytes:
+        """The key cache entries are authenticated with: the configured cache secret, or
+        one derived from the backend secret (which every gateway of a store shares and no
+        client holds). Never logged."""
+        secret = self.cache_secret or self.backend_credentials.secret_access_key
+        return hmac.new(secret.encode(), b"hapi feature cache entries v1", hashlib.sha256).digest()
 
 
 def _rebuild(values: dict[str, Any]) -> GatewaySettings:
@@ -257,31 +290,46 @@ def environment_variables() -> frozenset[str]:
     return frozenset({item.env for item in settings_knobs()} | pairs)
 
 
+def _paired_keys(env: Mapping[str, str]) -> dict[str, ClientKey]:
+    """The client and admin keys given by their variable pairs (both act upstream as the
+    backend identity)."""
+    keys = {}
+    for role in ("client", "admin"):
+        key, secret = CREDENTIAL_PAIRS[role]
+        if env.get(key) and env.get(secret):
+            keys[env[key]] = ClientKey(env[secret], "admin" if role == "admin" else "client")
+    return keys
+
+
 def read_backend_credentials(path: Path) -> Credentials:
-    """Read the backend credential: a credentials file with exactly one entry.
+    """Read the backend credential: a flat JSON file ``{"KEY_ID": "SECRET"}`` with exactly
+    one entry.
 
     Raises:
         ValueError: The file is unreadable or does not hold exactly one key pair.
     """
-    pairs = read_credentials_file(path)
-    if len(pairs) != 1:
-        raise ValueError(f"backend credentials file {path} must hold exactly one key pair")
-    ((key_id, secret),) = pairs.items()
-    return Credentials(key_id, secret)
-
-
-def read_credentials_file(path: Path) -> dict[str, str]:
-    """Read client credentials: a JSON object ``{"ACCESS_KEY_ID": "SECRET", ...}``.
-
-    Raises:
-        ValueError: The file is missing, not JSON, or not a flat string mapping.
-    """
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read credentials file {path}: {exc}") from exc
-    if not isinstance(data, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
-    ):
-        raise ValueError(f"credentials file {path} must be a JSON object of key id -> secret")
-    return data
+        raise ValueError(f"cannot read backend credentials file {path}: {exc}") from exc
+    if not isinstance(data, dict) or len(data) != 1:
+        raise ValueError(f"backend credentials file {path} must hold exactly one key pair")
+    ((key_id, secret),) = data.items()
+    if not isinstance(key_id, str) or not isinstance(secret, str):
+        raise ValueError(f"backend credentials file {path} must map a key id to its secret")
+    return Credentials(key_id, secret)
+
+
+def read_secret_file(path: Path) -> str:
+    """A secret kept in a file of its own (its first line; surrounding blanks dropped).
+
+    Raises:
+        ValueError: The file is unreadable or empty.
+    """
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read secret file {path}: {exc}") from exc
+    if not text:
+        raise ValueError(f"secret file {path} is empty")
+    return text.splitlines()[0]

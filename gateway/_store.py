@@ -4,8 +4,9 @@ pushdown's fetches and the control plane's health check.
 URLs are built, requests signed, idempotent requests retried once on a refused connection,
 ListObjectsV2 pages followed and S3 error replies parsed here and nowhere else. It is also
 the one place that decides which store identity a call acts as: the backend credentials
-(the default), or none at all for :meth:`StoreClient.anonymous` (an unsigned request, which
-the store's own ACLs and bucket policies judge).
+(the gateway's own calls), a caller's own identity (:meth:`StoreClient.acting_as`, for
+pushdown's fetches and the cache's HEADs), or none at all (an unsigned request, which the
+store's own ACLs and bucket policies judge).
 
 Transport failures (``httpx.TransportError``) pass through unchanged: each caller knows
 what one means for it (a registry error, a cache miss, ``503 ServiceUnavailable``).
@@ -49,9 +50,10 @@ class StoreClient:
         """The client acting as the gateway's backend identity."""
         return cls(settings, client, settings.backend_credentials)
 
-    def anonymous(self) -> StoreClient:
-        """The same client, sending unsigned requests (the store judges them as anonymous)."""
-        return replace(self, credentials=None)
+    def acting_as(self, credentials: Credentials | None) -> StoreClient:
+        """The same client acting as ``credentials`` (``None``: unsigned requests, which
+        the store judges as anonymous)."""
+        return replace(self, credentials=credentials)
 
     def url(self, bucket: str, key: str = "", query: Mapping[str, str] | None = None) -> str:
         """The path-style URL of ``bucket`` (or of its object ``key``), with ``query``

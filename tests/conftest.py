@@ -14,13 +14,33 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from hapi.store import EmbeddedStore, StoreSettings, free_port, load_or_create_credentials
+from hapi.protocol import Credentials
+from hapi.store import (
+    EmbeddedStore,
+    StoreIdentity,
+    StoreSettings,
+    free_port,
+    load_or_create_credentials,
+)
 from tests.support import RunningGateway, empty_bucket, gateway_process
+
+# Two tenants of the store with their own permissions: each may create, read and write
+# buckets named after it, and read the registry; neither may touch the other's buckets.
+TENANTS = {
+    name: Credentials(name.upper() + secrets.token_hex(6).upper(), secrets.token_hex(20))
+    for name in ("alice", "bob")
+}
+
+
+def tenant_actions(name: str) -> tuple[str, ...]:
+    own = tuple(f"{action}:{name}-*" for action in ("Admin", "Read", "Write", "List", "Tagging"))
+    return (*own, "Read:hapi-models", "List:hapi-models")
 
 
 @pytest.fixture(scope="session")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStore]:
-    """A running embedded store, stopped at the end of the session however tests end."""
+    """A running embedded store, stopped at the end of the session however tests end: its
+    own identity (allowed everything) and the two :data:`TENANTS`."""
     root = tmp_path_factory.mktemp("store")
     creds = load_or_create_credentials(root / "state", None, None)
     settings = StoreSettings(
@@ -28,6 +48,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStore]:
         port=free_port(),
         access_key_id=creds.access_key_id,
         secret_access_key=creds.secret_access_key,
+        identities=tuple(
+            StoreIdentity(name, pair, tenant_actions(name)) for name, pair in TENANTS.items()
+        ),
     )
     with EmbeddedStore(settings) as running:
         yield running
@@ -88,6 +111,19 @@ def s3(gateway: RunningGateway) -> Any:
         region_name="us-east-1",
         aws_access_key_id=gateway.access_key_id,
         aws_secret_access_key=gateway.secret_access_key,
+        config=Config(signature_version="s3v4", retries={"max_attempts": 1}),
+    )
+
+
+@pytest.fixture(scope="session")
+def admin_s3(gateway: RunningGateway) -> Any:
+    """A boto3 client whose endpoint is the gateway, signing with its admin key."""
+    return boto3.client(
+        "s3",
+        endpoint_url=gateway.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=gateway.admin_access_key_id,
+        aws_secret_access_key=gateway.admin_secret_access_key,
         config=Config(signature_version="s3v4", retries={"max_attempts": 1}),
     )
 

@@ -37,6 +37,8 @@ class RunningGateway:
     backend_secret_access_key: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    admin_access_key_id: str = ""
+    admin_secret_access_key: str = ""
 
     @property
     def pid(self) -> int:
@@ -78,6 +80,7 @@ def gateway_process(
     1``); stop it afterwards, whatever happens."""
     port = free_port()
     key, secret = "GWTEST" + os.urandom(5).hex().upper(), os.urandom(20).hex()
+    admin, admin_secret = "GWADMIN" + os.urandom(5).hex().upper(), os.urandom(20).hex()
     env = {
         **os.environ,
         "HAPI_BACKEND_URL": backend_url,
@@ -85,6 +88,8 @@ def gateway_process(
         "HAPI_BACKEND_SECRET_ACCESS_KEY": backend_secret,
         "HAPI_ACCESS_KEY_ID": key,
         "HAPI_SECRET_ACCESS_KEY": secret,
+        "HAPI_ADMIN_ACCESS_KEY_ID": admin,
+        "HAPI_ADMIN_SECRET_ACCESS_KEY": admin_secret,
     }
     log_path = log_dir / f"gateway-{port}.log"
     with log_path.open("wb") as log:
@@ -95,7 +100,15 @@ def gateway_process(
             stderr=subprocess.STDOUT,
         )
     gw = RunningGateway(
-        f"http://127.0.0.1:{port}", key, secret, backend_key, backend_secret, proc, log_path
+        f"http://127.0.0.1:{port}",
+        key,
+        secret,
+        backend_key,
+        backend_secret,
+        proc,
+        log_path,
+        admin,
+        admin_secret,
     )
     try:
         _wait_listening(gw, start_timeout)

@@ -260,13 +260,13 @@ def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def _gateway_settings(spec: TierSpec, backend_url: str, *, cache: bool) -> Any:
-    from hapi.gateway import GatewaySettings
+    from hapi.gateway import ClientKey, GatewaySettings
     from hapi.protocol import Credentials
 
     return GatewaySettings(
         backend_url=backend_url,
         backend_credentials=Credentials(spec.store_key, spec.store_secret),
-        client_secrets={spec.client_key: spec.client_secret},
+        clients={spec.client_key: ClientKey(spec.client_secret)},
         device=spec.device,
         intra_op_threads=1,
         decode_workers=1,

@@ -25,8 +25,10 @@ from .._errors import (
     InvalidRequest,
     ServiceUnavailable,
 )
+from .._identities import Caller, caller_of
 from .._settings import GatewaySettings
 from .._types import ASGIReceive, ASGISend, Message, Scope, request_state
+from ._access import check_form_upload
 from ._addressing import Target, object_path
 from ._form import FilePart, FormReader, form_boundary
 from ._post_policy import AUTH_FIELDS, PostPolicy, verify_form
@@ -119,8 +121,13 @@ class PostObject:
         if file is None:
             raise InvalidArgument("POST requires exactly one file upload per request.")
         policy.check(fields, target.bucket)
+        settings = self._settings
+        caller = caller_of(policy.access_key_id, settings.clients, settings.backend_credentials)
+        check_form_upload(caller, settings, target.bucket)
         key = key.replace("${filename}", file.filename)
-        status, headers, reply = await self._put(target.bucket, key, fields, file, form, policy)
+        status, headers, reply = await self._put(
+            caller, target.bucket, key, fields, file, form, policy
+        )
         await form.rest(_MAX_TRAILING_BYTES)
         if status != 200:  # the store's refusal, as it sent it
             await _send(send, status, headers, reply)
@@ -129,6 +136,7 @@ class PostObject:
 
     async def _put(
         self,
+        caller: Caller,
         bucket: str,
         key: str,
         fields: dict[str, str],
@@ -136,13 +144,15 @@ class PostObject:
         form: FormReader,
         policy: PostPolicy,
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """PUT the file upstream: the store's status, headers worth passing on, and body."""
+        """PUT the file upstream as ``caller``'s store identity: the store's status, headers
+        worth passing on, and body."""
+        assert caller.upstream is not None  # a verified policy's key acts as someone
         url = self._settings.backend_url + object_path(bucket, key)
         signed = sign_request(
             method="PUT",
             url=url,
             headers=_put_headers(fields, file),
-            credentials=self._settings.backend_credentials,
+            credentials=caller.upstream,
             region=self._settings.region,
             now=self._now(),
         )

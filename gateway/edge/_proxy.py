@@ -17,9 +17,11 @@ from typing import Any
 import httpx
 
 from .._errors import AccessDenied, InvalidRequest, ServiceUnavailable
+from .._identities import Caller, caller_of
 from .._settings import GatewaySettings
 from .._types import ASGIReceive, ASGISend, Scope, request_state
 from ..pushdown._handler import Pushdown, parse_params
+from ._access import check_access, check_form_upload
 from ._addressing import Target, resolve
 from ._chunked import decode_body
 from ._operations import classify
@@ -155,11 +157,28 @@ class Proxy:
         if await self._form_upload(scope, receive, send, target):
             return
         verified = self.authenticate(scope, target)
+        caller = self.caller(verified)
+        state["caller"] = caller.name
+        check_access(
+            caller,
+            self._settings,
+            method=scope["method"],
+            bucket=target.bucket,
+            query_names=_query_names(query),
+            headers=dict(headers),
+        )
         if self.pushdown is not None and await self._pushdown(
-            scope, receive, send, target, verified
+            scope, receive, send, target, verified, caller
         ):
             return
-        await self.forward(scope, receive, send, target=target, verified=verified)
+        await self.forward(scope, receive, send, target=target, verified=verified, caller=caller)
+
+    def caller(self, verified: Verified | None) -> Caller:
+        """Who a request is: the key it was verified with, or the anonymous caller."""
+        if verified is None:
+            return Caller.anonymous()
+        settings = self._settings
+        return caller_of(verified.access_key_id, settings.clients, settings.backend_credentials)
 
     async def _form_upload(
         self, scope: Scope, receive: ASGIReceive, send: ASGISend, target: Target
@@ -176,7 +195,9 @@ class Proxy:
 
         async def forward_unsigned(replay: ASGIReceive) -> None:
             self.authenticate(scope, target)  # refuses it if anonymous requests are
-            await self.forward(scope, replay, send, target=target, verified=None)
+            caller = Caller.anonymous()
+            check_form_upload(caller, self._settings, target.bucket)
+            await self.forward(scope, replay, send, target=target, verified=None, caller=caller)
 
         await self._post_object(
             scope,
@@ -195,10 +216,11 @@ class Proxy:
         send: ASGISend,
         target: Target,
         verified: Verified | None,
+        caller: Caller,
     ) -> bool:
         """Serve the request by pushdown if it asks for it; False for a plain request."""
         assert self.pushdown is not None
-        pushdown = self.pushdown if verified is not None else self.pushdown.unsigned()
+        pushdown = self.pushdown.acting_as(caller)
         state = request_state(scope)
         method, query = scope["method"], scope["query_string"].decode("latin-1")
         if method == "GET" and target.key:
@@ -255,8 +277,10 @@ class Proxy:
         *,
         target: Target,
         verified: Verified | None,
+        caller: Caller,
     ) -> None:
-        """Send the request upstream and stream the response back.
+        """Send the request upstream, as ``caller``'s store identity, and stream the
+        response back.
 
         Nothing goes upstream before the body's first verified piece is in hand (the whole
         body, when it fits one read): a request head followed by the connection's end is,
@@ -264,7 +288,7 @@ class Proxy:
         early must never have had its head sent.
         """
         length, content = await self._upstream_body(scope, receive, verified)
-        request = self._upstream_request(scope, target, verified, length, content)
+        request = self._upstream_request(scope, target, verified, caller, length, content)
         try:
             response = await self._client().send(request, stream=True)
         except httpx.TransportError as exc:
@@ -308,6 +332,7 @@ class Proxy:
         scope: Scope,
         target: Target,
         verified: Verified | None,
+        caller: Caller,
         length: int | None,
         content: AsyncIterator[bytes] | None,
     ) -> httpx.Request:
@@ -333,15 +358,16 @@ class Proxy:
             bucket[name] = f"{bucket[name]},{value}" if name in bucket else value
         if length is not None:
             plain["content-length"] = str(length)
-        # The backend's credentials never sign for an anonymous caller.
+        # Signed as the caller's own store identity; an anonymous caller's request goes
+        # unsigned (the backend's credentials never sign for it).
         signed = (
             to_sign
-            if verified is None
+            if caller.upstream is None
             else sign_request(
                 method=method,
                 url=url,
                 headers=to_sign,
-                credentials=self._settings.backend_credentials,
+                credentials=caller.upstream,
                 region=self._settings.region,
                 now=self._now(),
             )

@@ -1,9 +1,13 @@
 """The feature cache, as the gateway uses it: look entries up, write them in the background.
 
-The layout (keys, paths, eviction order) is ``hapi.models``' contract; this module does
-the I/O with the gateway's own upstream client and backend credentials. Nothing here may
-fail a request: a cache bucket that is missing, full or unreadable degrades to computing,
-with one warning per kind of failure. Writes go through a bounded queue drained by one
+The layout (keys, paths, eviction order) is ``hapi.protocol``'s contract; this module does
+the I/O with the gateway's own store identity. Each entry carries a MAC over its cache
+key and its content (the ``x-amz-meta-hapi-mac`` header) under a key every gateway of a
+store shares and no client holds: an entry without a valid one (forged through the
+gateway, written directly into the store, or another key's entry copied over) is a miss,
+counted as ``rejected``, never served. Nothing here may fail a request: a cache bucket
+that is missing, full or unreadable degrades to computing, with one warning per kind of
+failure. Writes go through a bounded queue drained by one
 background task; a full queue skips the write rather than delay an answer. A hit on an
 entry not touched for ``cache_touch_s`` is refreshed in the background (a copy onto
 itself), so ``LastModified`` tracks last use for least-recently-used eviction, which a
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -46,6 +51,7 @@ from .._settings import GatewaySettings
 from .._store import StoreClient
 
 logger = logging.getLogger("hapi.gateway.cache")
+MAC_HEADER = "x-amz-meta-hapi-mac"
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,8 @@ class FeatureCache:
         self._store = store
         self._bucket = settings.cache_bucket
         self._metrics = metrics
-        self._queue: asyncio.Queue[tuple[str, Callable[[], Any]]] = asyncio.Queue(
+        # (the model of an entry write, None for a touch; the job)
+        self._queue: asyncio.Queue[tuple[str | None, Callable[[], Any]]] = asyncio.Queue(
             maxsize=max(1, settings.cache_write_queue)
         )
         self._warned: set[str] = set()
@@ -108,16 +115,14 @@ class FeatureCache:
 
     # -- reads -------------------------------------------------------------------------
 
-    async def identify(
-        self, bucket: str, key: str, *, signed: bool = True
-    ) -> ObjectIdentity | None:
-        """The object's identity from a HEAD, signed the way the caller's own GET would be
-        (unsigned for an anonymous caller, so the store judges whether it may read the
-        object before any cached features are served); ``None`` when the HEAD fails, so
-        the caller's own GET reports the error exactly as without the cache."""
-        store = self._store if signed else self._store.anonymous()
+    async def identify(self, caller: StoreClient, bucket: str, key: str) -> ObjectIdentity | None:
+        """The object's identity from a HEAD sent as the caller (``caller``: the store
+        client acting as its identity, unsigned for an anonymous caller), so the store
+        judges whether it may read the object now, before any cached features are served;
+        ``None`` when the HEAD fails, so the caller's own GET reports the error exactly as
+        without the cache."""
         try:
-            reply = await store.request("HEAD", bucket, key)
+            reply = await caller.request("HEAD", bucket, key)
         except httpx.TransportError:
             return None
         if reply.status_code != 200:
@@ -143,14 +148,24 @@ class FeatureCache:
             self._warn("read", f"the feature cache answered HTTP {reply.status_code}; computing")
             self._count(manifest, "miss")
             return None
+        mac = reply.headers.get(MAC_HEADER, "")
+        if not hmac.compare_digest(mac, self._mac(path, reply.content)):
+            self._warn("rejected", f"a cache entry without a valid MAC was ignored: {path}")
+            self._count(manifest, "rejected")
+            return None
         cached = _parse(reply.content)
         if cached is None:
             self._warn("corrupt", f"an unreadable cache entry {path} was ignored")
             self._count(manifest, "miss")
             return None
         self._count(manifest, "hit", cached.nbytes)
-        self._maybe_touch(path, reply.headers.get("last-modified"))
+        self._maybe_touch(path, mac, reply.headers.get("last-modified"))
         return cached
+
+    def _mac(self, path: str, body: bytes) -> str:
+        """The MAC of an entry: its path (so its cache key) and its content."""
+        message = b"hapi cache entry\n" + path.encode() + b"\n" + hashlib.sha256(body).digest()
+        return hmac.new(self._settings.cache_mac_key, message, hashlib.sha256).hexdigest()
 
     # -- writes ------------------------------------------------------------------------
 
@@ -168,15 +183,15 @@ class FeatureCache:
             return False
         path = entry_path(_key(identity, manifest, split, dtype))
         model = manifest.name
-        if not self._enqueue(path, lambda: self._put(path, entry, model)):
+        if not self._enqueue(model, lambda: self._put(path, entry, model)):
             self.skipped_writes += 1
             self._count_write(model, "skipped")
             return False
         return True
 
-    def _enqueue(self, path: str, job: Callable[[], Any]) -> bool:
+    def _enqueue(self, model: str | None, job: Callable[[], Any]) -> bool:
         try:
-            self._queue.put_nowait((path, job))
+            self._queue.put_nowait((model, job))
         except asyncio.QueueFull:
             return False
         if self._metrics is not None:
@@ -185,10 +200,12 @@ class FeatureCache:
 
     async def _writer(self) -> None:
         while True:
-            _path, job = await self._queue.get()
+            model, job = await self._queue.get()
             try:
                 await job()
             except Exception as exc:  # a failed write never reaches a request
+                if model is not None:
+                    self._count_write(model, "failed")
                 self._warn("write", f"a feature cache write failed: {exc!r}")
             finally:
                 self._queue.task_done()
@@ -197,7 +214,11 @@ class FeatureCache:
 
     async def _put(self, path: str, body: bytes, model: str) -> None:
         await self._ensure_bucket()
-        headers = {"content-type": "application/octet-stream", "content-length": str(len(body))}
+        headers = {
+            "content-type": "application/octet-stream",
+            "content-length": str(len(body)),
+            MAC_HEADER: self._mac(path, body),
+        }
         reply = await self._store.request(
             "PUT",
             self._bucket,
@@ -227,7 +248,7 @@ class FeatureCache:
                 )
         self._bucket_checked = True
 
-    def _maybe_touch(self, path: str, last_modified: str | None) -> None:
+    def _maybe_touch(self, path: str, mac: str, last_modified: str | None) -> None:
         if last_modified is None:
             return
         try:
@@ -236,11 +257,15 @@ class FeatureCache:
             return
         if age < self._settings.cache_touch_s:
             return
-        self._enqueue(path, lambda: self._touch(path))  # a full queue skips the record
+        self._enqueue(None, lambda: self._touch(path, mac))  # a full queue skips the record
 
-    async def _touch(self, path: str) -> None:
+    async def _touch(self, path: str, mac: str) -> None:
         source = f"/{self._bucket}/{path}"
-        headers = {"x-amz-copy-source": quote(source), "x-amz-metadata-directive": "REPLACE"}
+        headers = {
+            "x-amz-copy-source": quote(source),
+            "x-amz-metadata-directive": "REPLACE",
+            MAC_HEADER: mac,  # replaced metadata keeps the entry's MAC
+        }
         await self._store.request("PUT", self._bucket, path, headers=headers)
 
     # -- eviction ----------------------------------------------------------------------

@@ -20,6 +20,7 @@ import numpy as np
 from hapi.models import Manifest
 from hapi.protocol import ObjectIdentity
 
+from .._store import StoreClient
 from ._cache import Cached, FeatureCache, encode_entry
 
 MAX_ENTRY_BYTES = 64 * 1024**2  # an object's features bigger than this are not cached
@@ -37,22 +38,22 @@ class CachedSample:
 
 async def lookup_all(
     cache: FeatureCache,
+    caller: StoreClient,
     bucket: str,
     keys: Sequence[str],
     manifest: Manifest,
     split: int,
     dtype: str,
     mode: str,
-    *,
-    signed: bool = True,
 ) -> dict[str, Cached]:
     """The cached entries of ``keys`` (none when ``mode`` is ``refresh``); the objects'
-    identities come from HEADs signed as the caller's GETs would be."""
+    identities come from HEADs sent as the caller (``caller``: the store client acting as
+    its identity), so an entry is served only to a caller the store lets read the object."""
     if mode != "use":
         return {}
 
     async def one(key: str) -> Cached | None:
-        identity = await cache.identify(bucket, key, signed=signed)
+        identity = await cache.identify(caller, bucket, key)
         if identity is None:
             return None
         return await cache.lookup(identity, manifest, split, dtype)

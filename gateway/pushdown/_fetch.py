@@ -50,8 +50,7 @@ class ObjectLister:
     """Fetches the objects of pushdown requests and lists their samples.
 
     Args:
-        settings: Gateway settings (backend URL and credentials, limits).
-        store: The gateway's store client.
+        settings: Gateway settings (limits).
         decode_pool: Worker threads where objects are listed.
         metrics: Where object fetches are counted.
     """
@@ -59,27 +58,26 @@ class ObjectLister:
     def __init__(
         self,
         settings: GatewaySettings,
-        store: StoreClient,
         decode_pool: Executor,
         metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
-        self._store = store
         self._decode_pool = decode_pool
         self._metrics = metrics
 
     async def list_all(
-        self, bucket: str, keys: Sequence[str], manifest: Manifest, batch: bool, *, signed: bool
+        self, store: StoreClient, bucket: str, keys: Sequence[str], manifest: Manifest, batch: bool
     ) -> Listing:
-        """Fetch ``keys`` and list their samples; per-key failures of a batch are kept in
-        the listing's ``errors``, every other failure is raised."""
+        """Fetch ``keys`` through ``store`` (acting as the caller's identity) and list their
+        samples; per-key failures of a batch are kept in the listing's ``errors``, every
+        other failure is raised."""
         listing = Listing()
         limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
 
         async def one(key: str) -> None:
             async with limit:
                 started = time.perf_counter()
-                data = await self._fetch(bucket, key, listing, batch, signed)
+                data = await self._fetch(store, bucket, key, listing, batch)
                 listing.fetch_ms = max(listing.fetch_ms, (time.perf_counter() - started) * 1000)
             try:
                 listing.samples[key] = await self._list(data, bucket, key, manifest, listing)
@@ -98,13 +96,12 @@ class ObjectLister:
         return listing
 
     async def _fetch(
-        self, bucket: str, key: str, listing: Listing, batch: bool, signed: bool
+        self, store: StoreClient, bucket: str, key: str, listing: Listing, batch: bool
     ) -> bytes:
         # The whole object is needed before listing can start (image headers and tar
         # indexes want random access); the objects of a request are capped together.
         if self._metrics is not None:
             self._metrics.object_fetches.inc()
-        store = self._store if signed else self._store.anonymous()
         try:
             async with store.stream(bucket, key) as reply:
                 if reply.status_code != 200:

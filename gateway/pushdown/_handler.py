@@ -36,6 +36,7 @@ import numpy as np
 from hapi.models import Manifest, PendingSample, UndecodableObject
 
 from .._errors import BackendError, InvalidArgument, S3Error, UnprocessableObject
+from .._identities import Caller
 from .._metrics import Metrics
 from .._settings import GatewaySettings
 from .._store import StoreClient
@@ -93,15 +94,18 @@ class Pushdown:
         self.tenants = tenants
         self._decode_pool = decode_pool
         self.cache = cache
-        self._lister = ObjectLister(settings, store, decode_pool, metrics)
-        self._signed = True
+        self._lister = ObjectLister(settings, decode_pool, metrics)
+        self._store = store
+        self.caller = Caller("gateway", "admin", settings.backend_credentials)
+        self._as_caller = store
 
-    def unsigned(self) -> Pushdown:
-        """This pushdown fetching objects unsigned, for an anonymous caller: the store's
-        ACLs and bucket policies judge each fetch (and each cache lookup's HEAD) as they
-        would the caller's own GET."""
+    def acting_as(self, caller: Caller) -> Pushdown:
+        """This pushdown serving ``caller``: each object fetch, and each cache lookup's
+        HEAD, goes upstream as the caller's own store identity (unsigned for an anonymous
+        caller), so the store judges whether it may read the object, cached or not."""
         view = copy.copy(self)
-        view._signed = False
+        view.caller = caller
+        view._as_caller = self._store.acting_as(caller.upstream)
         return view
 
     @property
@@ -145,7 +149,7 @@ class Pushdown:
         with batcher.expecting() if batcher is not None else _NOT_EXPECTED as arrival:
             try:
                 listing = await self._lister.list_all(
-                    bucket, missing, manifest, batch, signed=self._signed
+                    self._as_caller, bucket, missing, manifest, batch
                 )
             except asyncio.CancelledError:
                 self.stats.requests_cancelled += 1
@@ -205,14 +209,7 @@ class Pushdown:
         assert params.split is not None
         started = time.perf_counter()
         hits = await lookup_all(
-            cache,
-            bucket,
-            keys,
-            manifest,
-            params.split,
-            params.dtype,
-            params.cache,
-            signed=self._signed,
+            cache, self._as_caller, bucket, keys, manifest, params.split, params.dtype, params.cache
         )
         return hits, {"cache": (time.perf_counter() - started) * 1000}, cache
 

@@ -216,12 +216,17 @@ def test_an_unknown_cache_mode_is_invalid(gateway, registered, photos):
     assert reply.status_code == 400 and b"InvalidArgument" in reply.content
 
 
-def _hapi(gateway, *args: str, endpoint: str | None = None) -> subprocess.CompletedProcess[str]:
+def _hapi(
+    gateway, *args: str, endpoint: str | None = None, admin: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run ``hapi ARGS`` against the gateway with its client key (or its admin key)."""
     env = {
         **os.environ,
         "AWS_ENDPOINT_URL": endpoint or gateway.endpoint_url,
-        "AWS_ACCESS_KEY_ID": gateway.access_key_id,
-        "AWS_SECRET_ACCESS_KEY": gateway.secret_access_key,
+        "AWS_ACCESS_KEY_ID": gateway.admin_access_key_id if admin else gateway.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": (
+            gateway.admin_secret_access_key if admin else gateway.secret_access_key
+        ),
         "AWS_DEFAULT_REGION": "us-east-1",
     }
     return subprocess.run(
@@ -263,11 +268,15 @@ def test_cache_du_ls_prune_and_rm(gateway, registered, backend_s3, photos):
     _settled(gateway)
     entries = _entries(backend_s3)
     assert len(set(entries) - before) == 3
-    du = _hapi(gateway, "cache", "du")
+    for command in (("du",), ("ls",), ("prune", "--max-size", "1B"), ("rm", "--all")):
+        refused = _hapi(gateway, "cache", *command)  # the cache is the operators'
+        assert refused.returncode != 0 and "reserved for admin keys" in refused.stderr
+    assert _entries(backend_s3) == entries
+    du = _hapi(gateway, "cache", "du", admin=True)
     assert du.returncode == 0 and du.stdout.startswith(f"{len(entries)} entries")
-    listed = _hapi(gateway, "cache", "ls", "--limit", "1000")
+    listed = _hapi(gateway, "cache", "ls", "--limit", "1000", admin=True)
     assert all(key in listed.stdout for key in entries)
-    dry = _hapi(gateway, "cache", "prune", "--max-size", "1B", "--dry-run")
+    dry = _hapi(gateway, "cache", "prune", "--max-size", "1B", "--dry-run", admin=True)
     assert dry.stdout.startswith(f"would delete {len(entries)} of {len(entries)}")
     assert _entries(backend_s3) == entries
     victim = min(entries, key=lambda k: (entries[k], k))  # least recently used
@@ -275,19 +284,19 @@ def test_cache_du_ls_prune_and_rm(gateway, registered, backend_s3, photos):
         o["Key"]: o["Size"] for o in backend_s3.list_objects_v2(Bucket=CACHE_BUCKET)["Contents"]
     }
     keep = sum(sizes.values()) - sizes[victim]
-    pruned = _hapi(gateway, "cache", "prune", "--max-size", f"{keep}B")
+    pruned = _hapi(gateway, "cache", "prune", "--max-size", f"{keep}B", admin=True)
     assert pruned.returncode == 0, pruned.stderr
     assert victim not in _entries(backend_s3) and len(_entries(backend_s3)) == len(entries) - 1
-    bad = _hapi(gateway, "cache", "rm", "features/zz/nope.safetensors")
+    bad = _hapi(gateway, "cache", "rm", "features/zz/nope.safetensors", admin=True)
     assert bad.returncode == 2 and "no such entry" in bad.stderr
-    wiped = _hapi(gateway, "cache", "rm", "--all")
+    wiped = _hapi(gateway, "cache", "rm", "--all", admin=True)
     assert wiped.returncode == 0 and _entries(backend_s3) == {}
 
 
 def test_the_gateway_evicts_least_recently_used_entries_beyond_its_cap(
     store, registered, backend_s3, unique_bucket
 ):
-    from hapi.gateway import GatewaySettings
+    from hapi.gateway import ClientKey, GatewaySettings
     from hapi.gateway._app import new_upstream_client
     from hapi.gateway.pushdown._cache import FeatureCache, encode_entry
     from hapi.protocol import ObjectIdentity, cache_key, entry_path
@@ -297,7 +306,7 @@ def test_the_gateway_evicts_least_recently_used_entries_beyond_its_cap(
         backend_credentials=Credentials(
             store.credentials.access_key_id, store.credentials.secret_access_key
         ),
-        client_secrets={"k": "s"},
+        clients={"k": ClientKey("s")},
         cache_bucket=unique_bucket,
         cache_max_bytes=1,  # set below; each entry is a few KB
     )

@@ -6,7 +6,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from hapi.gateway import GatewaySettings, _cli, create_app
+from hapi.gateway import ClientKey, GatewaySettings, _cli, create_app
 from hapi.gateway.edge._proxy import without_aws_chunked
 from hapi.protocol import Credentials
 
@@ -17,7 +17,7 @@ def _settings(**changes: object) -> GatewaySettings:
     return GatewaySettings(
         backend_url="http://store.internal:8333",
         backend_credentials=BACKEND,
-        client_secrets={"CLIENTKEY": "client-secret"},
+        clients={"CLIENTKEY": ClientKey("client-secret")},
         **changes,  # type: ignore[arg-type]
     )
 

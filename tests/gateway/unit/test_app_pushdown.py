@@ -16,7 +16,7 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from hapi import planner
-from hapi.gateway import GatewaySettings, create_app
+from hapi.gateway import ClientKey, GatewaySettings, create_app
 from hapi.models import Manifest
 from hapi.protocol import Credentials, GatewayStats, ModelProfile, decode_features
 from tests.gateway.support import (
@@ -63,7 +63,7 @@ def _app(seen: list[tuple[int, tuple[int, ...]]], *, freeze: int) -> Any:
     settings = GatewaySettings(
         backend_url="http://store.internal:8333",
         backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
-        client_secrets={CLIENT[0]: CLIENT[1]},
+        clients={CLIENT[0]: ClientKey(CLIENT[1])},
         device="cpu",
     )
     return create_app(

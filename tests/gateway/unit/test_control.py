@@ -12,7 +12,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 
-from hapi.gateway import GatewaySettings, ProbeMeter, S3Error, create_app
+from hapi.gateway import ClientKey, GatewaySettings, ProbeMeter, S3Error, create_app
 from hapi.protocol import Credentials
 from tests.gateway.support import (
     CLIENT,
@@ -55,7 +55,7 @@ def _app(**changes: object) -> object:
     settings = GatewaySettings(
         backend_url="http://store.internal:8333",
         backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
-        client_secrets={CLIENT[0]: CLIENT[1]},
+        clients={CLIENT[0]: ClientKey(CLIENT[1])},
         device="cpu",
     ).with_changes(**changes)
     return create_app(

@@ -8,7 +8,7 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 import httpx
 import pytest
 
-from hapi.gateway import GatewaySettings, create_app
+from hapi.gateway import ClientKey, GatewaySettings, create_app
 from hapi.gateway._app import new_upstream_client
 from hapi.gateway.edge._addressing import object_path, resolve
 from hapi.gateway.edge._sigv4 import verify_request
@@ -22,7 +22,7 @@ def _settings() -> GatewaySettings:
     return GatewaySettings(
         backend_url="http://store.internal:8333",
         backend_credentials=BACKEND,
-        client_secrets={CLIENT[0]: CLIENT[1]},
+        clients={CLIENT[0]: ClientKey(CLIENT[1])},
     )
 
 

@@ -23,7 +23,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 from PIL import Image
 
-from hapi.gateway import GatewaySettings, create_app
+from hapi.gateway import ClientKey, GatewaySettings, create_app
 from hapi.models import Manifest
 from hapi.protocol import Credentials, ModelSummary, block_key, latest_key, manifest_key
 from tests.planner.synthetic import manifest as synthetic_manifest
@@ -112,7 +112,7 @@ async def _serve(store: Store, *, fake_runner: bool = True) -> AsyncIterator[htt
     settings = GatewaySettings(
         backend_url="http://store.internal:8333",
         backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
-        client_secrets={CLIENT[0]: CLIENT[1]},
+        clients={CLIENT[0]: ClientKey(CLIENT[1])},
         device="cpu",
     )
     app = create_app(

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from asgi_lifespan import LifespanManager
 
-from hapi.gateway import GatewaySettings, create_app
+from hapi.gateway import ClientKey, GatewaySettings, create_app
 from hapi.gateway.pushdown import _profiles
 from hapi.models import Manifest
 from hapi.protocol import Credentials, ModelProfile
@@ -54,7 +54,7 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
     settings = GatewaySettings(
         backend_url="http://store.internal:8333",
         backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
-        client_secrets={CLIENT[0]: CLIENT[1]},
+        clients={CLIENT[0]: ClientKey(CLIENT[1])},
         device="cpu",
         intra_op_threads=1,
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from hapi.gateway import GatewaySettings
+from hapi.gateway import ClientKey, GatewaySettings
 from hapi.gateway._errors import BackendError
 from hapi.gateway._store import StoreClient
 from hapi.protocol import Credentials
@@ -17,7 +17,7 @@ from hapi.protocol import Credentials
 SETTINGS = GatewaySettings(
     backend_url="http://store.internal:8333",
     backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
-    client_secrets={"CLIENT": "client-secret"},
+    clients={"CLIENT": ClientKey("client-secret")},
     device="cpu",
 )
 NS = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
@@ -28,7 +28,7 @@ def _store(handler: Callable[[httpx.Request], httpx.Response]) -> StoreClient:
     return StoreClient.of(SETTINGS, lambda: client)
 
 
-def test_requests_are_signed_as_the_backend_identity_unless_anonymous() -> None:
+def test_requests_are_signed_as_the_identity_they_act_as() -> None:
     seen: list[httpx.Request] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -37,9 +37,11 @@ def test_requests_are_signed_as_the_backend_identity_unless_anonymous() -> None:
 
     store = _store(handler)
     asyncio.run(store.request("GET", "data", "a b/../c.jpg"))
-    asyncio.run(store.anonymous().request("HEAD", "data", "x"))
-    signed, unsigned = seen
+    asyncio.run(store.acting_as(None).request("HEAD", "data", "x"))
+    asyncio.run(store.acting_as(Credentials("ALICE", "alice-secret")).request("GET", "data", "x"))
+    signed, unsigned, alice = seen
     assert "Credential=BACKENDKEY/" in signed.headers["authorization"]
+    assert "Credential=ALICE/" in alice.headers["authorization"]
     assert signed.url.raw_path == b"/data/a%20b/%2E%2E/c.jpg"  # dot segments reach the store
     assert "authorization" not in unsigned.headers
 
