@@ -14,7 +14,8 @@ Point the endpoint at the gateway and swap the dataset; the training loop stays 
 ``features`` is what the model's frozen blocks ``[0, freeze)`` produce, whatever split
 the gateway ran, so the head sees the same tensor at any split. Against a plain S3 store
 (or a gateway without the model) the dataset reads the raw objects and computes the same
-features locally, after one :class:`FallbackWarning`.
+features locally, after one :class:`FallbackWarning`; a refusal (:class:`AccessDenied`) or
+a server error is raised at the batch it concerns instead, never fallen back from.
 
 ``sdk.client()`` is an ordinary boto3 S3 client with ``get_features`` and
 ``get_features_batch`` added, for code that wants the tensors without a dataset.
@@ -32,6 +33,7 @@ from ._client import Features, client
 from ._compute import FallbackWarning
 from ._constructors import DatasetOptions
 from ._errors import (
+    AccessDenied,
     EndpointsUnavailable,
     InvalidArgument,
     LabelError,
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LABEL_SOURCES",
+    "AccessDenied",
     "DatasetOptions",
     "EndpointsUnavailable",
     "EpochStats",

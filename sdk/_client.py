@@ -49,7 +49,13 @@ from hapi.protocol import decode_features as decode
 from hapi.protocol import parse_error
 
 from ._endpoints import EndpointFailure, EndpointPool, failover, rebase, resolve_endpoints
-from ._errors import PushdownUnavailable, RequestError, SDKError, request_error
+from ._errors import (
+    REFUSED_STATUSES,
+    PushdownUnavailable,
+    RequestError,
+    SDKError,
+    request_error,
+)
 
 _CONTEXT_KEY = "hapi_features"  # the x-hapi-* headers of a GetObject
 _PINNED_KEY = "hapi_pinned"  # the endpoint the failover loop chose for this attempt
@@ -286,9 +292,13 @@ def get_features_batch(
         dtype: ``float32``, ``float16`` or ``bfloat16`` on the wire.
 
     Raises:
-        PushdownUnavailable: The endpoint is not a hapi gateway.
+        PushdownUnavailable: The endpoint is not a hapi gateway: a reply without the
+            gateway's mark that is neither a refusal nor a server error.
         EndpointsUnavailable: No endpoint could be reached; names each and its failure.
-        RequestError: The whole request was refused (a subclass per S3 error code).
+        AccessDenied: The credentials or permissions were refused (401, 403), by the
+            gateway or by whatever answered for it.
+        RequestError: The whole request was refused (a subclass per S3 error code), or
+            a server error outlasted the retries.
     """
     _check(model, split, dtype)
     if not Keys:
@@ -296,7 +306,7 @@ def get_features_batch(
     body = json.dumps({"keys": list(Keys), "model": model, "split": split, "dtype": dtype})
     first = Keys[0] if len(Keys) == 1 else ""
     endpoint, response = _post_batch(self, Bucket, body.encode(), first)
-    if response.status_code != 200:
+    if response.status_code != 200 or _GATEWAY_MARK not in response.headers:
         raise _batch_error(response, endpoint, Bucket, first)
     return _features(response.content, response.headers, Bucket, first, endpoint)
 
@@ -357,11 +367,14 @@ def _error_code(response: AWSResponse) -> str:
 
 
 def _batch_error(response: AWSResponse, endpoint: str, bucket: str, key: str) -> SDKError:
-    if _GATEWAY_MARK not in response.headers:
-        return PushdownUnavailable(
-            endpoint, f"POST ?hapi-batch answered HTTP {response.status_code}"
-        )
-    return _xml_error(response, bucket, key)
+    """A batch request's reply other than features. Only an answer without the gateway's
+    mark that is neither a refusal nor a server error shows a plain store: a refusal or a
+    5xx from whatever answered (a proxy, a store, a gateway's load balancer) says nothing
+    about pushdown, so it is an error like the gateway's own."""
+    status = response.status_code
+    if _GATEWAY_MARK in response.headers or status in REFUSED_STATUSES or status >= 500:
+        return _xml_error(response, bucket, key)
+    return PushdownUnavailable(endpoint, f"POST ?hapi-batch answered HTTP {status}")
 
 
 def _client_failure(exc: ClientError, bucket: str, key: str) -> SDKError | EndpointFailure:

@@ -7,6 +7,9 @@ here with the same registry blocks, so every split yields the same tensor. Again
 plain S3 store, or a gateway whose registry lacks the model, it reads the raw objects
 instead, decodes them exactly as the gateway would (``hapi.models._decode``) and runs
 ``[0, freeze)`` here: the same outputs, after one :class:`FallbackWarning` per process.
+Those two are the only reasons: a refusal (:class:`AccessDenied`) or a server error is
+raised at the batch it belongs to, and the next batch asks the gateway again. A split of
+``None`` (given, or the planner's choice) is no fallback: it warns of nothing.
 """
 
 from __future__ import annotations
@@ -147,8 +150,10 @@ class Engine:
         cache are read from it, the rest fetched (and then kept there).
 
         Raises:
-            RequestError: An object is missing or undecodable (naming it), or the
-                gateway refused the request.
+            AccessDenied: The gateway (or the store) refused the credentials or the
+                permissions; pushdown stays on.
+            RequestError: An object is missing or undecodable (naming it), the gateway
+                refused the request, or a server error outlasted the retries.
             ModelUnavailable: The blocks cannot be loaded or run here.
         """
         return self.start(bucket, keys).wait()()
@@ -188,7 +193,7 @@ class Engine:
         return _RawReads(self, bucket, keys)
 
     def _receive(self, bucket: str, keys: Sequence[str]) -> Callable[[], Batch]:
-        if self.pushdown:
+        if self.pushdown:  # any other error is raised here, at its batch
             try:
                 return self._pushdown(bucket, keys)
             except PushdownUnavailable as exc:

@@ -11,6 +11,8 @@
     │   │                                   not a decodable image or shard (422, or
     │   │                                   the same failure when decoding locally)
     │   ├── InvalidArgument (ValueError)    a bad split, dtype or request (400)
+    │   ├── AccessDenied                    the credentials or the permissions were
+    │   │                                   refused (401, 403): never a reason to fall back
     │   ├── SlowDown                        still saturated after the retries (503)
     │   └── EndpointsUnavailable            no endpoint reachable through every retry;
     │                                       .endpoints: each one's last failure
@@ -23,6 +25,10 @@
 Gateway errors arrive as S3 XML (botocore's ``ClientError`` for ``get_features``); they are
 translated where they enter, in :func:`request_error`, so training code catches these
 classes and every message names the object it concerns.
+
+A dataset computes locally only after :class:`PushdownUnavailable` (a plain store) or
+:class:`NoSuchModel` (a gateway whose registry lacks the model). Everything else, a
+refusal or a server error (``status >= 500``) included, is raised at the batch it concerns.
 """
 
 from __future__ import annotations
@@ -82,6 +88,15 @@ class InvalidArgument(RequestError, ValueError):
     """The request names an invalid split, dtype or body."""
 
 
+class AccessDenied(RequestError):
+    """The request's credentials or permissions were refused (HTTP 401 or 403).
+
+    By the gateway (``AccessDenied``, ``SignatureDoesNotMatch``, ``InvalidAccessKeyId``)
+    or by whatever answered for it. A dataset raises it at the batch it concerns and keeps
+    asking the gateway: a refusal never turns pushdown off.
+    """
+
+
 class SlowDown(RequestError):
     """The gateway stayed saturated through every retry."""
 
@@ -138,7 +153,12 @@ _BY_CODE: Mapping[str, type[RequestError]] = {
     "UnprocessableObject": UnprocessableObject,
     "InvalidArgument": InvalidArgument,
     "SlowDown": SlowDown,
+    "AccessDenied": AccessDenied,
+    "SignatureDoesNotMatch": AccessDenied,
+    "InvalidAccessKeyId": AccessDenied,
 }
+REFUSED_STATUSES = (401, 403)
+"""Statuses of a refusal: the credentials or the permissions, never a sign of a plain store."""
 
 
 def request_error(
@@ -150,8 +170,9 @@ def request_error(
     status: int = 0,
     request_id: str = "",
 ) -> RequestError:
-    """The :class:`RequestError` subclass for an S3 error code (the base for others)."""
-    cls = _BY_CODE.get(code, RequestError)
+    """The :class:`RequestError` subclass for an S3 error code, else for the status (any
+    401 or 403 is :class:`AccessDenied`), else the base."""
+    cls = _BY_CODE.get(code) or (AccessDenied if status in REFUSED_STATUSES else RequestError)
     return cls(code, message, bucket=bucket, key=key, status=status, request_id=request_id)
 
 

@@ -10,7 +10,6 @@ import pickle
 import re
 import secrets
 import tarfile
-import warnings
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -94,6 +93,12 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
     assert float(np.abs(got - want).max()) <= tolerance
 
 
+def _ran(split: int | None) -> tuple[str, int | None]:
+    """The mode and split stats report when the split chosen ran: no pushdown computes
+    here by choice, and any split must have been pushed down (not fallen back from)."""
+    return ("local", None) if split is None else ("pushdown", split)
+
+
 def _local(data: dict[str, Any], gateway: Any, model: str, **options: Any) -> sdk.FeatureDataset:
     return sdk.FeatureDataset.from_prefix(
         f"s3://{data['bucket']}/train/", model=model, **_through(gateway, split=None, **options)
@@ -173,6 +178,7 @@ def test_features_at_split_k_equal_raw_objects_computed_here(
         _close(got, want)
         assert labels == want_labels == [n // PER_CLASS for n in range(len(CLASSES) * PER_CLASS)]
         assert dataset.pushdown and dataset.classes == CLASSES
+        assert (dataset.stats.mode, dataset.stats.split) == ("pushdown", split)
 
 
 def test_same_loss_trajectory_at_two_splits(gateway, registered, data):
@@ -194,6 +200,7 @@ def test_same_loss_trajectory_at_two_splits(gateway, registered, data):
                 loss.backward()
                 optimizer.step()
                 trajectory.append(loss.item())
+        assert [(stats.mode, stats.split) for stats in dataset.history] == [("pushdown", split)] * 2
         return trajectory
 
     first, second = losses(2), losses(6)
@@ -209,6 +216,7 @@ def test_shards_give_every_member_with_its_cls_label(gateway, registered, data):
     )
     assert isinstance(pushed, sdk.IterableFeatureDataset)
     got, labels = _all(pushed)
+    assert pushed.stats is not None and pushed.stats.mode == "pushdown"
     want, want_labels = _all(local)
     _close(got, want)
     assert labels == want_labels == [n // PER_CLASS for n in range(12)]
@@ -227,6 +235,7 @@ def test_dataloader_with_two_workers(gateway, registered, data, start):
         f"s3://{data['bucket']}/train/", model="r18", **_through(gateway, split=4, request_size=3)
     )
     want, want_labels = _all(dataset)
+    assert dataset.stats.mode == "pushdown"  # here; each worker keeps its own stats
     loaded = DataLoader(dataset, batch_size=5, num_workers=2, multiprocessing_context=start)
     batches = list(loaded)
     got = torch.cat([features for features, _ in batches]).numpy()
@@ -299,6 +308,86 @@ def test_gateway_without_the_model_falls_back(gateway, registered, backend_s3, d
         backend_s3.delete_bucket(Bucket=private)
 
 
+def _signing_from_the_environment(monkeypatch: pytest.MonkeyPatch, key: str, secret: str) -> None:
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+
+
+def _built_then_rotated(
+    monkeypatch: pytest.MonkeyPatch, endpoint: Any, uri: str, wrong: str, **options: Any
+) -> sdk.IterableFeatureDataset:
+    """A dataset built with the endpoint's key, as a DataLoader worker or a DDP rank gets it
+    after the key changed: its copy signs with the key the environment holds then."""
+    given = _credentials(endpoint)
+    key, secret = given["aws_access_key_id"], given["aws_secret_access_key"]
+    _signing_from_the_environment(monkeypatch, key, secret)
+    dataset = sdk.IterableFeatureDataset.from_prefix(
+        uri,
+        endpoint_url=endpoint.endpoint_url,
+        client_options={"region_name": "us-east-1"},
+        **options,
+    )
+    if wrong == "secret":
+        secret = secrets.token_hex(20)
+    else:
+        key = "UNKNOWN" + secrets.token_hex(6).upper()
+    _signing_from_the_environment(monkeypatch, key, secret)
+    copy: sdk.IterableFeatureDataset = pickle.loads(pickle.dumps(dataset))
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("wrong", "code"), [("secret", "SignatureDoesNotMatch"), ("key", "InvalidAccessKeyId")]
+)
+def test_a_refusal_from_the_gateway_is_raised_at_its_batch_and_pushdown_stays_on(
+    gateway, registered, data, monkeypatch, wrong, code
+):
+    dataset = _built_then_rotated(
+        monkeypatch,
+        gateway,
+        f"s3://{data['bucket']}/train/",
+        wrong,
+        model="enl0",
+        split=7,
+        request_size=4,
+        prefetch=1,
+    )
+    items = iter(dataset)
+    with pytest.raises(sdk.AccessDenied) as refused:
+        next(items)  # the first batch's request was refused
+    error = refused.value
+    assert (error.code, error.status, error.bucket) == (code, 403, data["bucket"])
+    assert error.request_id  # the gateway's: it was the gateway that refused
+    assert dataset.pushdown and dataset.stats is not None and dataset.stats.samples == 0
+    with pytest.raises(sdk.AccessDenied):
+        list(dataset)  # the next epoch asks the gateway again: nothing was computed here
+
+
+def test_a_plain_store_refusing_the_key_is_raised_at_the_batch(
+    store, registered, data, monkeypatch
+):
+    # The store is plain (it answers the batch request 405): that is the fallback, and
+    # the raw reads then meet the store's refusal, which is raised, typed.
+    dataset = _built_then_rotated(
+        monkeypatch,
+        store,
+        f"s3://{data['bucket']}/train/",
+        "secret",
+        model="r18",
+        split=2,
+        request_size=4,
+        prefetch=1,
+    )
+    with (
+        pytest.warns(sdk.FallbackWarning, match="does not serve hapi pushdown"),
+        pytest.raises(sdk.AccessDenied, match="SignatureDoesNotMatch") as refused,
+    ):
+        next(iter(dataset))
+    assert refused.value.status == 403 and refused.value.bucket == data["bucket"]
+    assert not dataset.pushdown
+
+
 # -- errors -----------------------------------------------------------------------------
 
 
@@ -344,13 +433,11 @@ def test_bad_arguments_are_value_errors(gateway, registered, data):
 
 
 def test_auto_split_is_explained_and_gives_the_same_features(gateway, registered, data):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sdk.FallbackWarning)  # the planner may choose none
-        dataset = sdk.IterableFeatureDataset.from_prefix(
-            f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, progress=True)
-        )
-        got, _ = _all(dataset)
+    dataset = sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, progress=True)
+    )
     choice = dataset.split_choice
+    got, _ = _all(dataset)
     assert choice.split is None or 0 <= choice.split <= dataset.freeze
     # The planner read the gateway's view and probed it (signed with the client's
     # credentials): no fallback to the fewest-bytes rule.
@@ -358,7 +445,8 @@ def test_auto_split_is_explained_and_gives_the_same_features(gateway, registered
     want, _ = _all(_local(data, gateway, "enl0"))
     _close(got, want)
     stats = dataset.stats
-    assert stats is not None and stats.samples == len(got) and stats.requests == 1
+    assert stats is not None and (stats.mode, stats.split) == _ran(choice.split)
+    assert stats.samples == len(got) and stats.requests == 1
     assert stats.bytes_received > 0 and stats.wait_seconds >= 0 and stats.samples_per_s > 0
     assert str(stats).startswith("epoch 0: 12 samples")
 
@@ -385,16 +473,15 @@ def test_registry_reads_go_through_the_gateway(gateway, registered):
 def test_auto_split_on_one_box_never_receives_more_than_the_raw_objects(gateway, registered, data):
     # The gateway runs on this machine: the plan must know the tiers share its cores and
     # must not buy a "speedup" with more bytes than the objects themselves.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sdk.FallbackWarning)  # the planner may choose none
-        dataset = sdk.FeatureDataset.from_prefix(
-            f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
-        )
-        _all(dataset)
+    dataset = sdk.FeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
+    )
+    _all(dataset)
     choice = dataset.split_choice
     assert choice.plan is not None and choice.plan.profile.shared_compute
     assert "same machine" in choice.reason
     stats = dataset.stats
+    assert (stats.mode, stats.split) == _ran(choice.split)
     assert dataset.raw_bytes is not None and stats.bytes_received <= dataset.raw_bytes
 
 
@@ -424,11 +511,9 @@ def test_auto_split_times_the_client_here(gateway, registered, data, monkeypatch
 
 def test_auto_split_says_when_the_client_could_not_be_timed(gateway, registered, data, monkeypatch):
     monkeypatch.setattr("hapi.sdk._split.same_host", lambda endpoint: False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sdk.FallbackWarning)
-        dataset = sdk.FeatureDataset.from_prefix(
-            f"s3://{data['bucket']}/broken/", model="r18", **_through(gateway, split="auto")
-        )
+    dataset = sdk.FeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/broken/", model="r18", **_through(gateway, split="auto")
+    )
     reason = dataset.split_choice.reason
     assert dataset.split_choice.policy == "planner"
     assert (
@@ -444,11 +529,9 @@ def test_a_near_tie_is_timed_in_the_first_epochs_and_the_features_do_not_change(
     # gateway has a rival: the trial must run it for one epoch, come back to the pick for
     # one, then keep the faster, and the training loop must see the same features.
     monkeypatch.setattr("hapi.planner._trial.NEAR_TIE", 10.0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sdk.FallbackWarning)  # the planner may choose none
-        dataset = sdk.IterableFeatureDataset.from_prefix(
-            f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
-        )
+    dataset = sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
+    )
     choice = dataset.split_choice
     assert choice.trial is not None, choice.reason
     pick, rival = choice.split, choice.trial.rival.split
@@ -456,7 +539,9 @@ def test_a_near_tie_is_timed_in_the_first_epochs_and_the_features_do_not_change(
 
     epochs = [_all(dataset) for _ in range(4)]
 
-    assert [stats.split for stats in dataset.history] == [pick, rival, pick, dataset.split]
+    assert [(stats.mode, stats.split) for stats in dataset.history] == [
+        _ran(split) for split in (pick, rival, pick, dataset.split)
+    ]
     assert dataset.split in (pick, rival)
     assert dataset.split_choice.policy == "trial"
     assert dataset.split_choice.reason.startswith("trial over after epoch 2: Kept split")
@@ -464,11 +549,9 @@ def test_a_near_tie_is_timed_in_the_first_epochs_and_the_features_do_not_change(
         _close(features, epochs[0][0])
         assert labels == epochs[0][1]
     # The map-style form has no epochs of its own to time a tie in: the pick stands.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sdk.FallbackWarning)
-        indexed = sdk.FeatureDataset.from_prefix(
-            f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
-        )
+    indexed = sdk.FeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
+    )
     assert indexed.split_choice.trial is None
     assert "too close for the profile to call" not in indexed.split_choice.reason
 
@@ -484,7 +567,8 @@ def test_local_cache_makes_the_second_epoch_cross_no_network(gateway, registered
     )
     first, labels = _all(dataset)
     cold = dataset.stats
-    assert cold.bytes_received > 0 and cold.local_samples == 0 and cold.requests > 0
+    assert cold.mode == "pushdown" and cold.bytes_received > 0 and cold.local_samples == 0
+    assert cold.requests > 0
     second, again = _all(dataset)
     warm = dataset.stats
     assert warm.bytes_received == 0 and warm.requests == 0
