@@ -126,7 +126,7 @@ def _run(
         s3 = _store_client(store.endpoint_url, backend)
         _protect_internal_buckets(s3, settings)
         model = _ensure_demo_model(console, s3, settings) if demo else None
-        keys = _Keys(client, admin, state_dir / "gateway-admin")
+        keys = _Keys(client, admin)
         run_gateway(
             settings,
             "127.0.0.1",
@@ -177,12 +177,10 @@ def _ensure_demo_model(console: Console, s3: Any, settings: GatewaySettings) -> 
 
 @dataclass(frozen=True)
 class _Keys:
-    """The gateway keys the banner shows: an ordinary client's, and the admin's (whose
-    secret stays in its file)."""
+    """The gateway keys the banner shows: an ordinary client's and the admin's."""
 
     client: Credentials
     admin: Credentials
-    admin_dir: Path
 
 
 def _banner(console: Console, url: str, keys: _Keys, model: Manifest | None) -> None:
@@ -216,8 +214,10 @@ def _banner(console: Console, url: str, keys: _Keys, model: Manifest | None) -> 
   curl {sig} {url}/_hapi/models
   curl {sig} {url}/metrics
 
-  # the admin key ({keys.admin.access_key_id}; its secret is in {keys.admin_dir}/) writes the
-  # registry (hapi models export/import/rm) and manages the cache (hapi cache prune/rm)
+  # the admin key: writes the registry (hapi models export/import/rm) and manages the
+  # cache (hapi cache); use it as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for those
+  export HAPI_ADMIN_ACCESS_KEY_ID={keys.admin.access_key_id}
+  export HAPI_ADMIN_SECRET_ACCESS_KEY={keys.admin.secret_access_key}
 
 Ctrl-C stops the gateway and the store."""
     console.print(text, soft_wrap=True, markup=False)

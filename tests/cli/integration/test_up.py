@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import time
 import boto3
 import httpx
 import pytest
+from botocore.exceptions import ClientError
 
 from tests.support import HAPI, free_port, read_until
 
@@ -149,3 +151,58 @@ def test_up_on_a_busy_port_is_one_line_and_starts_no_store(tmp_path):
         "stop that process or choose another port with --port"
     ]
     assert not (tmp_path / "state" / "store" / "weed.log").exists()
+
+
+def test_up_gives_an_ordinary_client_key_and_an_admin_key(tmp_path):
+    port = free_port()
+    proc = _start(tmp_path, port)
+    try:
+        banner = _banner(proc)
+        assert "an ordinary client key" in banner and "the admin key" in banner
+        admin_key = banner.split("HAPI_ADMIN_ACCESS_KEY_ID=")[1].split()[0]
+        admin_secret = banner.split("HAPI_ADMIN_SECRET_ACCESS_KEY=")[1].split()[0]
+        endpoint = f"http://127.0.0.1:{port}"
+        client, admin = (
+            boto3.client(
+                "s3",
+                endpoint_url=endpoint,
+                region_name="us-east-1",
+                aws_access_key_id=key,
+                aws_secret_access_key=secret,
+            )
+            for key, secret in (_creds(banner), (admin_key, admin_secret))
+        )
+        client.create_bucket(Bucket="data")  # an ordinary client still makes its buckets
+        for attempt in (
+            lambda: client.put_object(Bucket="hapi-models", Key="models/x/latest", Body=b"1"),
+            lambda: client.list_objects_v2(Bucket="hapi-cache"),
+        ):
+            with pytest.raises(ClientError) as caught:
+                attempt()
+            assert caught.value.response["Error"]["Code"] == "AccessDenied"
+        admin.put_object(Bucket="hapi-models", Key="models/x/latest", Body=b"1")
+        assert admin.list_objects_v2(Bucket="hapi-cache")["KeyCount"] == 0
+        # At the store itself, the client's own identity is held to the same rule by the
+        # bucket policies hapi up sets.
+        tenant = json.loads(next((tmp_path / "state" / "store-client").glob("*.json")).read_text())
+        record = json.loads((tmp_path / "state" / "hapi.json").read_text())
+        direct = boto3.client(
+            "s3",
+            endpoint_url=record["store_url"],
+            region_name="us-east-1",
+            aws_access_key_id=tenant["access_key_id"],
+            aws_secret_access_key=tenant["secret_access_key"],
+        )
+        direct.put_object(Bucket="data", Key="mine", Body=b"ok")  # its own data it may write
+        for attempt in (
+            lambda: direct.put_object(Bucket="hapi-models", Key="models/x/latest", Body=b"2"),
+            lambda: direct.list_objects_v2(Bucket="hapi-cache"),
+        ):
+            with pytest.raises(ClientError) as caught:
+                attempt()
+            assert caught.value.response["Error"]["Code"] == "AccessDenied"
+        latest = admin.get_object(Bucket="hapi-models", Key="models/x/latest")["Body"].read()
+        assert latest == b"1"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
