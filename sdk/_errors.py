@@ -26,6 +26,10 @@ Gateway errors arrive as S3 XML (botocore's ``ClientError`` for ``get_features``
 translated where they enter, in :func:`request_error`, so training code catches these
 classes and every message names the object it concerns.
 
+Every class can also be rebuilt from its text alone, which is how PyTorch's DataLoader
+re-raises an error of a worker process in the main one: the type survives there (the
+fields other than the text are then empty).
+
 A dataset computes locally only after :class:`PushdownUnavailable` (a plain store) or
 :class:`NoSuchModel` (a gateway whose registry lacks the model). Everything else, a
 refusal or a server error (``status >= 500``) included, is raised at the batch it concerns.
@@ -50,20 +54,27 @@ class RequestError(SDKError):
         key: The object the error concerns (``""`` when it concerns no single object).
         status: The HTTP status (0 when the error was found locally).
         request_id: The server's request id, for its logs.
+
+    ``RequestError(text)`` alone rebuilds an error from its text (a DataLoader worker's
+    error re-raised in the main process).
     """
 
     def __init__(
         self,
         code: str,
-        message: str,
+        message: str | None = None,
         *,
-        bucket: str,
+        bucket: str = "",
         key: str = "",
         status: int = 0,
         request_id: str = "",
     ) -> None:
-        where = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
-        super().__init__(f"{code} for {where}: {message}")
+        if message is None:
+            super().__init__(code)
+            code, message = "", code
+        else:
+            where = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
+            super().__init__(f"{code} for {where}: {message}")
         self.code = code
         self.message = message
         self.bucket = bucket
@@ -114,8 +125,17 @@ class EndpointsUnavailable(RequestError):
     """
 
     def __init__(
-        self, endpoints: Mapping[str, str], *, attempts: int, bucket: str, key: str = ""
+        self,
+        endpoints: Mapping[str, str] | str,
+        *,
+        attempts: int = 0,
+        bucket: str = "",
+        key: str = "",
     ) -> None:
+        if isinstance(endpoints, str):  # rebuilt from its text
+            super().__init__(endpoints)
+            self.endpoints: dict[str, str] = {}
+            return
         named = "; ".join(f"{endpoint} ({failure})" for endpoint, failure in endpoints.items())
         super().__init__(
             "NetworkError",
@@ -134,7 +154,11 @@ class PushdownUnavailable(SDKError):
         reason: What showed it.
     """
 
-    def __init__(self, endpoint: str, reason: str) -> None:
+    def __init__(self, endpoint: str, reason: str | None = None) -> None:
+        if reason is None:  # rebuilt from its text
+            super().__init__(endpoint)
+            self.endpoint = ""
+            return
         super().__init__(f"{endpoint} does not serve hapi pushdown: {reason}")
         self.endpoint = endpoint
 
