@@ -10,6 +10,7 @@ skipped.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from tests.docs._reader import (
 )
 
 # The fence languages each page uses: "sh" and "python" run, "console" is shown, "" is a
-# diagram. docs/results.md is the benchmarks' record; its command needs root and the
+# diagram, "json" a document shown (it must parse). docs/results.md is the benchmarks' record; its command needs root and the
 # two-tier testbed, which tests/bench runs.
 LANGUAGES = {
     "api.md": set(),
@@ -43,7 +44,7 @@ LANGUAGES = {
     "planner.md": {"sh"},
     "protocol.md": {"sh"},
     "sdk.md": {"python"},
-    "security.md": set(),
+    "security.md": {"json"},
 }
 NOT_CHECKED = {"results.md"}
 # What running a page's examples leaves in the reader's working directory.
@@ -63,6 +64,9 @@ def test_blocks_run_or_are_marked_as_shown(page: str):
     found = blocks(DOCS / page)
     assert {language for language, _ in found} == LANGUAGES[page]
     assert all(is_diagram(code) for language, code in found if language == "")
+    for language, code in found:
+        if language == "json":  # shown, not run: it must still be what it says
+            json.loads(code)
 
 
 @pytest.mark.parametrize("page", RUN)
