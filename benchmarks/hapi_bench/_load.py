@@ -1,13 +1,15 @@
 """``make bench-load``: a bounded load run through the gateway, nginx and the store directly.
 
 Starts a real embedded store, the gateway (``hapi serve``, ``--workers`` processes) and nginx
-as a plain reverse proxy, all on loopback. For half of ``--seconds``, ``--clients``
-concurrent clients load the gateway: most GET 4 KiB objects, one in five PUTs a 1-8 MiB
-object and reads it back (every PUT must read back byte-identical), and, when ``--model``
-names a family to export and register, one in five asks for pushdown features. Then a
-small-GET-only load runs through the gateway, nginx and straight to the store, a sixth of
-``--seconds`` each, for a like-for-like comparison. Prints status counts, p50/p99 latency per kind, and the gateway's RSS (all its
-processes) at the start, its peak and at the end. Run as ``hapi-bench load``.
+as a plain reverse proxy, all on loopback. For half of ``--seconds``, ``--mixed-clients``
+concurrent Python clients load the gateway: most GET 4 KiB objects, one in five PUTs a 1-8
+MiB object and reads it back (every PUT must read back byte-identical), and, when
+``--model`` names a family to export and register, one in five asks for pushdown features.
+Then wrk (a C load generator, so the servers and not the client are measured) sends
+presigned 4 KiB GETs from ``--clients`` connections through the gateway, nginx and straight
+to the store, a sixth of ``--seconds`` each: requests/s, p50/p99, timeouts and the server's
+CPU per request. Prints status counts, latencies, and the gateway's RSS (all its processes)
+at the start, its peak and at the end. Run as ``hapi-bench load``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from hapi.store import EmbeddedStore, StoreSettings, free_port
 
 from ._gateway import BenchGateway, gateway_subprocess
 from ._proxy import Target, _nginx, _presigner, _url
+from ._wrk import run_wrk, wrk_binary
 
 MiB = 1024 * 1024
 _SMALL_OBJECTS = 64
@@ -217,9 +220,15 @@ def _prepare(s3: Any, model: str | None) -> str | None:
 
 
 def run(
-    out: Path | None, clients: int, seconds: float, workers: int, model: str | None
+    out: Path | None,
+    clients: int,
+    seconds: float,
+    workers: int,
+    model: str | None,
+    mixed_clients: int = 32,
 ) -> dict[str, Any]:
     """Run the load; returns (and, with ``out``, writes) the results."""
+    wrk_binary()  # before anything starts: a missing wrk is one line
     with tempfile.TemporaryDirectory(prefix="hapi-load-") as tmp_name:
         tmp = Path(tmp_name)
         key, secret = "BENCHSTORE", os.urandom(16).hex()
@@ -230,7 +239,7 @@ def run(
         with (
             EmbeddedStore(settings) as store,
             gateway_subprocess(tmp / "gateway.log", store.endpoint_url, key, secret, env) as gw,
-            _nginx(tmp, settings.port) as nginx_port,
+            _nginx(tmp, settings.port) as nginx,
         ):
             s3 = boto3.client(
                 "s3",
@@ -240,10 +249,23 @@ def run(
                 aws_secret_access_key=secret,
             )
             pushdown = _prepare(s3, model)
+            servers = {"gateway": gw.pid, "nginx": nginx.pid, "direct": store.pid}
             results = _phases(
-                store.endpoint_url, gw, nginx_port, key, secret, clients, seconds, pushdown
+                store.endpoint_url,
+                gw,
+                nginx.port if nginx.pid else None,
+                (key, secret),
+                (mixed_clients, clients),
+                seconds,
+                pushdown,
+                servers,
             )
-    results["config"] = {"clients": clients, "seconds": seconds, "workers": workers}
+    results["config"] = {
+        "clients": clients,
+        "mixed_clients": mixed_clients,
+        "seconds": seconds,
+        "workers": workers,
+    }
     _print(results)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -257,30 +279,41 @@ def _phases(
     store_url: str,
     gw: BenchGateway,
     nginx_port: int | None,
-    key: str,
-    secret: str,
-    clients: int,
+    credentials: tuple[str, str],
+    clients: tuple[int, int],
     seconds: float,
     model: str | None,
+    servers: dict[str, int | None],
 ) -> dict[str, Any]:
+    """The mixed phase (``clients[0]`` Python clients), then wrk's small GETs
+    (``clients[1]`` connections) through each server."""
+    key, secret = credentials
     store_host = store_url.removeprefix("http://")
     gateway = Target(
         "gateway", gw.url, gw.url.removeprefix("http://"), _cached(gw.url, gw.key, gw.secret)
     )
     direct = Target("direct", store_url, store_host, _cached(store_url, key, secret))
     results: dict[str, Any] = {}
-    with _RssSampler(gw.pid) as rss:
-        mixed = _load(gateway, clients, seconds / 2, mixed=True, model=model)
-        results["gateway mixed"] = asyncio.run(mixed).summary()
-        small = _load(gateway, clients, seconds / 6, mixed=False, model=None)
-        results["gateway"] = asyncio.run(small).summary()
-    results["gateway_rss"] = rss.summary()
+    targets = [gateway]
     if nginx_port is not None:
-        nginx = Target("nginx", f"http://127.0.0.1:{nginx_port}", store_host, direct.presign)
-        small = _load(nginx, clients, seconds / 6, mixed=False, model=None)
-        results["nginx"] = asyncio.run(small).summary()
-    small = _load(direct, clients, seconds / 6, mixed=False, model=None)
-    results["direct"] = asyncio.run(small).summary()
+        targets.append(
+            Target("nginx", f"http://127.0.0.1:{nginx_port}", store_host, direct.presign)
+        )
+    targets.append(direct)
+    with _RssSampler(gw.pid) as rss:
+        mixed = _load(gateway, clients[0], seconds / 2, mixed=True, model=model)
+        results["gateway mixed"] = asyncio.run(mixed).summary()
+        for target in targets:
+            url, headers = _url(target, "GET", "small-0")
+            result = run_wrk(
+                url,
+                host=headers["host"],
+                connections=clients[1],
+                seconds=seconds / 6,
+                server_pid=servers.get(target.name),
+            )
+            results[target.name] = {"wrk": result.to_dict()}
+    results["gateway_rss"] = rss.summary()
     return results
 
 
@@ -294,10 +327,22 @@ def _print(results: dict[str, Any]) -> None:
     print(
         f"load: {config['clients']} clients, {config['seconds']:g} s, {config['workers']} worker(s)"
     )
+    print(f"  mixed phase: {config['mixed_clients']} Python clients")
     for name in ("gateway mixed", "gateway", "nginx", "direct"):
         if name not in results:
             continue
         phase = results[name]
+        if "wrk" in phase:
+            w = phase["wrk"]
+            cpu = w["cpu_us_per_request"]
+            print(
+                f"  {name} (wrk, {config['clients']} connections): "
+                f"{w['requests_per_s']:.0f} req/s, p50 {w['p50_ms']:.1f} ms, "
+                f"p99 {w['p99_ms']:.1f} ms, {w['timeouts']} timeouts, "
+                f"{w['errors'] + w['non_2xx']} errors"
+                + ("" if cpu is None else f", {cpu:.0f} CPU us/request")
+            )
+            continue
         print(f"  {name}: statuses {phase['statuses']}")
         for kind, figures in phase["latency_ms"].items():
             rate = figures["count"] / (config["seconds"] / (2 if name == "gateway mixed" else 6))
@@ -321,7 +366,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--clients", type=int, default=150, help="concurrent clients")
+    parser.add_argument(
+        "--clients", type=int, default=150, help="wrk's connections for the small GETs"
+    )
+    parser.add_argument(
+        "--mixed-clients", type=int, default=32, help="Python clients of the mixed phase"
+    )
     parser.add_argument("--seconds", type=float, default=60.0, help="length of the whole run")
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes")
     parser.add_argument(
@@ -331,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.clients <= 0 or args.seconds <= 0 or args.workers <= 0:
         parser.error("--clients, --seconds and --workers must be positive")
-    run(args.out, args.clients, args.seconds, args.workers, args.model)
+    run(args.out, args.clients, args.seconds, args.workers, args.model, args.mixed_clients)
 
 
 if __name__ == "__main__":

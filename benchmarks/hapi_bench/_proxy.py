@@ -2,8 +2,10 @@
 
 Starts a real embedded store, the gateway (``hapi serve``) and nginx as a plain reverse
 proxy (one worker, buffering off, upstream keep-alive), then measures in one interleaved
-run: 64 MiB GET and PUT throughput, and 4 KiB GET latency (p50, p99). Writes JSON and
-prints the ratios. Run as ``hapi-bench proxy --out DIR``.
+run: 64 MiB GET and PUT throughput, 4 KiB GET latency from one client (p50, p99), and
+presigned 4 KiB GETs under load from wrk (``--connections``, 150 by default): requests/s,
+p50/p99, timeouts and each server's CPU per request, medians over ``--rounds`` interleaved
+rounds. Writes JSON and prints the ratios. Run as ``hapi-bench proxy --out DIR``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tqdm import tqdm
 from hapi.store import EmbeddedStore, StoreSettings, free_port
 
 from ._gateway import BenchGateway, gateway_subprocess
+from ._wrk import WrkResult, run_wrk, wrk_binary
 
 MiB = 1024 * 1024
 _NGINX_CONF = """
@@ -125,10 +128,25 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass(frozen=True)
+class LoadSpec:
+    """The wrk phase: connections and seconds per run (0 seconds: skip it)."""
+
+    connections: int = 150
+    seconds: float = 10.0
+
+
 def run(
-    out: Path, size_mib: int, rounds: int, small_count: int, rss_mib: int = 1024
+    out: Path,
+    size_mib: int,
+    rounds: int,
+    small_count: int,
+    rss_mib: int = 1024,
+    load: LoadSpec = LoadSpec(),
 ) -> dict[str, object]:
     """Run the benchmark; returns (and writes) the results."""
+    if load.seconds:
+        wrk_binary()  # before anything starts: a missing wrk is one line
     with tempfile.TemporaryDirectory(prefix="hapi-bench-") as tmp_name:
         tmp = Path(tmp_name)
         key, secret = "BENCHSTORE", os.urandom(16).hex()
@@ -138,19 +156,22 @@ def run(
         with (
             EmbeddedStore(settings) as store,
             gateway_subprocess(tmp / "gateway.log", store.endpoint_url, key, secret) as gw,
-            _nginx(tmp, settings.port) as nginx_port,
+            _nginx(tmp, settings.port) as nginx,
         ):
+            pids = {"direct": store.pid, "gateway": gw.pid, "nginx": nginx.pid}
             return _measure(
                 out,
                 store.endpoint_url,
                 gw,
-                nginx_port,
+                nginx.port if nginx.pid else None,
                 key,
                 secret,
                 size_mib,
                 rounds,
                 small_count,
                 rss_mib,
+                load,
+                {name: pid for name, pid in pids.items() if pid},
             )
 
 
@@ -165,6 +186,8 @@ def _measure(
     rounds: int,
     small_count: int,
     rss_mib: int,
+    load: LoadSpec,
+    pids: dict[str, int],
 ) -> dict[str, object]:
     store_host = httpx.URL(store_url).netloc.decode()
     direct = _presigner(store_url, key, secret)
@@ -200,7 +223,20 @@ def _measure(
                 samples[t.name]["put"].append(_put_mib_s(client, t, payload))
                 samples[t.name]["lat"] += _small_latencies_ms(client, t, small_count // rounds)
         memory = _rss_growth(client, targets[1], gw, rss_mib) if rss_mib else None
-    return _report(out, samples, size_mib, memory)
+    loads: dict[str, list[WrkResult]] = {t.name: [] for t in targets}
+    for _ in tqdm(range(rounds if load.seconds else 0), desc="wrk rounds", unit="round"):
+        for t in targets:
+            url, headers = _url(t, "GET", "small")
+            loads[t.name].append(
+                run_wrk(
+                    url,
+                    host=headers["host"],
+                    connections=load.connections,
+                    seconds=load.seconds,
+                    server_pid=pids.get(t.name),
+                )
+            )
+    return _report(out, samples, size_mib, memory, loads, load)
 
 
 def _rss_growth(
@@ -227,8 +263,12 @@ def _report(
     samples: dict[str, dict[str, list[float]]],
     size_mib: int,
     memory: dict[str, float] | None,
+    loads: dict[str, list[WrkResult]],
+    load: LoadSpec,
 ) -> dict[str, object]:
     results: dict[str, object] = {"object_mib": size_mib, "gateway_memory": memory}
+    if any(loads.values()):
+        results["under_load"] = _load_summary(loads, load)
     for name, s in samples.items():
         results[name] = {
             "get_mib_s": statistics.median(s["get"]),
@@ -265,11 +305,66 @@ def _print(results: dict[str, object], names: list[str]) -> None:
         f"\ngateway/direct: GET {ratio['get_ratio']:.2f}x, PUT {ratio['put_ratio']:.2f}x "
         f"(target >= 0.8x); added p50 {ratio['added_p50_ms']:+.2f} ms (target <= 2 ms)"
     )
+    under = results.get("under_load")
+    if isinstance(under, dict):
+        _print_load(under)
     memory = results.get("gateway_memory")
     if isinstance(memory, dict):
         print(
             f"gateway peak RSS growth for a {memory['object_mib']:.0f} MiB PUT + GET: "
             f"{memory['peak_rss_growth_mib']:.1f} MiB (target < 100 MiB)"
+        )
+
+
+def _load_summary(loads: dict[str, list[WrkResult]], load: LoadSpec) -> dict[str, object]:
+    """Medians (and ranges) over the rounds, per target, and the gateway against nginx."""
+    summary: dict[str, object] = {"connections": load.connections, "seconds": load.seconds}
+    for name, runs in loads.items():
+        rates = [r.requests_per_s for r in runs]
+        cpu = [r.cpu_us_per_request for r in runs if r.cpu_us_per_request is not None]
+        summary[name] = {
+            "requests_per_s": statistics.median(rates),
+            "requests_per_s_range": [min(rates), max(rates)],
+            "p50_ms": statistics.median(r.p50_ms for r in runs),
+            "p99_ms": statistics.median(r.p99_ms for r in runs),
+            "timeouts": sum(r.timeouts for r in runs),
+            "errors": sum(r.errors + r.non_2xx for r in runs),
+            "cpu_us_per_request": statistics.median(cpu) if cpu else None,
+            "runs": [r.to_dict() for r in runs],
+        }
+    gateway, nginx = summary.get("gateway"), summary.get("nginx")
+    if isinstance(gateway, dict) and isinstance(nginx, dict):
+        summary["gateway_vs_nginx"] = {
+            "requests_per_s_ratio": gateway["requests_per_s"] / nginx["requests_per_s"],
+            "p99_ratio": gateway["p99_ms"] / nginx["p99_ms"] if nginx["p99_ms"] else None,
+            "goal": {"requests_per_s_ratio_min": 0.5, "p99_ratio_max": 3.0, "timeouts": 0},
+        }
+    return summary
+
+
+def _print_load(under: dict[str, object]) -> None:
+    print(f"\n4 KiB presigned GETs from wrk, {under['connections']} connections:")
+    print(
+        f"{'target':<10}{'req/s':>10}{'range':>18}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'timeouts':>10}{'errors':>8}{'CPU us/req':>12}"
+    )
+    for name in ("direct", "nginx", "gateway"):
+        r = under.get(name)
+        if not isinstance(r, dict):
+            continue
+        low, high = r["requests_per_s_range"]
+        cpu = r["cpu_us_per_request"]
+        print(
+            f"{name:<10}{r['requests_per_s']:>10.0f}{f'{low:.0f}-{high:.0f}':>18}"
+            f"{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}{r['timeouts']:>10}{r['errors']:>8}"
+            f"{'' if cpu is None else f'{cpu:.0f}':>12}"
+        )
+    ratio = under.get("gateway_vs_nginx")
+    if isinstance(ratio, dict):
+        p99 = ratio["p99_ratio"]
+        print(
+            f"gateway/nginx: {ratio['requests_per_s_ratio']:.2f}x requests/s (goal >= 0.5x), "
+            f"p99 {'n/a' if p99 is None else f'{p99:.1f}x'} (goal <= 3x)"
         )
 
 
@@ -279,20 +374,24 @@ class _nginx:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int = free_port()
 
-    def __enter__(self) -> int | None:
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def __enter__(self) -> _nginx:
         nginx = shutil.which("nginx") or (
             "/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None
         )
         if nginx is None:
             print("nginx not found (apt-get install nginx-light): comparing with direct only")
-            return None
+            return self
         conf = self.tmp / "nginx.conf"
         conf.write_text(
             _NGINX_CONF.format(tmp=self.tmp, store_port=self.store_port, port=self.port)
         )
         self.proc = subprocess.Popen([nginx, "-c", str(conf)], stderr=subprocess.DEVNULL)
         time.sleep(0.5)
-        return self.port
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
@@ -314,8 +413,18 @@ def main(argv: list[str] | None = None) -> None:
         default=1024,
         help="object size for the gateway memory check (0: skip)",
     )
+    parser.add_argument(
+        "--connections", type=int, default=150, help="wrk's connections in the load phase"
+    )
+    parser.add_argument(
+        "--load-seconds",
+        type=float,
+        default=10.0,
+        help="seconds of each wrk run (one per target per round; 0: skip the load phase)",
+    )
     args = parser.parse_args(argv)
-    run(args.out, args.size_mib, args.rounds, args.small_count, args.rss_mib)
+    load = LoadSpec(args.connections, args.load_seconds)
+    run(args.out, args.size_mib, args.rounds, args.small_count, args.rss_mib, load)
 
 
 if __name__ == "__main__":
