@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -12,6 +13,9 @@ from hapi.protocol import UserError
 
 from ._demo import demo
 from ._up import DEFAULT_STATE_DIR, up
+
+_ENV_KEY_ID = "HAPI_BACKEND_ACCESS_KEY_ID"
+_ENV_SECRET = "HAPI_BACKEND_SECRET_ACCESS_KEY"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -41,19 +45,21 @@ def cli(verbose: bool) -> None:
 @click.option("--port", type=int, default=8333, show_default=True, help="S3 port (loopback only).")
 @click.option(
     "--access-key-id",
-    envvar="HAPI_BACKEND_ACCESS_KEY_ID",
-    help="Store credentials "
-    "[env HAPI_BACKEND_ACCESS_KEY_ID]; generated and kept in DIR when unset.",
+    envvar=_ENV_KEY_ID,
+    help=f"The key the store accepts [env {_ENV_KEY_ID}]; its secret comes from "
+    f"{_ENV_SECRET} or --secret-file. With neither, a pair is generated and kept in DIR.",
 )
 @click.option(
-    "--secret-access-key",
-    envvar="HAPI_BACKEND_SECRET_ACCESS_KEY",
-    help="[env HAPI_BACKEND_SECRET_ACCESS_KEY]",
+    "--secret-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help=f"A file holding the secret of --access-key-id (read instead of {_ENV_SECRET}).",
 )
-def store(
-    data_dir: Path, port: int, access_key_id: str | None, secret_access_key: str | None
-) -> None:
-    """Run the embedded S3 store (SeaweedFS) in the foreground until Ctrl-C."""
+def store(data_dir: Path, port: int, access_key_id: str | None, secret_file: Path | None) -> None:
+    """Run the embedded S3 store (SeaweedFS) in the foreground until Ctrl-C.
+
+    Credentials never go on the command line: the secret comes from the environment or a
+    file.
+    """
     from hapi.store import (
         StoreError,
         StoreSettings,
@@ -62,6 +68,7 @@ def store(
         run_store,
     )
 
+    secret_access_key = _secret(access_key_id, secret_file)
     try:
         locate_weed()
     except StoreError as exc:  # the store extra is missing: not the user's input
@@ -80,6 +87,29 @@ def store(
         run_store(settings)
     except StoreError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _secret(access_key_id: str | None, secret_file: Path | None) -> str | None:
+    """The store's secret: read from ``secret_file``, else from the environment; given
+    exactly when ``access_key_id`` is."""
+    secret = _read_secret(secret_file) if secret_file else os.environ.get(_ENV_SECRET)
+    if bool(access_key_id) != bool(secret):
+        raise UserError(
+            f"give both --access-key-id (or {_ENV_KEY_ID}) and its secret "
+            f"({_ENV_SECRET} or --secret-file), or neither"
+        )
+    return secret or None
+
+
+def _read_secret(path: Path) -> str:
+    """The secret held in ``path``, without the line end an editor adds."""
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read --secret-file {path}: {exc}") from exc
+    if not secret:
+        raise UserError(f"--secret-file {path} is empty")
+    return secret
 
 
 cli.add_command(up)
