@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ipaddress
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -72,6 +72,8 @@ class Proxy:
     Args:
         settings: The gateway's settings.
         client: The upstream HTTP client (owned by the caller).
+        send: Sends an upstream request and returns its response, body unread (the app
+            sends straight to the client's transport); the client's ``send`` by default.
         now: Clock, injectable for tests of skew handling.
     """
 
@@ -79,10 +81,15 @@ class Proxy:
         self,
         settings: GatewaySettings,
         client: Callable[[], httpx.AsyncClient],
+        send: Callable[[httpx.Request], Awaitable[httpx.Response]] | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
         self._client = client
+        self._send = send or (lambda request: client().send(request, stream=True))
+        self._timeout = httpx.Timeout(
+            settings.read_timeout_s, connect=settings.connect_timeout_s
+        ).as_dict()
         self._now = now
         self.pushdown: Pushdown | None = None
         self._post_object = PostObject(settings, client, now)
@@ -220,7 +227,6 @@ class Proxy:
     ) -> bool:
         """Serve the request by pushdown if it asks for it; False for a plain request."""
         assert self.pushdown is not None
-        pushdown = self.pushdown.acting_as(caller)
         state = request_state(scope)
         method, query = scope["method"], scope["query_string"].decode("latin-1")
         if method == "GET" and target.key:
@@ -229,6 +235,7 @@ class Proxy:
                 return False
             state["operation"] = "GetFeatures"
             params = dataclasses.replace(params, colocated=_loopback_client(scope))
+            pushdown = self.pushdown.acting_as(caller)
             await pushdown.get(send, receive, target.bucket, target.key, params)
             return True
         if (
@@ -239,7 +246,7 @@ class Proxy:
         ):
             body = await self._read_body(scope, receive, verified)
             headers = dict(_decoded_headers(scope))
-            await pushdown.batch(
+            await self.pushdown.acting_as(caller).batch(
                 send,
                 receive,
                 target.bucket,
@@ -290,7 +297,7 @@ class Proxy:
         length, content = await self._upstream_body(scope, receive, verified)
         request = self._upstream_request(scope, target, verified, caller, length, content)
         try:
-            response = await self._client().send(request, stream=True)
+            response = await self._send(request)
         except httpx.TransportError as exc:
             raise ServiceUnavailable(
                 f"the backend store at {self._settings.backend_url} cannot be reached: {exc!r}",
@@ -372,8 +379,12 @@ class Proxy:
                 now=self._now(),
             )
         )
-        return self._client().build_request(
-            method, url, headers=_latin1({**plain, **signed}), content=content
+        return httpx.Request(
+            method,
+            url,
+            headers=_latin1({**plain, **signed}),
+            content=content,
+            extensions={"timeout": self._timeout},
         )
 
 
@@ -417,8 +428,11 @@ async def _relay(response: httpx.Response, send: ASGISend) -> None:
             headers.append((name, value))
     await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
     # The chunk that completes a known length ends the response: no extra empty message.
+    # The raw stream as the transport yields it: no decoding, no re-chunking.
     sent = 0
-    async for chunk in response.aiter_raw():
+    stream = response.stream
+    assert isinstance(stream, httpx.AsyncByteStream)
+    async for chunk in stream:
         sent += len(chunk)
         await send({"type": "http.response.body", "body": chunk, "more_body": sent != length})
     if sent != length or not sent:

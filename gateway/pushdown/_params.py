@@ -90,7 +90,10 @@ def _given(
         InvalidArgument: A name outside ``allowed``.
     """
     given: dict[str, tuple[str, str]] = {}
-    for name, value in parse_qsl(raw_query, keep_blank_values=True):
+    # Most requests are plain reads: a query without "hapi" in any spelling (even
+    # percent-encoded, "hapi%2D...") names no parameter and is not parsed at all.
+    named = "hapi" in raw_query.lower()
+    for name, value in parse_qsl(raw_query, keep_blank_values=True) if named else ():
         if name.lower().startswith("hapi-"):
             given[name.lower().removeprefix("hapi-")] = (name, value)
     for name, value in headers.items():
