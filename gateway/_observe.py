@@ -9,9 +9,10 @@ the body any more: the connection is dropped, so a truncated body never looks co
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
-import uuid
 from typing import Any
 from xml.sax.saxutils import escape
 
@@ -30,6 +31,18 @@ class InternalError(S3Error):
     status = 500
 
 
+class RequestIds:
+    """Request ids: 20 upper-case hex digits, unique across processes and restarts (a
+    random prefix per process, then a counter), at a fraction of a uuid4's cost."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(4).hex().upper()
+        self._counter = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter):012X}"
+
+
 def error_body(exc: S3Error, request_id: str) -> bytes:
     """S3-style XML for an error."""
     return (
@@ -45,13 +58,14 @@ class Observe:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self._app = app
         self._metrics = metrics
+        self._ids = RequestIds()
 
     async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
         state = request_state(scope)
-        state["request_id"] = request_id = uuid.uuid4().hex[:20].upper()
+        state["request_id"] = request_id = self._ids.next()
         started = time.perf_counter()
         response_started = False
         self._metrics.in_flight.inc()
