@@ -54,8 +54,10 @@ format: $(STAMP)
 
 bench-proxy: $(STAMP)
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(VENV)/bin/hapi-bench proxy --out bench-results
 
+# Pushdown against a bare decode-and-run loop on the same cores, every split (a few minutes).
 bench-pushdown: $(STAMP)
 	$(VENV)/bin/hapi-bench pushdown --out bench-results
 
@@ -64,9 +66,11 @@ bench-pushdown: $(STAMP)
 bench-device: $(STAMP)
 	$(VENV)/bin/hapi-bench device --out bench-results $(DEVICE_ARGS)
 
-# Bounded load (150 clients, 60 s): gateway, nginx and the store; e.g. LOAD_ARGS="--workers 2".
+# Bounded load (60 s): a mixed Python load, then wrk at 150 connections through the gateway,
+# nginx and the store; e.g. LOAD_ARGS="--workers 2".
 bench-load: $(STAMP)
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(VENV)/bin/hapi-bench load --out bench-results $(LOAD_ARGS)
 
 clean:

@@ -1,7 +1,8 @@
 """``hapi-bench``: the testbed and the micro-benchmarks, one subcommand each.
 
 ``hapi-bench testbed`` is ``hapi bench`` (the two-tier testbed); ``proxy``, ``pushdown``,
-``device`` and ``load`` are the micro-benchmarks the ``make bench-*`` targets run. Each
+``batching``, ``device`` and ``load`` are the micro-benchmarks the ``make bench-*`` targets
+run. Each
 micro-benchmark keeps its own argument parser, so its options and ``--help`` are its own;
 its module is imported only when it runs (``hapi`` loads this package at every start).
 """
@@ -17,7 +18,8 @@ from ._cli import bench
 # name: (module, one line of help)
 MICRO_BENCHMARKS = {
     "proxy": ("_proxy", "Pass-through cost vs direct access and nginx."),
-    "pushdown": ("_pushdown", "Storage-side throughput, adaptive batching vs fixed sizes."),
+    "pushdown": ("_ceiling", "Pushdown throughput against a bare loop on the same cores."),
+    "batching": ("_pushdown", "Storage-side throughput, adaptive batching vs fixed sizes."),
     "device": ("_device", "The storage side's blocks on an accelerator, checked and timed."),
     "load": ("_load", "A bounded load run through the gateway, nginx and the store."),
 }

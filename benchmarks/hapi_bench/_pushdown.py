@@ -1,4 +1,4 @@
-"""``make bench-pushdown``: storage-side throughput, adaptive batching vs fixed batch sizes.
+"""``hapi-bench batching``: storage-side throughput, adaptive batching vs fixed batch sizes.
 
 Starts a real store, registers ResNet18 (seeded weights), uploads JPEGs, and for each
 storage-side batching policy (adaptive, fixed 1, 8, 32, 128) runs a real gateway and

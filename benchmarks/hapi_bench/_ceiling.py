@@ -1,0 +1,367 @@
+"""``make bench-pushdown``: the gateway's pushdown throughput against a bare loop on the same cores.
+
+The bare loop is the ceiling: the same JPEGs, the same ``hapi.models.decode_object``
+preprocessing and the same composed blocks ``[0, split)``, with no HTTP at all. It decodes
+batches of 32 in a thread pool of one thread per core while onnxruntime (default threads)
+runs the previous batch. The gateway (feature cache off, one worker) is driven by batch
+POSTs of 32 keys from 2 client threads, and by single-object GETs from 8 client threads.
+For every split of each model, the three are measured in rounds interleaved with each
+other (so drift in the machine's load hits all alike); each figure is the median of the
+rounds, with the range beside it. CPU per sample is the process's user + system CPU (the
+bare loop's own; the gateway's, without its clients') over the samples.
+
+Goals (issue "a storage node at full speed"): at every split, the gateway at least 0.9x the
+bare loop for batch requests and 0.8x for single-object GETs. Writes
+``bench-pushdown.json`` (every run), ``bench-pushdown.md`` and ``bench-pushdown.png``.
+Run as ``hapi-bench pushdown``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import resource
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import numpy as np
+
+from hapi import models
+from hapi.gateway import sign_request
+from hapi.protocol import Credentials
+from hapi.store import EmbeddedStore, StoreSettings, free_port
+
+from ._gateway import BenchGateway, gateway_subprocess
+from ._pushdown import make_images
+from ._wrk import cpu_seconds
+
+BATCH = 32
+BATCH_CLIENTS = 2
+GET_CLIENTS = 8
+GOALS = {"batch": 0.9, "single": 0.8}
+MODELS = ("resnet18", "efficientnet_lite0")
+_BUCKET = "bench"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measurement: samples per second and CPU milliseconds per sample."""
+
+    samples_per_s: float
+    cpu_ms_per_sample: float
+
+
+class BareLoop:
+    """Decode in a pool of one thread per core while onnxruntime runs the previous batch."""
+
+    def __init__(self, manifest: models.Manifest, graph: Any | None) -> None:
+        self._preset = manifest.preprocess
+        self._session = models.create_session(graph) if graph is not None else None
+        self._pool = ThreadPoolExecutor(os.cpu_count() or 1)
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+    def _decode(self, blobs: list[bytes]) -> np.ndarray:
+        def one(blob: bytes) -> np.ndarray:
+            (sample,) = models.decode_object(blob, self._preset, key="x")
+            return sample.array
+
+        return np.stack(list(self._pool.map(one, blobs)))
+
+    def epoch(self, blobs: list[bytes]) -> Run:
+        batches = [blobs[i : i + BATCH] for i in range(0, len(blobs), BATCH)]
+        cpu, started = _process_cpu(), time.perf_counter()
+        with ThreadPoolExecutor(1) as decoder:
+            pending = decoder.submit(self._decode, batches[0])
+            for index in range(len(batches)):
+                inputs = pending.result()
+                if index + 1 < len(batches):
+                    pending = decoder.submit(self._decode, batches[index + 1])
+                if self._session is not None:
+                    self._session.run(None, {"input": inputs})
+        elapsed = time.perf_counter() - started
+        return Run(len(blobs) / elapsed, (_process_cpu() - cpu) * 1000 / len(blobs))
+
+
+def _process_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class GatewayDriver:
+    """Drives a running gateway with batch POSTs or single GETs from client threads."""
+
+    def __init__(self, gw: BenchGateway) -> None:
+        self._gw = gw
+        self._creds = Credentials(gw.key, gw.secret)
+        self._local = threading.local()
+
+    def _client(self) -> httpx.Client:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = httpx.Client(timeout=300, trust_env=False)
+        return client
+
+    def _signed(self, method: str, url: str, body: bytes = b"") -> dict[str, str]:
+        import hashlib
+
+        return sign_request(
+            method=method,
+            url=url,
+            headers={},
+            credentials=self._creds,
+            payload_sha256=hashlib.sha256(body).hexdigest(),
+        )
+
+    def _batch(self, keys: list[str], model: str, split: int) -> int:
+        body = json.dumps(
+            {"keys": keys, "model": model, "split": split, "dtype": "float32"}
+        ).encode()
+        url = f"{self._gw.url}/{_BUCKET}?hapi-batch"
+        reply = self._client().post(url, content=body, headers=self._signed("POST", url, body))
+        _check(reply)
+        return len(keys)
+
+    def _get(self, key: str, model: str, split: int) -> int:
+        url = f"{self._gw.url}/{_BUCKET}/{key}?hapi-model={model}&hapi-split={split}"
+        reply = self._client().get(url, headers=self._signed("GET", url))
+        _check(reply)
+        return 1
+
+    def epoch(self, keys: list[str], model: str, split: int, mode: str) -> Run:
+        jobs: list[Callable[[], int]]
+        if mode == "batch":
+            parts = [keys[i : i + BATCH] for i in range(0, len(keys), BATCH)]
+            jobs = [functools.partial(self._batch, part, model, split) for part in parts]
+            clients = BATCH_CLIENTS
+        else:
+            jobs = [functools.partial(self._get, key, model, split) for key in keys]
+            clients = GET_CLIENTS
+        cpu, started = cpu_seconds(self._gw.pid), time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            done = sum(pool.map(lambda job: job(), jobs))
+        elapsed = time.perf_counter() - started
+        return Run(done / elapsed, (cpu_seconds(self._gw.pid) - cpu) * 1000 / done)
+
+
+def _check(reply: httpx.Response) -> None:
+    if reply.status_code != 200:
+        raise RuntimeError(f"the gateway answered {reply.status_code}: {reply.text[:300]}")
+
+
+def run(
+    out: Path,
+    model_names: tuple[str, ...],
+    splits: tuple[int, ...] | None,
+    images: int,
+    passes: int,
+    rounds: int,
+) -> dict[str, Any]:
+    """Measure every (model, split); returns and writes the results."""
+    with tempfile.TemporaryDirectory(prefix="hapi-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        key, secret = "BENCHSTORE", os.urandom(16).hex()
+        settings = StoreSettings(
+            data_dir=tmp / "store", port=free_port(), access_key_id=key, secret_access_key=secret
+        )
+        with EmbeddedStore(settings) as store:
+            s3 = boto3.client(
+                "s3",
+                endpoint_url=store.endpoint_url,
+                region_name="us-east-1",
+                aws_access_key_id=key,
+                aws_secret_access_key=secret,
+            )
+            registry = models.Registry(s3)
+            print("exporting the models and uploading the images ...", flush=True)
+            manifests = {
+                name: registry.register(name, models.export_model(name, progress=False))
+                for name in model_names
+            }
+            blobs = make_images(images)
+            keys = [f"img-{i:03d}.jpg" for i in range(images)]
+            s3.create_bucket(Bucket=_BUCKET)
+            for name, blob in zip(keys, blobs, strict=True):
+                s3.put_object(Bucket=_BUCKET, Key=name, Body=blob)
+            env = {"HAPI_CACHE_ENABLED": "false"}
+            with gateway_subprocess(tmp / "gw.log", store.endpoint_url, key, secret, env) as gw:
+                cells = _measure(registry, manifests, splits, blobs, keys, gw, passes, rounds)
+    results = {
+        "images": images,
+        "mean_image_bytes": sum(map(len, blobs)) / len(blobs),
+        "samples_per_run": images * passes,
+        "rounds": rounds,
+        "cpu_count": os.cpu_count(),
+        "goals": GOALS,
+        "cells": cells,
+    }
+    _report(out, results)
+    return results
+
+
+def _measure(
+    registry: models.Registry,
+    manifests: dict[str, models.Manifest],
+    splits: tuple[int, ...] | None,
+    blobs: list[bytes],
+    keys: list[str],
+    gw: BenchGateway,
+    passes: int,
+    rounds: int,
+) -> list[dict[str, Any]]:
+    driver = GatewayDriver(gw)
+    cells = []
+    for name, manifest in manifests.items():
+        for split in splits if splits is not None else range(manifest.freeze + 1):
+            if split > manifest.freeze:
+                continue
+            graph = registry.load_blocks(manifest, 0, split) if split else None
+            bare = BareLoop(manifest, graph)
+            runs: dict[str, list[Run]] = {"bare": [], "batch": [], "single": []}
+            try:
+                driver.epoch(keys, name, split, "batch")  # warm: the gateway builds its session
+                bare.epoch(blobs)
+                for _ in range(rounds):
+                    runs["bare"].append(bare.epoch(blobs * passes))
+                    runs["batch"].append(driver.epoch(keys * passes, name, split, "batch"))
+                    runs["single"].append(driver.epoch(keys * passes, name, split, "single"))
+            finally:
+                bare.close()
+            cell = _cell(name, split, runs)
+            cells.append(cell)
+            print(_line(cell), flush=True)
+    return cells
+
+
+def _cell(model: str, split: int, runs: dict[str, list[Run]]) -> dict[str, Any]:
+    def median(mode: str, field: str) -> float:
+        return float(statistics.median(getattr(r, field) for r in runs[mode]))
+
+    bare_rate, bare_cpu = median("bare", "samples_per_s"), median("bare", "cpu_ms_per_sample")
+    cell: dict[str, Any] = {
+        "model": model,
+        "split": split,
+        "runs": {mode: [asdict(r) for r in found] for mode, found in runs.items()},
+        "bare_samples_per_s": bare_rate,
+        "bare_cpu_ms_per_sample": bare_cpu,
+    }
+    for mode in ("batch", "single"):
+        pairs = zip(runs[mode], runs["bare"], strict=True)
+        ratios = [g.samples_per_s / b.samples_per_s for g, b in pairs]
+        cell[mode] = {
+            "samples_per_s": median(mode, "samples_per_s"),
+            "ratio": median(mode, "samples_per_s") / bare_rate,
+            "ratio_range": [min(ratios), max(ratios)],
+            "cpu_ms_per_sample": median(mode, "cpu_ms_per_sample"),
+            "cpu_ratio": median(mode, "cpu_ms_per_sample") / bare_cpu if bare_cpu else None,
+            "meets_goal": median(mode, "samples_per_s") / bare_rate >= GOALS[mode],
+        }
+    return cell
+
+
+def _line(cell: dict[str, Any]) -> str:
+    def part(mode: str) -> str:
+        m = cell[mode]
+        low, high = m["ratio_range"]
+        return f"{mode} {m['ratio']:.2f}x ({low:.2f}-{high:.2f}), CPU {m['cpu_ratio']:.2f}x"
+
+    return (
+        f"{cell['model']} split {cell['split']:2d}: bare {cell['bare_samples_per_s']:6.1f}/s "
+        f"({cell['bare_cpu_ms_per_sample']:.1f} CPU-ms/sample); {part('batch')}; {part('single')}"
+    )
+
+
+def _report(out: Path, results: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench-pushdown.json").write_text(json.dumps(results, indent=2))
+    lines = [
+        f"Gateway / bare loop, samples/s (median of {results['rounds']} interleaved rounds, "
+        f"range); CPU per sample, gateway / bare. {results['samples_per_run']} samples per run, "
+        f"{results['cpu_count']} cores. Goals: batch >= {GOALS['batch']}x, single GETs >= "
+        f"{GOALS['single']}x.",
+        "",
+        "| model | split | bare samples/s | bare CPU-ms/sample | batch | batch CPU | single GETs | single CPU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in results["cells"]:
+        row = [
+            cell["model"],
+            str(cell["split"]),
+            f"{cell['bare_samples_per_s']:.1f}",
+            f"{cell['bare_cpu_ms_per_sample']:.1f}",
+        ]
+        for mode in ("batch", "single"):
+            m = cell[mode]
+            low, high = m["ratio_range"]
+            mark = "" if m["meets_goal"] else " (misses)"
+            row += [f"{m['ratio']:.2f}x ({low:.2f}-{high:.2f}){mark}", f"{m['cpu_ratio']:.2f}x"]
+        lines.append("| " + " | ".join(row) + " |")
+    table = "\n".join(lines)
+    (out / "bench-pushdown.md").write_text(table + "\n")
+    _plot(out / "bench-pushdown.png", results["cells"])
+    print("\n" + table)
+    missed = [
+        f"{c['model']} split {c['split']} {mode}"
+        for c in results["cells"]
+        for mode in ("batch", "single")
+        if not c[mode]["meets_goal"]
+    ]
+    print(
+        f"\ngoals missed: {len(missed)} of {2 * len(results['cells'])}"
+        + (f" ({', '.join(missed)})" if missed else "")
+    )
+
+
+def _plot(path: Path, cells: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({c["model"] for c in cells})
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        mine = [c for c in cells if c["model"] == name]
+        for mode, marker in (("batch", "o"), ("single", "s")):
+            ax.plot(
+                [c["split"] for c in mine],
+                [c[mode]["ratio"] for c in mine],
+                marker=marker,
+                label=f"{mode} / bare loop",
+            )
+            ax.axhline(GOALS[mode], linestyle=":", linewidth=1)
+        ax.set(xlabel="split", ylabel="gateway / bare loop (samples/s)", title=name, ylim=(0, 1.3))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _splits(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated families")
+    parser.add_argument("--splits", type=_splits, help="comma-separated splits (default: all)")
+    parser.add_argument("--images", type=int, default=96, help="JPEGs (about 33 KiB each)")
+    parser.add_argument("--passes", type=int, default=2, help="times each run reads them")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    args = parser.parse_args(argv)
+    names = tuple(n.strip() for n in args.models.split(",") if n.strip())
+    run(args.out, names, args.splits, args.images, args.passes, args.rounds)
