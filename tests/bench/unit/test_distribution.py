@@ -34,7 +34,7 @@ def test_hapi_bench_depends_on_hapi_and_registers_its_commands() -> None:
 
 
 def test_hapi_bench_has_the_testbed_and_the_micro_benchmarks() -> None:
-    assert set(main.commands) == {"testbed", "proxy", "pushdown", "device", "load"}
+    assert set(main.commands) == {"testbed", "proxy", "pushdown", "batching", "device", "load"}
     assert main.commands["testbed"] is bench
 
 
@@ -44,6 +44,9 @@ def test_a_micro_benchmark_keeps_its_own_options() -> None:
     assert result.exit_code == 0, result.output
     assert "--size-mib" in result.output
     assert "--rss-mib" in result.output
+    assert "--connections" in result.output  # wrk's load phase
+    ceiling = CliRunner().invoke(main, ["pushdown", "--help"])
+    assert ceiling.exit_code == 0 and "bare loop" in ceiling.output
 
 
 def test_the_make_targets_call_the_public_commands() -> None:
