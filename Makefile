@@ -12,7 +12,7 @@ MYPY_TREE := build/mypy/hapi
 # The benchmarks (benchmarks/hapi_bench, the hapi-bench distribution) sit beside it.
 BENCH_TREE := build/mypy/hapi_bench
 
-.PHONY: run test test-slow check lint format bench-proxy bench-pushdown bench-device bench-load bench clean venv
+.PHONY: run test test-slow test-cluster check lint format bench-proxy bench-pushdown bench-device bench-load bench clean venv
 
 venv: $(STAMP)
 
@@ -33,12 +33,22 @@ run: $(STAMP)
 	$(VENV)/bin/hapi up $(ARGS)
 
 # The suite without the tests marked slow (minutes each: memory bounds, the demo, the
-# testbed, exports of whole networks); `make test-slow` runs those, CI runs both.
+# testbed, exports of whole networks); `make test-slow` runs those, CI runs both. Tests
+# marked cluster (root, network namespaces) run only in `make test-cluster`.
 test: $(STAMP) $(AWSCLI)
-	HAPI_AWS_CLI=$(abspath $(AWSCLI)) $(PY) -m pytest -q -m "not slow"
+	HAPI_AWS_CLI=$(abspath $(AWSCLI)) $(PY) -m pytest -q -m "not slow and not cluster"
 
 test-slow: $(STAMP) $(AWSCLI)
-	HAPI_AWS_CLI=$(abspath $(AWSCLI)) $(PY) -m pytest -q -m slow
+	HAPI_AWS_CLI=$(abspath $(AWSCLI)) $(PY) -m pytest -q -m "slow and not cluster"
+
+# The multi-node store (root: namespaces, veths, a bridge, tc, cgroups), bounded in time:
+# SIGINT after 15 minutes lets the fixtures tear the network down. Ends with the wire test's
+# locality line.
+CLUSTER_OUT := build/test-cluster
+test-cluster: $(STAMP)
+	@rm -f $(CLUSTER_OUT)/locality.txt
+	HAPI_CLUSTER_OUT=$(abspath $(CLUSTER_OUT)) timeout -s INT -k 60 900 $(PY) -m pytest -q -m cluster tests/cluster
+	@if [ -f $(CLUSTER_OUT)/locality.txt ]; then cat $(CLUSTER_OUT)/locality.txt; fi
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check .

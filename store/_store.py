@@ -584,8 +584,8 @@ def internal_bucket_policies(
     }
 
 
-def _die_with(parent: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking Linux to SIGTERM the child when ``parent`` dies.
+def _die_with(parent: int, sig: signal.Signals = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to send ``sig`` to the child when ``parent`` dies.
 
     Even ``kill -9`` of the owner then takes weed down with it. The kernel ties the signal
     to the thread that forked, so it is only asked for from the main thread (whose end is
@@ -598,7 +598,7 @@ def _die_with(parent: int) -> Callable[[], None] | None:
     libc = ctypes.CDLL(None, use_errno=True)
 
     def set_parent_death_signal() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc.prctl(_PR_SET_PDEATHSIG, sig)
         if os.getppid() != parent:  # the parent died before the request was in place
             os._exit(1)
 
