@@ -20,6 +20,10 @@ first healthy endpoint; their botocore retries re-sign, so they move on too). A
 ``needs-retry`` hook, asked before botocore's retry policy, declines botocore's own
 retries of feature requests (the failover loop retries them elsewhere) and marks an
 endpoint down when a plain call cannot reach it.
+
+Given a placement too (``_placement``: which storage node holds each object), a feature
+request goes to the gateway beside its object while that gateway is healthy, and a batch is
+cut into one part per gateway, sent at once, whose answers are put back in key order.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -56,19 +61,27 @@ from ._errors import (
     SDKError,
     request_error,
 )
+from ._parts import merge
+from ._placement import Locality, Placement, resolve_placement
 
 _CONTEXT_KEY = "hapi_features"  # the x-hapi-* headers of a GetObject
 _PINNED_KEY = "hapi_pinned"  # the endpoint the failover loop chose for this attempt
 _SENT_KEY = "hapi_endpoint"  # where the request went, for the needs-retry hook
 _PARAMS_KEY = "HapiFeatures"  # popped from GetObject's parameters before validation
 _POOL_ATTRIBUTE = "_hapi_endpoints"
+_LOCALITY_ATTRIBUTE = "_hapi_locality"
 _GATEWAY_MARK = "x-hapi-request-id"  # the gateway stamps every response with it
 _RETRYABLE = {"SlowDown", "ServiceUnavailable", "RequestTimeout", "InternalError"}
 # Refused, reset, timed out or cut short: the endpoint, not the request, is at fault.
 _TRANSPORT_ERRORS = (ConnectionError, HTTPClientError, IncompleteReadError)
 
 
-def client(endpoint_url: str | Sequence[str] | None = None, **boto3_kwargs: Any) -> Any:
+def client(
+    endpoint_url: str | Sequence[str] | None = None,
+    *,
+    placement: str | Placement | None = None,
+    **boto3_kwargs: Any,
+) -> Any:
     """A boto3 S3 client with ``get_features`` and ``get_features_batch``.
 
     Path-style addressing is the default (gateways and local stores seldom have wildcard
@@ -83,6 +96,11 @@ def client(endpoint_url: str | Sequence[str] | None = None, **boto3_kwargs: Any)
         endpoint_url: The gateway (or any S3 store), or several gateways as a list or
             comma-separated; else ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``
             (either may list several), else AWS.
+        placement: Which storage node holds each object, so that each feature request
+            (each part of a batch) goes to the gateway on that node, the endpoint whose
+            host is the node's: a spec such as ``seaweedfs:filer=URL,master=URL``, or a
+            placement object; else ``HAPI_PLACEMENT``; else none (requests spread over
+            the endpoints). Used only with several endpoints.
         **boto3_kwargs: Anything ``boto3.client("s3", ...)`` accepts (``region_name``,
             ``aws_access_key_id``, ``config``...).
 
@@ -91,9 +109,11 @@ def client(endpoint_url: str | Sequence[str] | None = None, **boto3_kwargs: Any)
         added methods.
 
     Raises:
-        ValueError: An endpoint is not an ``http(s)://`` URL.
+        ValueError: An endpoint is not an ``http(s)://`` URL, or the placement spec is
+            not understood.
     """
     endpoints = resolve_endpoints(endpoint_url, os.environ)
+    lookup = resolve_placement(placement, os.environ)
     config = Config(s3={"addressing_style": "path"})
     given = boto3_kwargs.pop("config", None)
     if given is not None:
@@ -105,6 +125,8 @@ def client(endpoint_url: str | Sequence[str] | None = None, **boto3_kwargs: Any)
     )
     pool = EndpointPool(endpoints or (s3.meta.endpoint_url,))
     setattr(s3, _POOL_ATTRIBUTE, pool)
+    locality = Locality(lookup, pool.endpoints) if lookup and len(pool) > 1 else None
+    setattr(s3, _LOCALITY_ATTRIBUTE, locality)
     events = s3.meta.events
     # unique_id is per emitter, and the client's emitter is a copy of the session's.
     events.register("provide-client-params.s3.GetObject", _take_params, unique_id="hapi-params")
@@ -119,6 +141,12 @@ def client(endpoint_url: str | Sequence[str] | None = None, **boto3_kwargs: Any)
 def _pool(s3: Any) -> EndpointPool:
     pool: EndpointPool = getattr(s3, _POOL_ATTRIBUTE)
     return pool
+
+
+def _beside(s3: Any, bucket: str, key: str) -> str | None:
+    """The endpoint beside the object's bytes, when the client knows the placement."""
+    locality: Locality | None = getattr(s3, _LOCALITY_ATTRIBUTE, None)
+    return None if locality is None else locality.endpoint_for(bucket, key)
 
 
 def _add_methods(class_attributes: dict[str, Any], **_: Any) -> None:
@@ -265,7 +293,8 @@ def get_features(
         except BotoCoreError as exc:
             raise RequestError("NetworkError", str(exc), bucket=Bucket, key=Key) from exc
 
-    return failover(_pool(self), attempt, bucket=Bucket, key=Key)
+    prefer = _beside(self, Bucket, Key)
+    return failover(_pool(self), attempt, bucket=Bucket, key=Key, prefer=prefer)
 
 
 def get_features_batch(
@@ -282,7 +311,8 @@ def get_features_batch(
     :meth:`Features.raise_for_errors`). ``SlowDown`` answers are retried after their
     ``Retry-After``. With several endpoints, the request goes to the one with the fewest
     requests outstanding and is retried on another if that one cannot be reached, resets
-    or answers 503 (the request is idempotent).
+    or answers 503 (the request is idempotent). With a placement, the keys go in one part
+    per gateway beside them, sent at once; the rows come back in key order.
 
     Args:
         Bucket: The bucket.
@@ -303,15 +333,36 @@ def get_features_batch(
     _check(model, split, dtype)
     if not Keys:
         raise ValueError("get_features_batch needs at least one key")
-    body = json.dumps({"keys": list(Keys), "model": model, "split": split, "dtype": dtype})
-    first = Keys[0] if len(Keys) == 1 else ""
-    endpoint, response = _post_batch(self, Bucket, body.encode(), first)
+    locality: Locality | None = getattr(self, _LOCALITY_ATTRIBUTE, None)
+    if locality is None:
+        return _batch(self, Bucket, list(Keys), model, split, dtype, None)
+    parts = locality.group(Bucket, Keys)
+    if len(parts) == 1:
+        return _batch(self, Bucket, list(Keys), model, split, dtype, parts[0][0])
+    with ThreadPoolExecutor(len(parts), thread_name_prefix="hapi-part") as sending:
+        answers = [
+            sending.submit(_batch, self, Bucket, part, model, split, dtype, prefer)
+            for prefer, part in parts
+        ]
+        replies = [answer.result() for answer in answers]
+    return merge(list(Keys), [part for _, part in parts], replies)
+
+
+def _batch(
+    s3: Any, bucket: str, keys: list[str], model: str, split: int, dtype: str, prefer: str | None
+) -> Features:
+    """One ``POST ?hapi-batch``, to ``prefer`` while it is healthy."""
+    body = json.dumps({"keys": keys, "model": model, "split": split, "dtype": dtype})
+    first = keys[0] if len(keys) == 1 else ""
+    endpoint, response = _post_batch(s3, bucket, body.encode(), first, prefer)
     if response.status_code != 200 or _GATEWAY_MARK not in response.headers:
-        raise _batch_error(response, endpoint, Bucket, first)
-    return _features(response.content, response.headers, Bucket, first, endpoint)
+        raise _batch_error(response, endpoint, bucket, first)
+    return _features(response.content, response.headers, bucket, first, endpoint)
 
 
-def _post_batch(s3: Any, bucket: str, body: bytes, key: str) -> tuple[str, AWSResponse]:
+def _post_batch(
+    s3: Any, bucket: str, body: bytes, key: str, prefer: str | None = None
+) -> tuple[str, AWSResponse]:
     def attempt(endpoint: str) -> tuple[str, AWSResponse]:
         url = f"{endpoint}/{quote(bucket, safe='')}?hapi-batch"
         request = AWSRequest(
@@ -338,7 +389,7 @@ def _post_batch(s3: Any, bucket: str, body: bytes, key: str) -> tuple[str, AWSRe
             )
         return endpoint, response
 
-    return failover(_pool(s3), attempt, bucket=bucket, key=key)
+    return failover(_pool(s3), attempt, bucket=bucket, key=key, prefer=prefer)
 
 
 def _check_length(response: AWSResponse) -> None:

@@ -130,10 +130,14 @@ class EndpointPool:
             up = self._up()
             return up[0] if up else self._due_first()
 
-    def acquire(self) -> str:
-        """Choose an endpoint for a request and count it outstanding until :meth:`release`."""
+    def acquire(self, prefer: str | None = None) -> str:
+        """Choose an endpoint for a request and count it outstanding until :meth:`release`:
+        ``prefer`` (the gateway beside the request's object) while it is healthy, else
+        the healthy one with the fewest outstanding."""
         with self._lock:
             candidates = self._up() or [self._due_first()]
+            if prefer in candidates:
+                candidates = [prefer]
             start, self._turn = self._turn, self._turn + 1
             order = {e: (i - start) % len(self.endpoints) for i, e in enumerate(self.endpoints)}
             chosen = min(candidates, key=lambda e: (self._health[e].outstanding, order[e]))
@@ -199,8 +203,16 @@ class EndpointFailure(Exception):
         self.error = error
 
 
-def failover(pool: EndpointPool, attempt: Callable[[str], T], *, bucket: str, key: str = "") -> T:
-    """``attempt(endpoint)`` on the pool's endpoints until one answers.
+def failover(
+    pool: EndpointPool,
+    attempt: Callable[[str], T],
+    *,
+    bucket: str,
+    key: str = "",
+    prefer: str | None = None,
+) -> T:
+    """``attempt(endpoint)`` on the pool's endpoints until one answers, ``prefer`` first
+    while it is healthy.
 
     ``attempt`` raises :class:`EndpointFailure` for a failure worth retrying elsewhere;
     anything else it raises (a 404, a bad argument) passes through at once.
@@ -211,7 +223,7 @@ def failover(pool: EndpointPool, attempt: Callable[[str], T], *, bucket: str, ke
     """
     last: EndpointFailure | None = None
     for n in range(pool.attempts):
-        endpoint = pool.acquire()
+        endpoint = pool.acquire(prefer)
         try:
             result = attempt(endpoint)
         except EndpointFailure as exc:
