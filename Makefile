@@ -43,12 +43,13 @@ test-slow: $(STAMP) $(AWSCLI)
 
 # The multi-node store (root: namespaces, veths, a bridge, tc, cgroups), bounded in time:
 # SIGINT after 15 minutes lets the fixtures tear the network down. Ends with the wire test's
-# locality line.
+# figures: without locality, the failover epoch, and last the locality line.
 CLUSTER_OUT := build/test-cluster
 test-cluster: $(STAMP)
-	@rm -f $(CLUSTER_OUT)/locality.txt
+	@rm -f $(CLUSTER_OUT)/*.txt
 	HAPI_CLUSTER_OUT=$(abspath $(CLUSTER_OUT)) timeout -s INT -k 60 900 $(PY) -m pytest -q -m cluster tests/cluster
-	@if [ -f $(CLUSTER_OUT)/locality.txt ]; then cat $(CLUSTER_OUT)/locality.txt; fi
+	@cat $(CLUSTER_OUT)/1-without-locality.txt $(CLUSTER_OUT)/2-failover.txt
+	@cat $(CLUSTER_OUT)/locality.txt
 
 check: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -394,10 +394,7 @@ class SeaweedCluster:
 
     def topology(self) -> dict[str, tuple[int, ...]]:
         """Volume ids by data node (``host:port``), from the master's ``/dir/status``."""
-        return {
-            node["Url"]: tuple(int(v) for v in str(node.get("VolumeIds", "")).split())
-            for node in self._data_nodes()
-        }
+        return {node["Url"]: _volume_ids(node.get("VolumeIds", "")) for node in self._data_nodes()}
 
     def _data_nodes(self) -> list[dict[str, Any]]:
         try:
@@ -547,3 +544,12 @@ def _end(processes: list[_Process], grace_s: float) -> None:
             _signal_group(process.popen.pid, signal.SIGKILL)
             process.popen.wait()
         _signal_group(process.popen.pid, signal.SIGKILL)  # anything it forked
+
+
+def _volume_ids(text: str) -> tuple[int, ...]:
+    """``" 1 4-6"`` (how ``/dir/status`` lists a node's volumes) -> ``(1, 4, 5, 6)``."""
+    ids: list[int] = []
+    for item in str(text).split():
+        first, _, last = item.partition("-")
+        ids.extend(range(int(first), int(last or first) + 1))
+    return tuple(ids)

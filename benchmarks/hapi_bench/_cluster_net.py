@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import ipaddress
+import itertools
 import os
 import re
 from dataclasses import dataclass
@@ -42,6 +43,15 @@ _OBJECT_CLASS, _OTHER_CLASS = "1:20", "1:10"
 _CGROUP_V2 = Path("/sys/fs/cgroup")
 _CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
 _CFS_PERIOD_US = 100_000
+
+
+_tags = itertools.count()
+
+
+def next_tag() -> str:
+    """This process's id, then with ``b``, ``c``... for further networks of the process."""
+    n = next(_tags)
+    return str(os.getpid()) + ("" if n == 0 else chr(ord("a") + n % 26))
 
 
 def node_role(index: int) -> str:
@@ -92,10 +102,10 @@ class Network:
     def __init__(
         self, roles: list[str], volume_ports: dict[str, int], tag: str | None = None
     ) -> None:
-        self.tag = tag or str(os.getpid())
+        self.tag = tag or next_tag()
         self.roles = list(roles)
         self.volume_ports = dict(volume_ports)
-        self.subnet = pick_range(int(self.tag) if self.tag.isdigit() else hash(self.tag))
+        self.subnet = pick_range(int(re.sub(r"\D", "", self.tag) or 0) + len(self.tag))
         self.bridge = f"hb{self.tag}br"[:15]
         self.cpu = CpuQuotas(self.tag)
         self._made: list[str] = []
@@ -201,11 +211,8 @@ class Network:
         mine = f"{PREFIX}{self.tag}-"
         left = [ns for ns in namespaces() if ns.startswith(mine)]
         links = run("ip", "-o", "link", "show", check=False)
-        left += [
-            name
-            for name in re.findall(r"^\d+: ([^:@]+)", links, re.M)
-            if name.startswith(f"hb{self.tag}")
-        ]
+        names = {self.bridge, *(self._host_if(role) for role in self.roles)}
+        left += [name for name in re.findall(r"^\d+: ([^:@]+)", links, re.M) if name in names]
         return left + self.cpu.leftovers()
 
     # -- shaping and counting ----------------------------------------------------------------
@@ -354,11 +361,11 @@ def sweep() -> list[str]:
         What was removed.
     """
     removed: list[str] = []
-    tags = {m.group(1) for ns in namespaces() if (m := re.match(rf"{PREFIX}(\d+)-", ns))}
+    tags = {m.group(1) for ns in namespaces() if (m := re.match(rf"{PREFIX}(\d+[a-z]?)-", ns))}
     links = run("ip", "-o", "link", "show", check=False)
-    tags |= set(re.findall(r"^\d+: hb(\d+)br[:@]", links, re.M))
+    tags |= set(re.findall(r"^\d+: hb(\d+[a-z]?)br[:@]", links, re.M))
     for tag in sorted(tags):
-        if Path(f"/proc/{tag}").exists():
+        if Path(f"/proc/{tag.rstrip('abcdefghijklmnopqrstuvwxyz')}").exists():
             continue  # the run is alive
         for ns in [ns for ns in namespaces() if ns.startswith(f"{PREFIX}{tag}-")]:
             _end(functools.partial(_pids, ns), 2.0)

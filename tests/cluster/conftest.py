@@ -101,3 +101,51 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loaded]:
             "r18", models.export_model("resnet18", freeze=SPLIT)
         )
         yield Loaded(testbed, "data", keys, sizes, manifest.ref)
+
+
+@dataclass
+class Epoch:
+    """One measured epoch: what the client reported and what crossed each node's link."""
+
+    done: dict[str, Any]
+    links: dict[str, Any]  # role -> hapi_bench._cluster_net.Counters during the epoch
+
+    @property
+    def object_bytes(self) -> int:
+        """Bytes the volume servers sent over node links: objects read from another node."""
+        return sum(counters.objects for counters in self.links.values())
+
+    def counts(self) -> dict[int, int]:
+        return {int(label): count for label, count in self.done["labels"].items()}
+
+
+def run_epoch(
+    loaded: Loaded,
+    *,
+    placement: str | None,
+    request_size: int = 8,
+    during: Any = None,
+) -> Epoch:
+    """An epoch over every object from the client's namespace; ``during(event)`` is called
+    with each progress event (to kill a gateway mid-epoch)."""
+    testbed = loaded.testbed
+    client = testbed.client(loaded.job(placement=placement, request_size=request_size))
+    try:
+        client.until("ready", timeout_s=180)
+        before = testbed.counters()
+        client.go()
+        while (event := client.event(timeout_s=180))["event"] != "done":
+            if during is not None:
+                during(event)
+        after = testbed.counters()
+    finally:
+        client.close()
+    return Epoch(event, {role: after[role] - before[role] for role in after})
+
+
+def report(name: str, line: str) -> None:
+    """Keep ``line`` for `make test-cluster` to print (in ``$HAPI_CLUSTER_OUT``)."""
+    out = os.environ.get("HAPI_CLUSTER_OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(line + "\n")
