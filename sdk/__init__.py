@@ -45,6 +45,7 @@ from ._errors import (
     RequestError,
     SDKError,
     SlowDown,
+    StateMismatch,
     UnprocessableObject,
 )
 from ._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
@@ -77,6 +78,7 @@ __all__ = [
     "SDKError",
     "SlowDown",
     "SplitChoice",
+    "StateMismatch",
     "UnprocessableObject",
     "client",
     "fetch_gateway_profile",

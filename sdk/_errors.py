@@ -20,7 +20,9 @@
     ├── ModelUnavailable                    the frozen blocks cannot be loaded or run here
     ├── ProbeError                          a gateway's ``/_hapi/`` endpoints failed, or what
     │                                       answered is not a hapi gateway
-    └── LabelError (LookupError)            an object has no label in the label source
+    ├── LabelError (LookupError)            an object has no label in the label source
+    └── StateMismatch (ValueError)          a saved dataset position belongs to another
+                                            dataset, listing or pass (the message says how)
 
 Gateway errors arrive as S3 XML (botocore's ``ClientError`` for ``get_features``); they are
 translated where they enter, in :func:`request_error`, so training code catches these
@@ -169,6 +171,12 @@ class ModelUnavailable(SDKError):
 
 class LabelError(SDKError, LookupError):
     """An object has no label in the dataset's label source."""
+
+
+class StateMismatch(SDKError, ValueError):
+    """A saved dataset position cannot continue here: it belongs to another dataset (other
+    objects, seed, model or split policy), to a listing that has changed since, or is
+    incomplete for the layout asked for; the message says which."""
 
 
 _BY_CODE: Mapping[str, type[RequestError]] = {

@@ -20,6 +20,7 @@ RAISED = [
     sdk.PushdownUnavailable("http://a", "no gateway header"),
     sdk.ModelUnavailable("cannot load"),
     sdk.LabelError("no label"),
+    sdk.StateMismatch("the state was saved from another dataset: seed 1 (now 2)"),
 ]
 
 
