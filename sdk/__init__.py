@@ -54,7 +54,8 @@ from ._split import SplitChoice
 from ._stats import EpochStats
 
 if TYPE_CHECKING:
-    from ._dataset import FeatureDataset, IterableFeatureDataset
+    from ._dataset import FeatureDataset
+    from ._iterable import IterableFeatureDataset
 
 __all__ = [
     "LABEL_SOURCES",
@@ -90,10 +91,14 @@ def __getattr__(name: str) -> object:
     # The dataset classes need torch. Loading them on first use keeps `import hapi.sdk`
     # free of it: the pushdown path (`client().get_features`) works with the lean
     # install, and the `hapi` CLI starts seconds faster everywhere.
-    if name in ("FeatureDataset", "IterableFeatureDataset"):
-        from . import _dataset
+    if name == "FeatureDataset":
+        from ._dataset import FeatureDataset
 
-        return getattr(_dataset, name)
+        return FeatureDataset
+    if name == "IterableFeatureDataset":
+        from ._iterable import IterableFeatureDataset
+
+        return IterableFeatureDataset
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

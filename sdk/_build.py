@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from hapi.models import Manifest, ModelError, Registry, RuntimeSettings
@@ -19,6 +19,7 @@ from ._client import client
 from ._compute import Spec
 from ._endpoints import resolve_endpoints
 from ._errors import ModelUnavailable, NoSuchModel
+from ._shards import count_shards
 from ._sources import (
     IMAGE_SUFFIXES,
     SHARD_SUFFIXES,
@@ -52,6 +53,7 @@ class Source:
         sizes: Their sizes in bytes, when listed.
         shards: Whether they are WebDataset tar shards.
         etags: Their ETags, when listed.
+        counts: The samples in each shard (``None`` for images: one each).
     """
 
     bucket: str
@@ -60,6 +62,7 @@ class Source:
     sizes: tuple[int, ...] | None
     shards: bool
     etags: tuple[str, ...] | None = None
+    counts: tuple[int, ...] | None = None
 
     @property
     def raw_bytes(self) -> int | None:
@@ -97,14 +100,20 @@ class Options:
 
 
 def list_source(s3: Any, what: str | Sequence[str], *, shards: bool) -> Source:
-    """A prefix URI (listed) or explicit object URIs, as a :class:`Source`."""
+    """A prefix URI (listed) or explicit object URIs, as a :class:`Source`; shards' samples
+    are counted."""
     if isinstance(what, str):
         bucket, prefix = parse_uri(what)
         listed = list_objects(s3, bucket, prefix, SHARD_SUFFIXES if shards else IMAGE_SUFFIXES)
         keys, sizes, etags = zip(*listed, strict=True)
-        return Source(bucket, prefix, tuple(keys), tuple(sizes), shards, tuple(etags))
-    bucket, named = same_bucket(what)
-    return Source(bucket, "", tuple(named), None, shards)
+        source = Source(bucket, prefix, tuple(keys), tuple(sizes), shards, tuple(etags))
+    else:
+        bucket, named = same_bucket(what)
+        source = Source(bucket, "", tuple(named), None, shards)
+    if not shards:
+        return source
+    counts = count_shards(s3, source.bucket, source.keys, source.sizes)
+    return replace(source, counts=counts)
 
 
 def prepare(what: str | Sequence[str], options: Options, *, shards: bool) -> Prepared:

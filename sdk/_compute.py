@@ -263,20 +263,7 @@ class Engine:
 
     def read(self, bucket: str, key: str) -> bytes:
         """One object, whole (image codecs and tar indexes seek)."""
-        try:
-            return bytes(self.s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-        except ClientError as exc:
-            error = exc.response.get("Error", {})
-            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-            raise request_error(
-                str(error.get("Code", "Unknown")),
-                str(error.get("Message", "")),
-                bucket=bucket,
-                key=key,
-                status=status,
-            ) from exc
-        except BotoCoreError as exc:
-            raise RequestError("NetworkError", str(exc), bucket=bucket, key=key) from exc
+        return read_object(self.s3, bucket, key)
 
     def run(self, inputs: np.ndarray, start: int, stop: int) -> np.ndarray:
         """Run blocks ``[start, stop)`` here; returns a writable float32 array."""
@@ -308,6 +295,33 @@ class Engine:
                     ) from exc
                 self._sessions[(start, stop)] = session
             return session
+
+
+def read_object(s3: Any, bucket: str, key: str, start: int = 0, stop: int | None = None) -> bytes:
+    """Bytes ``[start, stop)`` of an object (the whole object by default) with ``s3``.
+
+    Raises:
+        RequestError: The store refused or failed the read (naming the object).
+    """
+    extra = (
+        {}
+        if start == 0 and stop is None
+        else {"Range": f"bytes={start}-{'' if stop is None else stop - 1}"}
+    )
+    try:
+        return bytes(s3.get_object(Bucket=bucket, Key=key, **extra)["Body"].read())
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        raise request_error(
+            str(error.get("Code", "Unknown")),
+            str(error.get("Message", "")),
+            bucket=bucket,
+            key=key,
+            status=status,
+        ) from exc
+    except BotoCoreError as exc:
+        raise RequestError("NetworkError", str(exc), bucket=bucket, key=key) from exc
 
 
 class _RawReads:

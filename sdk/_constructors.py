@@ -29,6 +29,10 @@ class DatasetOptions(TypedDict, total=False):
     rank: int | None
     world_size: int | None
     progress: bool
+    drop_last: bool
+    shuffle_buffer: int
+    batch_size: int | None
+    with_info: bool
 
 
 class Constructors:
@@ -84,7 +88,8 @@ class Constructors:
                 blocks, split and dtype. ``None``: no local cache.
             **dataset: Options of the dataset class (:class:`DatasetOptions`:
                 ``prefetch``; for the iterable form also ``shuffle``, ``seed``, ``rank``,
-                ``world_size``, ``progress``).
+                ``world_size``, ``progress``, ``drop_last``, ``shuffle_buffer``,
+                ``batch_size``, ``with_info``).
 
         Raises:
             NoSuchModel: The registry has no such model.

@@ -28,6 +28,10 @@ class EpochStats:
             queue behind each other do not inflate it).
         local_samples: Samples served from the local cache (``local_cache=``).
         gateway_hits: Requests the gateway answered from its feature cache.
+        resumed: The pass continued an epoch from a saved state: its figures are the
+            rest of the epoch.
+        held_peak: The most samples held at once, received and not yet delivered (what
+            the shuffle buffer and a shard's samples for later take in memory).
     """
 
     epoch: int
@@ -43,6 +47,8 @@ class EpochStats:
     storage_seconds: float = 0.0
     local_samples: int = 0
     gateway_hits: int = 0
+    resumed: bool = False
+    held_peak: int = 0
 
     @property
     def local_hit_ratio(self) -> float:
@@ -81,7 +87,9 @@ class EpochStats:
 
     def __str__(self) -> str:
         return (
-            f"epoch {self.epoch}: {self.samples} samples in {self.seconds:.1f} s "
+            f"epoch {self.epoch}: {self.samples} samples"
+            + (" (the rest of a resumed epoch)" if self.resumed else "")
+            + f" in {self.seconds:.1f} s "
             f"({self.samples_per_s:.1f}/s), {self.bytes_received / 1e6:.2f} MB received, "
             f"{self.wait_seconds:.1f} s waiting for data, split {self.split} ({self.mode})"
             + (f", {self.local_hit_ratio:.0%} from the local cache" if self.local_samples else "")
@@ -97,12 +105,21 @@ class Meter:
         total: Samples expected, for the bar (``None`` if unknown).
         progress: Show a tqdm bar.
         description: The bar's label.
+        resumed: The pass continues an epoch from a saved state.
     """
 
     def __init__(
-        self, epoch: int, *, total: int | None, progress: bool, description: str = "hapi"
+        self,
+        epoch: int,
+        *,
+        total: int | None,
+        progress: bool,
+        description: str = "hapi",
+        resumed: bool = False,
     ) -> None:
         self.epoch = epoch
+        self.resumed = resumed
+        self.held_peak = 0
         self.samples = 0
         self.bytes_received = 0
         self.wait_seconds = 0.0
@@ -176,6 +193,8 @@ class Meter:
             storage_seconds=_union(self._storage),
             local_samples=self.local_samples,
             gateway_hits=self.gateway_hits,
+            resumed=self.resumed,
+            held_peak=self.held_peak,
         )
 
 

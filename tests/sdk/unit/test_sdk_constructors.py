@@ -46,6 +46,10 @@ def test_dataset_options_are_typed() -> None:
         "rank": int | None,
         "world_size": int | None,
         "progress": bool,
+        "drop_last": bool,
+        "shuffle_buffer": int,
+        "batch_size": int | None,
+        "with_info": bool,
     }
 
 

@@ -1,0 +1,137 @@
+"""What both dataset forms share: construction, the per-process engine, items.
+
+Process safety follows s3torchconnector and mosaic streaming: the dataset holds only
+picklable values; the boto3 client and onnxruntime sessions live in an engine created
+lazily in each process (keyed by pid, so a forked DataLoader worker builds its own) and
+dropped on pickling.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ._build import Prepared
+from ._compute import Batch, Engine
+from ._constructors import Constructors
+from ._prefetch import Fetch
+from ._split import SplitChoice
+from ._stats import Meter
+
+Item = tuple[torch.Tensor, int]
+DEFAULT_PREFETCH = 4
+
+
+class FeatureSource(Constructors):
+    """What both dataset forms share: construction, per-process engine, item conversion."""
+
+    def __init__(self, prepared: Prepared, *, request_size: int = 32, prefetch: int = 4) -> None:
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, not {prefetch}")
+        self._source = prepared.source
+        self._labels = prepared.labels
+        self._spec = prepared.spec
+        self._choice = prepared.choice
+        self._request_size = request_size
+        self._prefetch = prefetch
+        self._runtime: tuple[int, Engine] | None = (os.getpid(), Engine(prepared.spec, prepared.s3))
+
+    # -- per-process state --------------------------------------------------------------
+
+    def _engine(self) -> Engine:
+        pid = os.getpid()
+        if self._runtime is None or self._runtime[0] != pid:
+            self._runtime = (pid, Engine(self._spec))
+        return self._runtime[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_runtime"] = None  # clients and sessions never cross processes
+        return state
+
+    def _starter(self) -> Callable[[Sequence[str]], Fetch[Batch]]:
+        return functools.partial(self._engine().start, self._source.bucket)
+
+    def _chunks(self, keys: Sequence[str]) -> list[Sequence[str]]:
+        size = self._request_size
+        return [keys[i : i + size] for i in range(0, len(keys), size)]
+
+    def _items(self, batch: Batch) -> list[Item]:
+        rows = torch.from_numpy(batch.features)
+        labels = self._labels
+        pairs = zip(batch.objects, batch.carried, strict=True)
+        return [(rows[i], labels.label(key, carried)) for i, (key, carried) in enumerate(pairs)]
+
+    def _record(self, meter: Meter, batch: Batch, samples: int | None = None) -> None:
+        """Count ``batch`` (``samples``: the rows of it this process delivers, when it
+        delivers fewer than it received: another consumer's samples of a shard)."""
+        rows = len(batch.objects)
+        used = rows if samples is None else samples
+        meter.record(
+            samples=used,
+            nbytes=batch.nbytes,
+            split=self._spec.split if batch.mode == "pushdown" else None,
+            mode=batch.mode,
+            server_ms=batch.server_ms,
+            round_trip=batch.round_trip,
+            local_samples=batch.local_samples * used // rows if rows else 0,
+            gateway_cache=batch.gateway_cache,
+        )
+
+    # -- what users look at ---------------------------------------------------------------
+
+    @property
+    def bucket(self) -> str:
+        """The bucket of the objects."""
+        return self._source.bucket
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The object keys, in dataset order."""
+        return self._source.keys
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """Class names by label (empty when labels are integers already)."""
+        return self._labels.classes
+
+    @property
+    def model(self) -> str:
+        """``NAME@VERSION`` of the model, pinned when the dataset was built."""
+        return str(self._spec.manifest.ref)
+
+    @property
+    def freeze(self) -> int:
+        """Features are the output of blocks ``[0, freeze)``."""
+        return self._spec.freeze
+
+    @property
+    def split(self) -> int | None:
+        """The split requested from the gateway (``None``: no pushdown)."""
+        return self._choice.split
+
+    @property
+    def split_choice(self) -> SplitChoice:
+        """The split, why it was chosen, and the planner's plan when it decided."""
+        return self._choice
+
+    @property
+    def raw_bytes(self) -> int | None:
+        """Total bytes of the objects, when they were listed (``from_prefix``)."""
+        return self._source.raw_bytes
+
+    @property
+    def pushdown(self) -> bool:
+        """Whether this process gets features from the gateway (``False`` after fallback)."""
+        return self._engine().pushdown
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(s3://{self.bucket}/{self._source.prefix}, "
+            f"{len(self.keys)} objects, model={self.model}, split={self.split}, "
+            f"freeze={self.freeze})"
+        )
