@@ -12,7 +12,7 @@ MYPY_TREE := build/mypy/hapi
 # The benchmarks (benchmarks/hapi_bench, the hapi-bench distribution) sit beside it.
 BENCH_TREE := build/mypy/hapi_bench
 
-.PHONY: run test test-slow test-cluster check lint format bench-proxy bench-pushdown bench-device bench-load bench clean venv
+.PHONY: run test test-slow test-cluster check lint format bench-proxy bench-pushdown bench-device bench-load bench-cluster bench clean venv
 
 venv: $(STAMP)
 
@@ -83,6 +83,11 @@ bench-load: $(STAMP)
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(VENV)/bin/hapi-bench load --out bench-results $(LOAD_ARGS)
+
+# Samples/s on 1, 2 and 3 storage nodes (root: namespaces), each behind a capped link and a
+# CPU quota, pushdown with locality; e.g. CLUSTER_ARGS="--rate 50mbit --cpus 0.4".
+bench-cluster: $(STAMP)
+	timeout -s INT -k 60 1800 $(VENV)/bin/hapi-bench cluster scale --out bench-results/cluster $(CLUSTER_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-awscli build *.egg-info benchmarks/*.egg-info

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +39,7 @@ from ._errors import BenchError
 
 GATEWAY_PORT = 8080
 CLIENT_ENV = "HAPI_BENCH_CLUSTER_CLIENT"
+BUCKET = "data"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,6 +250,30 @@ class Testbed:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
 
+    # -- data --------------------------------------------------------------------------------
+
+    def load(self, count: int, *, freeze: int, seed: int = 0) -> Objects:
+        """Pin ``nI/`` to node I, upload ``count`` JPEGs round-robin over the nodes
+        (``nI/00012.jpg``), register ResNet18 up to ``freeze`` as ``r18``."""
+        from hapi import models
+
+        from ._data import generate
+
+        s3 = self.cluster.s3_client(self.roles[0])
+        s3.create_bucket(Bucket=BUCKET)
+        for role in self.roles:
+            self.cluster.pin(BUCKET, f"{role}/", role)
+        keys, sizes = [], {}
+        for number, sample in enumerate(generate(count, models.sample_images(), seed=seed)):
+            key = f"{self.roles[number % len(self.roles)]}/{number:05d}.jpg"
+            s3.put_object(Bucket=BUCKET, Key=key, Body=sample.data)
+            keys.append(key)
+            sizes[key] = len(sample.data)
+        s3.create_bucket(Bucket="hapi-models")
+        exported = models.export_model("resnet18", freeze=freeze)
+        manifest = models.Registry(s3).register("r18", exported)
+        return Objects(self, BUCKET, keys, sizes, manifest.ref, freeze)
+
     # -- measuring ---------------------------------------------------------------------------
 
     def counters(self) -> dict[str, Counters]:
@@ -278,6 +304,97 @@ class Testbed:
                 start_new_session=True,
             )
         return ClientRun(process, log)
+
+
+@dataclass
+class Objects:
+    """What :meth:`Testbed.load` put in the store."""
+
+    testbed: Testbed
+    bucket: str
+    keys: list[str]  # nI/00012.jpg: object 12 on node I
+    sizes: dict[str, int]
+    model: str
+    split: int  # the model's freeze point: the client runs no blocks of its own
+
+    @staticmethod
+    def node_of(key: str) -> str:
+        """The node an object was pinned to."""
+        return key.split("/", 1)[0]
+
+    @property
+    def placement(self) -> str:
+        """The SDK's placement spec for this cluster."""
+        cluster = self.testbed.cluster
+        return f"seaweedfs:filer={cluster.filer_url},master={cluster.master_url}"
+
+    def job(self, *, locality: bool, request_size: int = 8, prefetch: int = 2) -> dict[str, Any]:
+        """The client's job: an epoch over every object, through every gateway; each
+        gateway first warmed with an object of its own node (it loads its blocks)."""
+        testbed = self.testbed
+        first = {self.node_of(key): key for key in reversed(self.keys)}
+        return {
+            "bucket": self.bucket,
+            "keys": self.keys,
+            "model": self.model,
+            "split": self.split,
+            "dtype": "float16",
+            "endpoints": testbed.gateway_urls,
+            "placement": self.placement if locality else None,
+            "request_size": request_size,
+            "prefetch": prefetch,
+            "warm": [[testbed.gateway_url(role), first[role]] for role in testbed.roles],
+        }
+
+    def epoch(
+        self,
+        *,
+        locality: bool,
+        request_size: int = 8,
+        prefetch: int = 2,
+        during: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Epoch:
+        """One epoch from the client's namespace, the links counted around it alone;
+        ``during(event)`` sees each progress event (to kill a gateway mid-epoch)."""
+        testbed = self.testbed
+        job = self.job(locality=locality, request_size=request_size, prefetch=prefetch)
+        client = testbed.client(job)
+        try:
+            client.until("ready", timeout_s=300)
+            before = testbed.counters()
+            client.go()
+            while (event := client.event(timeout_s=300))["event"] != "done":
+                if during is not None:
+                    during(event)
+            after = testbed.counters()
+        finally:
+            client.close()
+        return Epoch(event, {role: after[role] - before[role] for role in after})
+
+
+@dataclass
+class Epoch:
+    """One measured epoch: what the client reported, what crossed each node's link."""
+
+    done: dict[str, Any]
+    links: dict[str, Counters]
+
+    @property
+    def object_bytes(self) -> int:
+        """Bytes the volume servers sent over node links: objects read from another node."""
+        return sum(counters.objects for counters in self.links.values())
+
+    @property
+    def samples(self) -> int:
+        return int(self.done["samples"])
+
+    @property
+    def seconds(self) -> float:
+        return float(self.done["seconds"])
+
+    def counts(self) -> dict[int, int]:
+        """How often each object's number was read."""
+        return {int(label): count for label, count in self.done["labels"].items()}
 
 
 class ClientRun:

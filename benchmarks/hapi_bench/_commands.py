@@ -22,6 +22,7 @@ MICRO_BENCHMARKS = {
     "batching": ("_pushdown", "Storage-side throughput, adaptive batching vs fixed sizes."),
     "device": ("_device", "The storage side's blocks on an accelerator, checked and timed."),
     "load": ("_load", "A bounded load run through the gateway, nginx and the store."),
+    "cluster": ("_cluster_cli", "The multi-node store: up, down, and scaling over 1-3 nodes."),
 }
 
 # Options pass through untouched to the benchmark's own parser (``--help`` included).

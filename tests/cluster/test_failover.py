@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import Loaded, report, run_epoch
+from hapi_bench._cluster import Objects
+from tests.cluster.conftest import report
 
 pytestmark = pytest.mark.cluster
 
 
-def test_an_epoch_outlives_a_gateway_killed_mid_epoch(loaded: Loaded) -> None:
+def test_an_epoch_outlives_a_gateway_killed_mid_epoch(loaded: Objects) -> None:
     testbed = loaded.testbed
     killed: list[int] = []
 
@@ -22,7 +23,7 @@ def test_an_epoch_outlives_a_gateway_killed_mid_epoch(loaded: Loaded) -> None:
             testbed.kill_gateway("n2")
 
     try:
-        epoch = run_epoch(loaded, placement=loaded.placement, request_size=4, during=kill_once)
+        epoch = loaded.epoch(locality=True, request_size=4, during=kill_once)
     finally:
         testbed.start_gateway("n2")
         testbed._wait_gateway("n2")
@@ -34,6 +35,6 @@ def test_an_epoch_outlives_a_gateway_killed_mid_epoch(loaded: Loaded) -> None:
     assert epoch.links["n2"].objects == crossed  # only the dead gateway's node lent its objects
     report(
         "2-failover.txt",
-        f"failover: gateway n2 killed after {killed[0]} samples; {epoch.done['samples']} "
+        f"failover: gateway n2 killed after {killed[0]} samples; {epoch.samples} "
         f"samples, each once; {crossed} object bytes crossed node links to get there",
     )

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from hapi.sdk._placement import SeaweedPlacement
-from tests.cluster.conftest import Loaded
+from hapi_bench._cluster import Objects
 
 pytestmark = pytest.mark.cluster
 
 
-def test_an_object_pinned_to_node_2_is_reported_on_node_2(loaded: Loaded) -> None:
+def test_an_object_pinned_to_node_2_is_reported_on_node_2(loaded: Objects) -> None:
     cluster = loaded.testbed.cluster
     key = next(key for key in loaded.keys if loaded.node_of(key) == "n2")
     assert cluster.holders(loaded.bucket, key) == {"n2": loaded.sizes[key]}  # the store's view
@@ -19,7 +19,7 @@ def test_an_object_pinned_to_node_2_is_reported_on_node_2(loaded: Loaded) -> Non
     assert lookup.locate(loaded.bucket, key) == (cluster.node("n2").host,)
 
 
-def test_every_object_is_where_it_was_pinned_and_where_the_lookup_says(loaded: Loaded) -> None:
+def test_every_object_is_where_it_was_pinned_and_where_the_lookup_says(loaded: Objects) -> None:
     cluster = loaded.testbed.cluster
     lookup = SeaweedPlacement(filer_url=cluster.filer_url, master_url=cluster.master_url)
     for key in loaded.keys:
@@ -29,7 +29,7 @@ def test_every_object_is_where_it_was_pinned_and_where_the_lookup_says(loaded: L
 
 
 def test_a_write_outside_the_pinned_prefixes_is_placed_wherever_the_store_chose(
-    loaded: Loaded,
+    loaded: Objects,
 ) -> None:
     cluster = loaded.testbed.cluster
     s3 = cluster.s3_client("n1")

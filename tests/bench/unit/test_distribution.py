@@ -34,7 +34,15 @@ def test_hapi_bench_depends_on_hapi_and_registers_its_commands() -> None:
 
 
 def test_hapi_bench_has_the_testbed_and_the_micro_benchmarks() -> None:
-    assert set(main.commands) == {"testbed", "proxy", "pushdown", "batching", "device", "load"}
+    assert set(main.commands) == {
+        "testbed",
+        "proxy",
+        "pushdown",
+        "batching",
+        "device",
+        "load",
+        "cluster",
+    }
     assert main.commands["testbed"] is bench
 
 
