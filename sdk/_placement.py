@@ -158,7 +158,10 @@ class SeaweedPlacement:
             locations: list[dict[str, Any]] = []
             if reply.status_code == 200:  # else the volume is gone: nobody holds it
                 locations = reply.json().get("locations") or []
-            hosts = tuple(_host(location["url"]) for location in locations)
+            # publicUrl first: where a volume server says it is reached from outside (a
+            # node's address in Kubernetes, where url is the pod's); url as well.
+            addresses = [a for loc in locations for a in (loc.get("publicUrl"), loc["url"]) if a]
+            hosts = tuple(dict.fromkeys(_host(address) for address in addresses))
             cached = (self._clock(), hosts)
             self._volumes[volume] = cached
         return cached[1]

@@ -78,6 +78,21 @@ def test_an_object_is_placed_on_the_host_holding_most_of_its_bytes() -> None:
     assert len(listings) == 2  # one directory, two pages, for all three objects
 
 
+def test_a_volume_servers_public_address_comes_before_its_own() -> None:
+    fake = FakeSeaweed([_entry("a.jpg", (1, 100))], {})
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "master":
+            location = {"url": "10.244.1.7:8080", "publicUrl": "192.168.0.21:8080"}
+            return httpx.Response(200, json={"locations": [location]})
+        return fake(request)
+
+    placement = SeaweedPlacement(
+        filer_url=FILER, master_url=MASTER, transport=httpx.MockTransport(handler)
+    )
+    assert placement.locate("data", "a.jpg") == ("192.168.0.21", "10.244.1.7")
+
+
 def test_answers_are_cached_and_refreshed_after_the_ttl() -> None:
     fake = FakeSeaweed([_entry("a.jpg", (1, 100))], {1: ["10.0.0.11:8100"]})
     clock = [0.0]
