@@ -32,6 +32,8 @@ README = DEPLOY / "README.md"
 
 # Variables the deployment files define for themselves (Compose knobs), not the gateway's.
 DEPLOY_ONLY_ENV = frozenset({"HAPI_IMAGE_VARIANT", "HAPI_PUBLISH_ADDRESS"})
+# Variables of the SDK (training pods), not the gateway's.
+SDK_ENV = frozenset({"HAPI_PLACEMENT"})
 # The four variables that carry the two credential pairs.
 CREDENTIAL_ENV = (
     "HAPI_BACKEND_ACCESS_KEY_ID",
@@ -270,7 +272,11 @@ def final_stage(instructions: list[Instruction]) -> list[Instruction]:
 
 def workloads() -> list[dict[str, Any]]:
     """The gateway's Deployment and DaemonSet."""
-    found = [obj for (kind, _), obj in k8s_objects().items() if kind in ("Deployment", "DaemonSet")]
+    found = [
+        obj
+        for (kind, name), obj in k8s_objects().items()
+        if kind in ("Deployment", "DaemonSet") and name == "hapi-gateway"
+    ]
     assert {w["kind"] for w in found} == {"Deployment", "DaemonSet"}, "both flavours exist"
     return found
 

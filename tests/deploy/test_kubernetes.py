@@ -20,7 +20,7 @@ OLDEST = "1.29"
 VERSIONS = (OLDEST, latest_version())
 # Custom resources: no schema in kubernetes-validate; checked field by field below.
 CRD_KINDS = {"ServiceMonitor"}
-FLAVOURS = ("deployment", "daemonset", "monitoring", "ingress")
+FLAVOURS = ("deployment", "daemonset", "storage-nodes", "monitoring", "ingress")
 
 
 def _schema_objects() -> list[tuple[str, dict[str, Any]]]:
