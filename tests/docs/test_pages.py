@@ -37,6 +37,7 @@ from tests.docs._reader import (
 LANGUAGES = {
     "api.md": set(),
     "cache.md": {"sh"},
+    "cluster.md": {"console"},
     "configuration.md": {"console"},
     "design.md": {""},
     "models.md": {"sh"},
