@@ -252,20 +252,9 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
 
     def _continuation(self, layout: Layout, worker: int) -> tuple[Position, int]:
         """The pass ``worker`` runs in ``layout``, and the samples delivered in it already."""
-        resume = self._resume
-        if resume is None:
+        if self._resume is None:
             return Position(self._identity, self._epoch, (), layout), 0
-        if resume.layout == layout and worker in resume.emitted:
-            return dataclasses.replace(resume, emitted={}), resume.emitted[worker]
-        if resume.complete:
-            done = (*resume.done, resume.finished())
-            return Position(resume.identity, resume.epoch, done, layout), 0
-        raise StateMismatch(
-            f"the state holds worker {sorted(resume.emitted)}'s position in a pass of "
-            f"{_describe(resume.layout)}; continuing it with {_describe(layout)} needs every "
-            "worker's: load the loader's whole state_dict() into the dataset "
-            "(dataset.load_state_dict(state)) before the loader iterates"
-        )
+        return self._resume.continued(layout, worker)
 
     # -- iterating ---------------------------------------------------------------------
 
@@ -381,11 +370,3 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         # A spawned worker starts without torch.distributed: it takes this rank's place.
         state["_ranks"] = self._rank()
         return state
-
-
-def _describe(layout: Layout) -> str:
-    batches = "" if layout.batch_size is None else f", batch_size={layout.batch_size}"
-    return (
-        f"{layout.ranks} rank(s) x {layout.workers} worker(s) (drop_last={layout.drop_last}, "
-        f"shuffle buffer {layout.buffer}{batches})"
-    )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ._errors import StateMismatch
@@ -122,6 +122,25 @@ class Position:
             other.layout,
         )
 
+    def continued(self, layout: Layout, worker: int) -> tuple[Position, int]:
+        """The pass that ``worker`` runs in ``layout`` from here, and the samples it has
+        delivered in it already: its own pass, continued, in the same layout; else a new
+        pass that deals what this one left (which needs every worker's count).
+
+        Raises:
+            StateMismatch: Another layout, and not every worker's count is known.
+        """
+        if layout == self.layout and worker in self.emitted:
+            return replace(self, emitted={}), self.emitted[worker]
+        if not self.complete:
+            raise StateMismatch(
+                f"the state holds the position of worker {sorted(self.emitted)} of "
+                f"{_describe(self.layout)}; continuing it on {_describe(layout)} needs "
+                "every worker's: load the loader's whole state_dict() into the dataset "
+                "(dataset.load_state_dict(state)) before the loader iterates"
+            )
+        return Position(self.identity, self.epoch, (*self.done, self.finished()), layout), 0
+
     def state(self, worker: int) -> dict[str, Any]:
         """The state of ``worker``."""
         return {
@@ -164,6 +183,14 @@ def parse(state: Mapping[str, Any]) -> Position:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StateMismatch(f"an unreadable {KIND} state ({exc!r})") from exc
+
+
+def _describe(layout: Layout) -> str:
+    batches = "" if layout.batch_size is None else f", batch_size={layout.batch_size}"
+    return (
+        f"{layout.ranks} rank(s) x {layout.workers} worker(s) (drop_last={layout.drop_last}, "
+        f"shuffle buffer {layout.buffer}{batches})"
+    )
 
 
 def _layout(fields: Mapping[str, Any]) -> Layout:

@@ -211,3 +211,16 @@ def test_a_state_of_another_dataset_is_refused_saying_what_differs():
         combine([state], relisted)
     with pytest.raises(StateMismatch, match=r"no hapi\.sdk\.IterableFeatureDataset state"):
         combine(find_states({"model": 1}), IDENTITY)
+
+
+def test_a_position_continues_its_workers_or_hands_what_is_left_to_a_new_layout():
+    saved = Position(IDENTITY, 1, (), _layout(2, 2, 4), {0: 8, 1: 4})
+    same, start = saved.continued(_layout(2, 2, 4), 1)
+    assert (same.layout, same.done, start) == (saved.layout, (), 4)
+    other, start = saved.continued(_layout(3, 1), 0)
+    assert other.done == (Pass(_layout(2, 2, 4), (8, 4)),) and start == 0
+    assert other.layout == _layout(3, 1) and other.epoch == 1
+    one_worker = Position(IDENTITY, 1, (), _layout(2, 2, 4), {1: 4})
+    assert one_worker.continued(_layout(2, 2, 4), 1)[1] == 4  # its own worker, as before
+    with pytest.raises(StateMismatch, match=r"worker \[1\] of 2 rank\(s\) x 2 worker\(s\)"):
+        one_worker.continued(_layout(3, 2, 4), 1)  # another layout needs every worker's
