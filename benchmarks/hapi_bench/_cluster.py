@@ -146,6 +146,8 @@ class Testbed:
             BenchError: Something did not start (with its log's tail).
         """
         sweep()
+        # The store lives for one run: its volumes and metadata name this run's addresses.
+        shutil.rmtree(self.spec.workdir / "cluster", ignore_errors=True)
         self.net.create()
         try:
             for role in self.roles:

@@ -49,11 +49,12 @@ def up(args: argparse.Namespace) -> None:
     with Testbed(spec) as testbed:
         cluster = testbed.cluster
         s3 = cluster.s3_client(testbed.roles[0])
-        s3.create_bucket(Bucket=BUCKET)
+        for bucket in (BUCKET, "hapi-models"):
+            s3.create_bucket(Bucket=bucket)
         for role in testbed.roles:
             cluster.pin(BUCKET, f"{role}/", role)
         env = _client_env(testbed)
-        print(_banner(testbed, env), flush=True)
+        print(_banner(testbed, env, _store_env(testbed)), flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             time.sleep(min(args.seconds, MAX_UP_S))
         print("tearing down", flush=True)
@@ -68,14 +69,30 @@ def _client_env(testbed: Testbed) -> Path:
         "AWS_DEFAULT_REGION": "us-east-1",
         "HAPI_PLACEMENT": f"seaweedfs:filer={cluster.filer_url},master={cluster.master_url}",
     }
-    path = testbed.spec.workdir / "cluster.env"
+    return _write_env(testbed.spec.workdir / "cluster.env", lines)
+
+
+def _store_env(testbed: Testbed) -> Path:
+    """The store's own identity, for setup from this namespace (uploads, the registry)."""
+    creds = testbed.credentials
+    lines = {
+        "AWS_ENDPOINT_URL": testbed.cluster.s3_url(testbed.roles[0]),
+        "AWS_ACCESS_KEY_ID": creds.store_key,
+        "AWS_SECRET_ACCESS_KEY": creds.store_secret,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    return _write_env(testbed.spec.workdir / "store.env", lines)
+
+
+def _write_env(path: Path, lines: dict[str, str]) -> Path:
+    """``export NAME='value'`` lines, readable by the owner only (they hold a secret)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         out.writelines(f"export {name}='{value}'\n" for name, value in lines.items())
     return path
 
 
-def _banner(testbed: Testbed, env: Path) -> str:
+def _banner(testbed: Testbed, env: Path, store_env: Path) -> str:
     cluster, net = testbed.cluster, testbed.net
     rate = format_bandwidth(testbed.spec.rate_bps) if testbed.spec.rate_bps else "uncapped"
     rows = [
@@ -91,6 +108,8 @@ def _banner(testbed: Testbed, env: Path) -> str:
             f"  master {cluster.master_url}  filer {cluster.filer_url}",
             f"  writes under s3://{BUCKET}/nI/ land on node I",
             f"  the client's settings (gateways, key, placement): {env}",
+            f"  register a model (the store's own key): . {store_env} && "
+            "hapi models export resnet18 --freeze 6",
             f"  run a client: ip netns exec {net.namespace('cli')} "
             f"sh -c '. {env} && exec python your_training.py'",
             "Ctrl-C tears it all down",
