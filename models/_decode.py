@@ -86,13 +86,21 @@ class PendingSample:
     meta: dict[str, Any] = field(default_factory=dict)
     member: str = ""  # the image member, for errors (``shard#dir/0001.jpg``)
 
-    def decode(self, preset: Preset, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-        """Decode and preprocess this sample.
+    def decode(
+        self,
+        preset: Preset,
+        *,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Decode and preprocess this sample (into ``out``, e.g. a row of a batch, when
+        given).
 
         Raises:
             UndecodableObject: Corrupt image data.
         """
-        return decode_image(self.image, preset, key=self.member or self.key, max_pixels=max_pixels)
+        key = self.member or self.key
+        return decode_image(self.image, preset, key=key, max_pixels=max_pixels, out=out)
 
 
 def is_tar(data: bytes | memoryview) -> bool:
@@ -162,8 +170,10 @@ def decode_image(
     *,
     key: str,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Decode and preprocess one image; the size is checked before pixels are decoded.
+    """Decode and preprocess one image (into ``out`` when given); the size is checked
+    before pixels are decoded.
 
     Raises:
         UndecodableObject: Not a JPEG/PNG/WebP (or other Pillow format), corrupt, or
@@ -173,7 +183,7 @@ def decode_image(
         image = Image.open(io.BytesIO(data))  # reads the header only
         _check_size(image, key, max_pixels)
         image.load()
-        return preprocess(image, preset)
+        return preprocess(image, preset, out=out)
     raise AssertionError("unreachable")  # _image_errors re-raises everything it catches
 
 

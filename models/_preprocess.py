@@ -12,6 +12,7 @@ The resize and crop arithmetic follows torchvision's ``Resize(int)`` and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from PIL import Image, ImageOps
 
 from ._errors import InvalidModelSpec
 
+_ORIENTATION = 0x0112  # the EXIF tag
 _INTERPOLATION = {
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
@@ -128,26 +130,48 @@ def _resized_size(width: int, height: int, short: int) -> tuple[int, int]:
     return int(short * width / height), short
 
 
-def preprocess(image: Image.Image, preset: Preset) -> np.ndarray:
+def preprocess(image: Image.Image, preset: Preset, *, out: np.ndarray | None = None) -> np.ndarray:
     """Turn one image into a model input sample.
 
     Args:
         image: Any PIL image; EXIF orientation is applied, then it is converted to RGB.
         preset: The preset a manifest names.
+        out: Where to write it (a C-contiguous ``float32`` array of
+            ``preset.sample_shape``, e.g. a row of a batch); a new array by default.
 
     Returns:
-        A C-contiguous ``float32`` array of shape ``preset.sample_shape``.
+        A C-contiguous ``float32`` array of shape ``preset.sample_shape`` (``out``, when
+        given).
     """
-    image = ImageOps.exif_transpose(image).convert("RGB")
+    if image.getexif().get(_ORIENTATION, 1) != 1:  # else exif_transpose only copies
+        image = ImageOps.exif_transpose(image)
+    if image.mode != "RGB":
+        image = image.convert("RGB")
     width, height = _resized_size(image.width, image.height, preset.resize)
     image = image.resize((width, height), _INTERPOLATION[preset.interpolation])
     left = round((width - preset.crop) / 2.0)
     top = round((height - preset.crop) / 2.0)
     image = image.crop((left, top, left + preset.crop, top + preset.crop))
-    pixels = np.asarray(image, dtype=np.float32) / np.float32(255.0)
-    mean = np.asarray(preset.mean, dtype=np.float32)
-    std = np.asarray(preset.std, dtype=np.float32)
-    return np.ascontiguousarray(((pixels - mean) / std).transpose(2, 0, 1))
+    pixels = np.asarray(image)  # HWC uint8
+    if out is None:
+        out = np.empty(preset.sample_shape, np.float32)
+    for channel, table in enumerate(_normalized(preset.mean, preset.std)):
+        # (x / 255 - mean) / std for each of the 256 values a pixel can take, computed
+        # once in float32, then looked up: the same bits as computing it per pixel.
+        np.take(table, pixels[:, :, channel], out=out[channel])
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _normalized(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[np.ndarray, ...]:
+    """Per channel, the normalized float32 value of each 8-bit pixel value."""
+    values = np.arange(256, dtype=np.float32) / np.float32(255.0)
+    return tuple(
+        (values - np.float32(m)) / np.float32(s)
+        for m, s in zip(
+            np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32), strict=True
+        )
+    )
 
 
 def preprocess_batch(images: Iterable[Image.Image], preset: Preset) -> np.ndarray:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torchvision import transforms
 
 from hapi.models import PRESETS, InvalidModelSpec, Preset, get_preset, preprocess, preprocess_batch
@@ -77,3 +79,38 @@ def test_round_trip_and_validation() -> None:
 def test_torch_free_numpy_output_feeds_torch() -> None:
     sample = preprocess(Image.new("RGB", (300, 256)), get_preset("imagenet"))
     assert torch.from_numpy(sample).shape == (3, 224, 224)
+
+
+def _per_pixel(image: Image.Image, preset: Preset) -> np.ndarray:
+    """The arithmetic spelled out per pixel, as preprocess once did it."""
+    image = ImageOps.exif_transpose(image).convert("RGB")
+    short = preset.resize
+    w, h = image.size
+    size = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
+    image = image.resize(size, Image.Resampling.BILINEAR)
+    left, top = round((size[0] - preset.crop) / 2.0), round((size[1] - preset.crop) / 2.0)
+    image = image.crop((left, top, left + preset.crop, top + preset.crop))
+    pixels = np.asarray(image, dtype=np.float32) / np.float32(255.0)
+    mean, std = np.asarray(preset.mean, np.float32), np.asarray(preset.std, np.float32)
+    return np.ascontiguousarray(((pixels - mean) / std).transpose(2, 0, 1))
+
+
+@pytest.mark.parametrize("preset_name", sorted(PRESETS))
+def test_the_lookup_gives_the_same_bits_as_per_pixel_arithmetic(
+    preset_name: str, photos: list[Image.Image]
+) -> None:
+    preset = get_preset(preset_name)
+    rotated = photos[0].copy()
+    exif = rotated.getexif()
+    exif[0x0112] = 6  # EXIF orientation: rotate 90 degrees on display
+    buf = io.BytesIO()
+    rotated.save(buf, "JPEG", exif=exif)
+    oriented = Image.open(io.BytesIO(buf.getvalue()))
+    for image in [*photos, photos[0].convert("L"), photos[0].convert("RGBA"), oriented]:
+        expected = _per_pixel(image, preset)
+        row = np.full((2, *preset.sample_shape), np.nan, np.float32)
+        assert preprocess(image, preset).tobytes() == expected.tobytes()
+        view = row[1]
+        assert preprocess(image, preset, out=view) is view
+        assert row[1].tobytes() == expected.tobytes() and np.isnan(row[0]).all()
+    assert preprocess(oriented, preset).shape == preset.sample_shape
