@@ -116,19 +116,6 @@ def s3(gateway: RunningGateway) -> Any:
 
 
 @pytest.fixture(scope="session")
-def admin_s3(gateway: RunningGateway) -> Any:
-    """A boto3 client whose endpoint is the gateway, signing with its admin key."""
-    return boto3.client(
-        "s3",
-        endpoint_url=gateway.endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id=gateway.admin_access_key_id,
-        aws_secret_access_key=gateway.admin_secret_access_key,
-        config=Config(signature_version="s3v4", retries={"max_attempts": 1}),
-    )
-
-
-@pytest.fixture(scope="session")
 def registered(backend_s3: Any) -> dict[str, Any]:
     """Two model families exported from torch and registered in the store's registry.
 

@@ -67,14 +67,19 @@ def tenant_gateway(
         yield running
 
 
-def _boto(gw: RunningGateway, creds: Credentials) -> Any:
+def _boto(at: RunningGateway | str, creds: Credentials, signature: str = "s3v4") -> Any:
+    """A boto3 client of a gateway (or of an endpoint URL) signing as ``creds``."""
     return boto3.client(
         "s3",
-        endpoint_url=gw.endpoint_url,
+        endpoint_url=at if isinstance(at, str) else at.endpoint_url,
         region_name="us-east-1",
         aws_access_key_id=creds.access_key_id,
         aws_secret_access_key=creds.secret_access_key,
-        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+        config=Config(
+            signature_version=signature,
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 1},
+        ),
     )
 
 
@@ -136,13 +141,7 @@ def _wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:
 def alice_bucket(store: Any, backend_s3: Any) -> Iterator[str]:
     """A private bucket of alice's with one photo, created through her own store identity."""
     name = f"alice-{secrets.token_hex(4)}"
-    alice = boto3.client(
-        "s3",
-        endpoint_url=store.endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id=TENANTS["alice"].access_key_id,
-        aws_secret_access_key=TENANTS["alice"].secret_access_key,
-    )
+    alice = _boto(store.endpoint_url, TENANTS["alice"])
     alice.create_bucket(Bucket=name)
     alice.put_object(Bucket=name, Key="cat.jpg", Body=encode_image(samples.chelsea(), "JPEG"))
     alice.put_object(Bucket=name, Key="rocket.jpg", Body=encode_image(samples.rocket(), "JPEG"))
@@ -322,14 +321,7 @@ def test_presigned_and_virtual_hosted_requests_are_held_to_the_same_rule(
 ) -> None:
     key = planted["key"].decode()
     for version in ("s3v4", "s3"):  # SigV4 and the legacy V2 presigned URL
-        alice = boto3.client(
-            "s3",
-            endpoint_url=tenant_gateway.endpoint_url,
-            region_name="us-east-1",
-            aws_access_key_id=TENANTS["alice"].access_key_id,
-            aws_secret_access_key=TENANTS["alice"].secret_access_key,
-            config=Config(signature_version=version, s3={"addressing_style": "path"}),
-        )
+        alice = _boto(tenant_gateway, TENANTS["alice"], version)
         for method in ("get_object", "put_object", "delete_object"):
             url = alice.generate_presigned_url(method, Params={"Bucket": CACHE, "Key": key})
             reply = httpx.request(
