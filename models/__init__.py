@@ -24,12 +24,14 @@ from __future__ import annotations
 from ._cli import cli_errors, open_registry
 from ._cuts import cut_points
 from ._decode import (
+    IMAGE_EXTENSIONS,
     PendingSample,
     Sample,
     TooManySamples,
     UndecodableObject,
     decode_object,
     list_samples,
+    shard_member,
 )
 from ._errors import (
     CorruptBlock,
@@ -66,6 +68,7 @@ from ._runtime import (
 __all__ = [
     "DEFAULT_MODEL",
     "FAMILIES",
+    "IMAGE_EXTENSIONS",
     "PRESETS",
     "BlockInfo",
     "CorruptBlock",
@@ -112,4 +115,5 @@ __all__ = [
     "register_default_model",
     "runs_on_cuda",
     "sample_images",
+    "shard_member",
 ]

@@ -255,6 +255,20 @@ def _list_shard(
     return samples
 
 
+def shard_member(member: tarfile.TarInfo) -> tuple[str, str] | None:
+    """The sample a WebDataset tar member belongs to and its extension, lower-cased
+    (``a/b/0001.cls`` -> ``("a/b/0001", "cls")``); ``None`` for a member that is part of
+    no sample (a folder, a link, a sparse file, a name without an extension). A sample is
+    an image when one of its extensions is in :data:`IMAGE_EXTENSIONS`."""
+    if not member.isfile() or member.issparse():
+        return None
+    folder, _, base = member.name.rpartition("/")
+    stem, _, extension = base.partition(".")
+    if not extension:
+        return None
+    return (f"{folder}/{stem}" if folder else stem), extension.lower()
+
+
 def _group_members(
     data: bytes, key: str, max_samples: int | None
 ) -> dict[str, dict[str, memoryview]]:
@@ -269,15 +283,11 @@ def _group_members(
             for count, member in enumerate(archive, start=1):
                 if members_limit is not None and count > members_limit:
                     raise TooManySamples(key, members_limit, "tar members")
-                if not member.isfile() or member.issparse():
+                part = shard_member(member)
+                if part is None:
                     continue
-                folder, _, base = member.name.rpartition("/")
-                stem, _, ext = base.partition(".")
-                if not ext:
-                    continue
-                name = f"{folder}/{stem}" if folder else stem
+                name, ext = part
                 group = groups.setdefault(name, {})
-                ext = ext.lower()
                 if ext in IMAGE_EXTENSIONS and not IMAGE_EXTENSIONS & group.keys():
                     images += 1
                     if max_samples is not None and images > max_samples:

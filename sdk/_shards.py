@@ -20,13 +20,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from hapi.models import IMAGE_EXTENSIONS, shard_member
+
 from ._compute import read_object
 from ._errors import UnprocessableObject
-from ._sources import IMAGE_SUFFIXES
 
 INDEX_THREADS = 8
 WINDOW = 64 * 1024
-_IMAGES = frozenset(suffix.lstrip(".") for suffix in IMAGE_SUFFIXES)
 
 
 class _Ranged:
@@ -74,14 +74,10 @@ def count_samples(s3: Any, bucket: str, key: str, size: int | None = None) -> in
     try:
         with tarfile.open(fileobj=_Ranged(s3, bucket, key, size), mode="r:") as archive:  # type: ignore[call-overload]
             for member in archive:
-                if not member.isfile() or member.issparse():
-                    continue
-                folder, _, base = member.name.rpartition("/")
-                stem, _, extension = base.partition(".")
-                if not extension:
-                    continue
-                name = f"{folder}/{stem}" if folder else stem
-                groups[name] = groups.get(name, False) or extension.lower() in _IMAGES
+                part = shard_member(member)
+                if part is not None:  # grouped exactly as the gateway groups them
+                    name, extension = part
+                    groups[name] = groups.get(name, False) or extension in IMAGE_EXTENSIONS
     except (tarfile.TarError, OSError) as exc:
         raise UnprocessableObject(
             "UnprocessableObject", f"not a readable tar shard ({exc})", bucket=bucket, key=key
