@@ -57,6 +57,29 @@ class Metrics:
             "Objects pushdown fetched from the store (cache hits fetch none).",
             registry=self.registry,
         )
+        self.pushdown_samples = Counter(
+            "hapi_pushdown_samples",
+            "Pushdown samples served, by identity (the caller's access key id, or anonymous) "
+            "and source: computed (ran the frozen blocks here), decoded (split 0: decoded and "
+            "preprocessed only) or cache (rows from the feature cache, no compute).",
+            ("identity", "source"),
+            registry=self.registry,
+        )
+        self.pushdown_compute = Counter(
+            "hapi_pushdown_compute_seconds",
+            "Storage-side compute time by identity: each batch's run time, shared among the "
+            "identities in it in proportion to their samples (cache hits and decoding cost "
+            "none here).",
+            ("identity",),
+            registry=self.registry,
+        )
+        self.pushdown_rate_limited = Counter(
+            "hapi_pushdown_rate_limited",
+            "Pushdown requests refused with SlowDown for going over the identity's request "
+            "rate (identity_requests_per_s), by identity.",
+            ("identity",),
+            registry=self.registry,
+        )
         self.cache_lookups = Counter(
             "hapi_cache_lookups",
             "Feature cache lookups, by model and result (hit, miss, rejected: an entry without a valid MAC).",
@@ -99,6 +122,12 @@ class Metrics:
             self.bytes_out.labels(operation).inc(sent)
         if received:
             self.bytes_in.labels(operation).inc(received)
+
+    def computed(self, identity: str, samples: int, seconds: float) -> None:
+        """Meter one identity's samples of one storage-side batch and its share of the
+        batch's run time."""
+        self.pushdown_samples.labels(identity, "computed").inc(samples)
+        self.pushdown_compute.labels(identity).inc(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type."""

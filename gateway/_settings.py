@@ -67,6 +67,10 @@ class GatewaySettings:
         memory_budget_bytes: Inference memory on CPU, e.g. 2GiB (on a GPU, its free memory).
         max_queue_delay_ms: Longest a sample waits for a fuller storage-side batch, in ms.
         max_queue_samples: Queued samples per model beyond which requests get SlowDown.
+        identity_requests_per_s: Pushdown requests one identity (an access key, or all
+            unsigned callers together) may make per second and per gateway process, with
+            bursts of one second's worth; beyond it, 503 SlowDown with Retry-After (0: no
+            limit).
         max_object_bytes: Most object bytes one pushdown request fetches and holds (one
             object, or a batch's objects together), e.g. 256MiB.
         max_request_samples: Most samples one pushdown request may have (a shard's image
@@ -145,6 +149,7 @@ class GatewaySettings:
     )
     max_queue_delay_ms: float = 4.0
     max_queue_samples: int = 4096
+    identity_requests_per_s: float = 0.0
     max_object_bytes: int = field(default=256 * 1024**2, metadata=knob(shown_default="256MiB"))
     max_request_samples: int = 4096
     max_batch_keys: int = 4096
@@ -211,6 +216,8 @@ class GatewaySettings:
             )
         if min(self.max_probe_bytes, self.probe_bytes_per_minute, self.max_skew_s) <= 0:
             raise ValueError("probe limits and the clock skew must be positive")
+        if self.identity_requests_per_s < 0:
+            raise ValueError("identity_requests_per_s must be 0 (no limit) or positive")
         edge = (self.max_header_bytes, self.header_timeout_s, self.keep_alive_timeout_s)
         if min(*edge, self.max_connections, self.workers) <= 0:
             raise ValueError(

@@ -24,6 +24,19 @@ fails, and then only the requests it belongs to.
 A request whose client went away cancels its job: its samples still queued are dropped
 (counted in ``samples_dropped``), and a job partly taken into a batch is not taken from
 again; only the batch already on the device finishes.
+
+Identities (the callers' access keys) share a batcher fairly: each has its own queue, and
+batches are formed in start-time fair order over samples (:class:`._fairness.FairQueue`),
+so one identity's backlog never stands in front of another's request. A request of
+another identity joins a batch only while that identity has no more samples in it than
+the batch's first identity, so a single sample is not held up by computing someone
+else's window with it. While several identities use the batcher (samples queued,
+announced or run in the last seconds), a batch holds about ``_SLICE_S`` of compute at
+most: a batch on the device runs to its end, and that is what a newcomer waits for. A
+full queue refuses (``SlowDown``) only an identity that holds its share of the queue or
+more; another waits for room, which goes to the identity holding the fewest queued
+samples first. With one identity, everything above holds unchanged. Each batch's run
+time is metered to its identities in proportion to their samples in it.
 """
 
 from __future__ import annotations
@@ -39,8 +52,16 @@ from typing import Any
 import numpy as np
 
 from .._errors import InsufficientMemory, InvalidRequest, SlowDown
+from ._fairness import FairQueue
 
 Run = Callable[[np.ndarray], np.ndarray]
+Meter = Callable[[str, int, float], None]  # identity, samples computed, its share of seconds
+# While identities share a batcher, a batch holds about this much compute (at least one
+# sample), so a request of one waits for little of another's batch on the device (a
+# batch runs to its end). On a GPU that still allows large batches; on a CPU, where
+# batching gains little, a few samples.
+_SLICE_S = 0.010
+_SHARING_S = 2.0  # an identity whose samples ran this recently still shares the batcher
 
 
 class OutOfMemory(Exception):
@@ -82,6 +103,7 @@ class _Job:
     samples: np.ndarray
     future: asyncio.Future[np.ndarray]
     enqueued: float
+    identity: str
     parts: dict[int, np.ndarray] = field(default_factory=dict)  # by start index
     taken: int = 0
     finished: int = 0
@@ -108,6 +130,8 @@ class Batcher:
         max_queue_samples: Queued samples beyond which requests get ``SlowDown``.
         max_batch: Upper bound on the batch size whatever the memory allows.
         fixed_batch: A fixed batch size instead of the adaptive one (for comparisons).
+        meter: Told, after each batch, each identity's samples in it and its share of the
+            batch's run time (in proportion to its samples).
     """
 
     def __init__(
@@ -122,6 +146,7 @@ class Batcher:
         max_queue_samples: int = 4096,
         max_batch: int = 512,
         fixed_batch: int | None = None,
+        meter: Meter | None = None,
     ) -> None:
         self.name = name
         self._run = run
@@ -132,9 +157,10 @@ class Batcher:
         self._max_queue = max_queue_samples
         self._max_batch = max_batch
         self._fixed = fixed_batch
-        self._jobs: collections.deque[_Job] = collections.deque()
-        self._queued = 0
-        self._incoming = 0
+        self._meter = meter
+        self._queue: FairQueue[_Job] = FairQueue()
+        self._waiting: collections.Counter[str] = collections.Counter()  # submits, by identity
+        self._incoming: collections.Counter[str] = collections.Counter()  # announced
         self._wakeup = asyncio.Event()
         self._room = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -142,7 +168,7 @@ class Batcher:
 
     @property
     def queued(self) -> int:
-        return self._queued
+        return self._queue.queued
 
     @property
     def max_queue(self) -> int:
@@ -155,27 +181,37 @@ class Batcher:
             return self._fixed
         return max(1, min(self._max_batch, self._budget.share() // self.per_sample_bytes))
 
-    def expecting(self) -> Arrival:
-        """Announce a request whose samples are on their way (fetching, decoding), so the
-        batcher waits a little for them: ``with batcher.expecting() as arrival: ...``.
+    def expecting(self, identity: str = "") -> Arrival:
+        """Announce a request of ``identity`` whose samples are on their way (fetching,
+        decoding), so the batcher waits a little for them:
+        ``with batcher.expecting(identity) as arrival: ...``.
 
         Its first :meth:`Arrival.submit` ends the announcement; leaving the block without
         one (the request failed, or was cancelled) withdraws it. Either way exactly once.
         """
-        self._incoming += 1
-        return Arrival(self)
+        self._incoming[identity] += 1
+        return Arrival(self, identity)
 
-    def _withdraw(self) -> None:
-        self._incoming -= 1
+    def _withdraw(self, identity: str) -> None:
+        self._incoming[identity] -= 1
+        if not self._incoming[identity]:
+            del self._incoming[identity]
         self._wakeup.set()
 
     async def submit(
-        self, samples: np.ndarray, *, announced: bool = False, wait: bool = False
+        self,
+        samples: np.ndarray,
+        *,
+        identity: str = "",
+        announced: bool = False,
+        wait: bool = False,
     ) -> tuple[np.ndarray, int]:
         """Queue samples ``[N, ...]``; returns their outputs and the largest batch size used.
 
         Args:
             samples: The preprocessed inputs.
+            identity: Who asks (the caller's access key): what batches are fair between
+                and what the meter is told.
             announced: The first submission of an :class:`Arrival` (the request is no
                 longer on its way); :meth:`Arrival.submit` sets it.
             wait: When the queue is full, wait for room instead of raising ``SlowDown``
@@ -183,27 +219,22 @@ class Batcher:
 
         Raises:
             InvalidRequest: More samples than the queue can ever hold.
-            SlowDown: The queue is full (and ``wait`` is false).
+            SlowDown: The queue is full, ``identity`` holds its share of it or more (and
+                ``wait`` is false).
             InsufficientMemory: One sample alone does not fit the budget.
         """
         if announced:
-            self._incoming -= 1
+            self._withdraw(identity)
         if len(samples) > self._max_queue:
             raise InvalidRequest(
                 f"{len(samples)} samples at once exceed the queue bound of {self._max_queue} "
                 f"(HAPI_MAX_QUEUE_SAMPLES) for {self.name}"
             )
-        while self._queued + len(samples) > self._max_queue:
-            if not wait:
-                raise SlowDown(
-                    f"the storage side is saturated for {self.name}; retry shortly", retry_after=1
-                )
-            self._room.clear()
-            await self._room.wait()
+        if not self._may_enter(identity, len(samples)):
+            await self._wait_for_room(identity, len(samples), wait)
         loop = asyncio.get_running_loop()
-        job = _Job(samples, loop.create_future(), loop.time())
-        self._jobs.append(job)
-        self._queued += len(samples)
+        job = _Job(samples, loop.create_future(), loop.time(), identity)
+        self._queue.push(job)
         self._budget.activate(self.name)
         self._ensure_running()
         self._wakeup.set()
@@ -213,6 +244,32 @@ class Batcher:
             self._wakeup.set()  # let the loop drop what is left of it now
             raise
         return result, job.batch_size
+
+    def _may_enter(self, identity: str, count: int) -> bool:
+        """Whether ``count`` samples of ``identity`` may queue now: they fit, and no
+        identity holding fewer queued samples is waiting for room."""
+        if self._queue.queued + count > self._max_queue:
+            return False
+        mine = self._queue.held[identity]
+        return all(self._queue.held[other] >= mine for other in self._waiting)
+
+    async def _wait_for_room(self, identity: str, count: int, wait: bool) -> None:
+        self._waiting[identity] += 1
+        try:
+            while not self._may_enter(identity, count):
+                share = self._max_queue // len({*self._queue.held, identity})
+                if not wait and self._queue.held[identity] + count > share:
+                    raise SlowDown(
+                        f"the storage side is saturated for {self.name}; retry shortly",
+                        retry_after=1,
+                    )
+                self._room.clear()
+                await self._room.wait()
+        finally:
+            self._waiting[identity] -= 1
+            if not self._waiting[identity]:
+                del self._waiting[identity]
+            self._room.set()  # who waited behind this identity may go now
 
     def _ensure_running(self) -> None:
         if self._task is None or self._task.done():
@@ -225,7 +282,7 @@ class Batcher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for job in self._jobs:
+        for job in self._queue:
             if not job.future.done():
                 job.future.set_exception(SlowDown("the gateway is shutting down", retry_after=1))
         self._budget.deactivate(self.name)
@@ -235,15 +292,15 @@ class Batcher:
         while True:
             await self._wakeup.wait()
             self._drop_cancelled()
-            if not self._jobs:
+            if not self._queue:
                 self._wakeup.clear()
                 self._budget.deactivate(self.name)
                 continue
-            size = self.max_batch_size()
-            deadline = self._jobs[0].enqueued + self._max_delay
+            size = self._slice(self.max_batch_size())
+            deadline = min(job.enqueued for job in self._queue) + self._max_delay
             while (
-                self._queued < self._target(size)
-                and self._incoming > 0
+                self._queue.queued < self._target(size)
+                and self._incoming
                 and (remaining := deadline - loop.time()) > 0
             ):
                 self._wakeup.clear()
@@ -252,12 +309,21 @@ class Batcher:
                 except TimeoutError:
                     break
             await self._run_one(size, self._target(size))
-            if not self._jobs:  # idle: no longer a tenant sharing the budget
+            if not self._queue:  # idle: no longer a tenant sharing the budget
                 self._budget.deactivate(self.name)
+
+    def _slice(self, size: int) -> int:
+        """``size``, or while identities share the batcher, the samples of about
+        ``_SLICE_S`` of compute (at the mean time per sample so far)."""
+        sharing = {*self._queue.recent(_SHARING_S), *self._incoming}
+        if len(sharing) < 2 or self._fixed is not None or not self.stats.samples:
+            return size
+        per_sample = self.stats.busy_s / self.stats.samples
+        return max(1, min(size, int(_SLICE_S / per_sample)))
 
     def _target(self, size: int) -> int:
         """Samples after which a batch closes: one largest waiting request's worth."""
-        largest = max((len(job.samples) for job in self._jobs), default=1)
+        largest = max((len(job.samples) for job in self._queue), default=1)
         # single samples merge up to the bound; so does an empty request (every sample
         # of a batch came from the cache or failed), which a target of 0 would never take
         return size if largest <= 1 else min(size, largest)
@@ -275,29 +341,47 @@ class Batcher:
                 if not s.job.future.done():
                     s.job.future.set_exception(exc)
             return
-        self.stats.record(len(batch), time.perf_counter() - started, self._queued)
+        seconds = time.perf_counter() - started
+        self.stats.record(len(batch), seconds, self._queue.queued)
+        self._meter_batch(slices, seconds)
         self._deliver(slices, outputs, len(batch))
 
     def _take(self, size: int, target: int) -> list[_Slice]:
-        """Whole requests in arrival order until ``target``; only ``size`` cuts the first."""
+        """Whole requests in fair order until ``target``; only ``size`` cuts the first. A
+        request of another identity than the first's joins only while its identity has
+        no more samples in the batch than the first one."""
         slices: list[_Slice] = []
         room = size
-        while self._jobs and room and size - room < target:
-            job = self._jobs[0]
+        taken: collections.Counter[str] = collections.Counter()
+        skip: set[str] = set()
+        while room and size - room < target and (job := self._queue.head(skip)) is not None:
             if job.future.done():  # cancelled: take no more of it
-                self._drop(self._jobs.popleft())
+                self._drop(job)
                 continue
-            if slices and len(job.samples) - job.taken > room:
+            left = len(job.samples) - job.taken
+            if slices and left > room:
                 break  # only a batch's first request is cut, so each leaves in one piece
-            count = min(room, len(job.samples) - job.taken)
+            first = slices[0].job.identity if slices else job.identity
+            if job.identity != first and taken[job.identity] + left > taken[first]:
+                skip.add(job.identity)  # would hold the first identity's samples up
+                continue
+            count = min(room, left)
             slices.append(_Slice(job, job.taken, job.taken + count))
-            job.taken += count
+            self._queue.take(job, count)
+            taken[job.identity] += count
             room -= count
-            self._queued -= count
-            if job.taken == len(job.samples):
-                self._jobs.popleft()
         self._room.set()
         return slices
+
+    def _meter_batch(self, slices: list[_Slice], seconds: float) -> None:
+        if self._meter is None:
+            return
+        samples: collections.Counter[str] = collections.Counter()
+        for s in slices:
+            samples[s.job.identity] += s.stop - s.start
+        for identity, count in samples.items():
+            if count:  # not an empty request's (every sample cached or failed)
+                self._meter(identity, count, seconds * count / samples.total())
 
     def _deliver(self, slices: list[_Slice], outputs: np.ndarray, batch_size: int) -> None:
         offset = 0
@@ -312,16 +396,13 @@ class Batcher:
                 job.future.set_result(np.concatenate([job.parts[k] for k in sorted(job.parts)]))
 
     def _drop_cancelled(self) -> None:
-        kept = collections.deque(job for job in self._jobs if not job.future.done())
-        for job in self._jobs:
+        for job in self._queue:
             if job.future.done():
                 self._drop(job)
-        self._jobs = kept
 
     def _drop(self, job: _Job) -> None:
         """Forget a job that is over (cancelled or failed); its untaken samples never run."""
-        left = len(job.samples) - job.taken
-        self._queued -= left
+        left = self._queue.remove(job)
         if job.future.cancelled():  # not a job that failed: its request went away
             self.stats.samples_dropped += left
             self.stats.requests_cancelled += 1
@@ -399,8 +480,9 @@ class Arrival:
     """A request announced to a :class:`Batcher` (:meth:`Batcher.expecting`): its first
     submission, or leaving the ``with`` block, ends the announcement, exactly once."""
 
-    def __init__(self, batcher: Batcher) -> None:
+    def __init__(self, batcher: Batcher, identity: str = "") -> None:
         self.batcher = batcher
+        self.identity = identity
         self._expected = True
 
     @property
@@ -411,7 +493,9 @@ class Arrival:
     async def submit(self, samples: np.ndarray, *, wait: bool) -> tuple[np.ndarray, int]:
         """:meth:`Batcher.submit`, counting the first call as the announced arrival."""
         announced, self._expected = self._expected, False
-        return await self.batcher.submit(samples, announced=announced, wait=wait)
+        return await self.batcher.submit(
+            samples, identity=self.identity, announced=announced, wait=wait
+        )
 
     def __enter__(self) -> Arrival:
         return self
@@ -419,4 +503,4 @@ class Arrival:
     def __exit__(self, *_: object) -> None:
         if self._expected:
             self._expected = False
-            self.batcher._withdraw()
+            self.batcher._withdraw(self.identity)

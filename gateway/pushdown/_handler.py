@@ -17,6 +17,11 @@ goes in two steps:
 So what one request holds is bounded by settings, whatever the objects hold. A client
 that goes away cancels its request: decoding stops at the next sample, and its queued
 samples leave the batcher.
+
+Work is shared fairly between identities (the callers' access keys): the batcher serves
+their samples in fair order (:mod:`._batcher`), the decoding threads take their jobs in
+turn (:class:`._fairness.FairPool`), ``identity_requests_per_s`` caps each one's request
+rate, and ``/metrics`` meters each one's samples and compute seconds.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ import copy
 import threading
 import time
 from collections.abc import Awaitable, Sequence
-from concurrent.futures import Executor
 from dataclasses import replace
 from typing import TypeVar
 
@@ -35,7 +39,7 @@ import numpy as np
 
 from hapi.models import Manifest, PendingSample, UndecodableObject
 
-from .._errors import BackendError, InvalidArgument, S3Error, UnprocessableObject
+from .._errors import BackendError, InvalidArgument, S3Error, SlowDown, UnprocessableObject
 from .._identities import Caller
 from .._metrics import Metrics
 from .._settings import GatewaySettings
@@ -44,6 +48,7 @@ from .._types import ASGIReceive, ASGISend
 from ._batcher import Arrival, Batcher
 from ._cache import Cached, FeatureCache
 from ._cached import CachedSample, EntryWriter, cached_samples, lookup_all, merge_rows
+from ._fairness import FairPool, RequestRate
 from ._fetch import Listing, ObjectLister
 from ._params import Params, parse_batch, parse_params
 from ._plan import choose_split
@@ -76,9 +81,10 @@ class Pushdown:
         settings: Gateway settings (backend URL and credentials, limits).
         store: The gateway's store client (objects are fetched through it).
         tenants: Manifests, sessions and batchers.
-        decode_pool: Worker threads for decoding and preprocessing.
+        decode_pool: Worker threads for listing, decoding and preprocessing (each
+            identity's jobs in turn).
         cache: The feature cache (``None``: none).
-        metrics: Where object fetches are counted.
+        metrics: Where object fetches are counted, and samples served per identity.
     """
 
     def __init__(
@@ -86,18 +92,21 @@ class Pushdown:
         settings: GatewaySettings,
         store: StoreClient,
         tenants: Tenants,
-        decode_pool: Executor,
+        decode_pool: FairPool,
         cache: FeatureCache | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self._settings = settings
         self.tenants = tenants
-        self._decode_pool = decode_pool
+        self._pool = decode_pool
+        self._metrics = metrics
+        self._rate = RequestRate(settings.identity_requests_per_s)
         self.cache = cache
-        self._lister = ObjectLister(settings, decode_pool, metrics)
         self._store = store
         self.caller = Caller("gateway", "admin", settings.backend_credentials)
         self._as_caller = store
+        self._decode_pool = decode_pool.serving(self.caller.name)
+        self._lister = ObjectLister(settings, self._decode_pool, metrics)
 
     def acting_as(self, caller: Caller) -> Pushdown:
         """This pushdown serving ``caller``: each object fetch, and each cache lookup's
@@ -106,6 +115,8 @@ class Pushdown:
         view = copy.copy(self)
         view.caller = caller
         view._as_caller = self._store.acting_as(caller.upstream)
+        view._decode_pool = self._pool.serving(caller.name)
+        view._lister = ObjectLister(self._settings, view._decode_pool, self._metrics)
         return view
 
     @property
@@ -139,6 +150,7 @@ class Pushdown:
     async def _serve(
         self, send: ASGISend, bucket: str, keys: Sequence[str], params: Params, *, batch: bool
     ) -> None:
+        self._admit()
         manifest, params = await self._resolve(params)
         assert params.split is not None
         hits, timings, cache = await self._lookup(bucket, keys, manifest, params)
@@ -146,7 +158,8 @@ class Pushdown:
         split = params.split
         batcher = await self.tenants.batcher(manifest, split) if split and missing else None
         # Samples are on their way: worth a short wait for company in the batcher.
-        with batcher.expecting() if batcher is not None else _NOT_EXPECTED as arrival:
+        expected = batcher.expecting(self.caller.name) if batcher is not None else _NOT_EXPECTED
+        with expected as arrival:
             try:
                 listing = await self._lister.list_all(
                     self._as_caller, bucket, missing, manifest, batch
@@ -156,6 +169,24 @@ class Pushdown:
                 raise
             answer, writer = self._answer(keys, hits, listing, manifest, params, cache, timings)
             await self._run(send, answer, arrival, writer)
+
+    def _admit(self) -> None:
+        """Count the request against its identity's rate.
+
+        Raises:
+            SlowDown: The identity is over ``identity_requests_per_s``.
+        """
+        try:
+            self._rate.take(self.caller.name)
+        except SlowDown:
+            if self._metrics is not None:
+                self._metrics.pushdown_rate_limited.labels(self.caller.name).inc()
+            raise
+
+    def _served(self, source: str, samples: int) -> None:
+        """Meter samples served without the batcher (its meter counts computed ones)."""
+        if self._metrics is not None and samples:
+            self._metrics.pushdown_samples.labels(self.caller.name, source).inc(samples)
 
     def _answer(
         self,
@@ -260,6 +291,7 @@ class Pushdown:
                 if writer is not None:
                     writer.add(windows[index], rows)
                 await stream.rows(rows)
+                self._served("cache", sum(isinstance(s, CachedSample) for s in windows[index]))
             await stream.finish()
         except BaseException as exc:
             decoding.cancel()
@@ -317,6 +349,7 @@ class Pushdown:
         self, inputs: np.ndarray, answer: Answer, arrival: Arrival | None
     ) -> np.ndarray:
         if arrival is None:
+            self._served("decoded", len(inputs))
             return inputs
         if not len(inputs):  # every sample of the window came from the cache
             return np.empty((0, *answer.row_shape), np.float32)

@@ -17,6 +17,7 @@ from .._settings import GatewaySettings
 from .._store import StoreClient
 from ._batcher import MemoryBudget
 from ._cache import FeatureCache
+from ._fairness import FairPool
 from ._handler import Pushdown
 from ._registry import AsyncRegistry, StoreRegistry
 from ._tenants import SessionFactory, Tenants
@@ -70,7 +71,7 @@ async def open_pushdown(
         device=settings.device, intra_op_threads=settings.intra_op_threads, tf32=settings.tf32
     )
     with (
-        ThreadPoolExecutor(workers, thread_name_prefix="hapi-decode") as decode_pool,
+        FairPool(workers, "hapi-decode") as decode_pool,
         ThreadPoolExecutor(1, thread_name_prefix="hapi-infer") as infer_pool,
     ):
         tenants = Tenants(
@@ -82,6 +83,7 @@ async def open_pushdown(
             max_queue_samples=settings.max_queue_samples,
             fixed_batch=settings.fixed_batch_size,
             make_run=runner,
+            meter=metrics.computed if metrics is not None else None,
         )
         try:
             async with FeatureCache(settings, store, metrics).running() as cache:

@@ -36,7 +36,7 @@ from hapi.models import NoSuchModel as RegistryNoSuchModel
 from hapi.protocol import GatewayStats, MemoryBudgetStats, RequestCounters, ServedSplit, TenantStats
 
 from .._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
-from ._batcher import Batcher, MemoryBudget, OutOfMemory
+from ._batcher import Batcher, MemoryBudget, Meter, OutOfMemory
 from ._profiles import ChainedRun, ProfiledRun, StorageProfiler, TimedRun
 from ._registry import AsyncRegistry
 
@@ -141,6 +141,7 @@ class Tenants:
         max_tenants: Sessions kept at most; the least recently used idle one goes first.
         max_delay_s: The batchers' longest queue delay.
         max_queue_samples: Per-batcher queue bound.
+        meter: Told each identity's samples and compute seconds of every batch.
     """
 
     def __init__(
@@ -156,6 +157,7 @@ class Tenants:
         max_delay_s: float = 0.004,
         max_queue_samples: int = 4096,
         fixed_batch: int | None = None,
+        meter: Meter | None = None,
     ) -> None:
         self.registry = registry
         self.budget = budget
@@ -169,6 +171,7 @@ class Tenants:
             "max_delay_s": max_delay_s,
             "max_queue_samples": max_queue_samples,
             "fixed_batch": fixed_batch,
+            "meter": meter,
         }
         self._pinned: dict[str, Manifest] = {}
         self._latest: dict[str, tuple[float, Manifest]] = {}
