@@ -377,11 +377,12 @@ def test_a_form_upload_into_an_internal_bucket_is_refused(
 
 
 def _entry_of(backend_s3: Any, before: set[str]) -> str:
+    """The one entry written since ``before`` (every page of the listing: a long session
+    leaves more than one page of entries)."""
     found: list[str] = []
 
     def written() -> bool:
-        listed = backend_s3.list_objects_v2(Bucket=CACHE, Prefix="features/")
-        found[:] = [o["Key"] for o in listed.get("Contents", []) if o["Key"] not in before]
+        found[:] = sorted(_cache_keys(backend_s3) - before)
         return bool(found)
 
     _wait_for(written, "the entry to be written")
@@ -426,6 +427,10 @@ def test_an_entry_forged_in_the_store_is_never_served(
         stored = backend_s3.get_object(Bucket=CACHE, Key=_entry_of(backend_s3, before))
         forged = stored["Body"].read()
     backend_s3.put_object(Bucket=CACHE, Key=entry, Body=forged, Metadata=stored["Metadata"])
+    _wait_for(  # the store serves the forgery before the gateway is asked again
+        lambda: backend_s3.get_object(Bucket=CACHE, Key=entry)["Body"].read() == forged,
+        "the store to serve the forged entry",
+    )
     rejected = _metric(tenant_gateway, r'^hapi_cache_lookups_total\{[^}]*result="rejected"[^}]*\}')
     again = _get(tenant_gateway, TENANTS["alice"], path)
     assert again.status_code == 200 and again.headers["x-hapi-cache"] == "miss"
