@@ -328,7 +328,7 @@ class Pushdown:
         def one(index: int, sample: PendingSample) -> None:
             progress.start()
             started = time.thread_time()
-            inputs[index] = sample.decode(manifest.preprocess, max_pixels=max_pixels)
+            sample.decode(manifest.preprocess, max_pixels=max_pixels, out=inputs[index])
             self.stats.count_decoded(time.thread_time() - started)
 
         loop = asyncio.get_running_loop()
