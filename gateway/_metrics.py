@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -111,6 +112,55 @@ class Metrics:
             "Samples waiting in the storage-side batchers (all tenants).",
             registry=self.registry,
         )
+        # The storage node's efficiency, per model version and split (as Triton shows it).
+        per_model = ("model", "split")
+        self.model_requests = Counter(
+            "hapi_pushdown_model_requests",
+            "Pushdown requests, by model version and split.",
+            per_model,
+            registry=self.registry,
+        )
+        self.model_samples = Counter(
+            "hapi_pushdown_model_samples",
+            "Pushdown samples answered (computed, decoded or from the cache), by model "
+            "version and split.",
+            per_model,
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "hapi_pushdown_batch_size",
+            "Storage-side batch sizes (samples run through the blocks together), by model "
+            "version and split; its count is the batches run.",
+            per_model,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "hapi_pushdown_queue_wait_seconds",
+            "How long a request's samples waited in the batcher before their batch ran, by "
+            "model version and split.",
+            per_model,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+            registry=self.registry,
+        )
+        self.inference_seconds = Counter(
+            "hapi_pushdown_inference_seconds",
+            "Seconds the blocks ran (wall time of each storage-side batch), by model version "
+            "and split.",
+            per_model,
+            registry=self.registry,
+        )
+        self.decode_seconds = Counter(
+            "hapi_pushdown_decode_seconds",
+            "CPU seconds decoding and preprocessing samples, by model version and split.",
+            per_model,
+            registry=self.registry,
+        )
+        self.device_memory = Gauge(
+            "hapi_device_memory_used_bytes",
+            "Memory in use on the inference GPU, read at each scrape (0 on a CPU-only node).",
+            registry=self.registry,
+        )
 
     def observe(
         self, operation: str, status: int, seconds: float, sent: int, received: int
@@ -128,6 +178,22 @@ class Metrics:
         batch's run time."""
         self.pushdown_samples.labels(identity, "computed").inc(samples)
         self.pushdown_compute.labels(identity).inc(seconds)
+
+    def batch_observer(
+        self, model: str, split: int
+    ) -> Callable[[int, float, Sequence[float]], None]:
+        """What one batcher reports after each batch: its size, run time and queue waits."""
+        labels = (model, str(split))
+        sizes, waits = self.batch_size.labels(*labels), self.queue_wait.labels(*labels)
+        ran = self.inference_seconds.labels(*labels)
+
+        def observe(size: int, seconds: float, queued: Sequence[float]) -> None:
+            sizes.observe(size)
+            ran.inc(seconds)
+            for wait in queued:
+                waits.observe(wait)
+
+        return observe
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +56,8 @@ from ._fairness import FairQueue
 
 Run = Callable[[np.ndarray], np.ndarray]
 Meter = Callable[[str, int, float], None]  # identity, samples computed, its share of seconds
+# after each batch: its size, its run time, and each request slice's wait in the queue
+Observer = Callable[[int, float, Sequence[float]], None]
 # While identities share a batcher, a batch holds about this much compute (at least one
 # sample), so a request of one waits for little of another's batch on the device (a
 # batch runs to its end). On a GPU that still allows large batches; on a CPU, where
@@ -132,6 +134,8 @@ class Batcher:
         fixed_batch: A fixed batch size instead of the adaptive one (for comparisons).
         meter: Told, after each batch, each identity's samples in it and its share of the
             batch's run time (in proportion to its samples).
+        observer: Told, after each batch, its size, its run time and how long each
+            request's samples in it waited in the queue (the operator's view in /metrics).
     """
 
     def __init__(
@@ -147,6 +151,7 @@ class Batcher:
         max_batch: int = 512,
         fixed_batch: int | None = None,
         meter: Meter | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.name = name
         self._run = run
@@ -158,6 +163,7 @@ class Batcher:
         self._max_batch = max_batch
         self._fixed = fixed_batch
         self._meter = meter
+        self._observer = observer
         self._queue: FairQueue[_Job] = FairQueue()
         self._waiting: collections.Counter[str] = collections.Counter()  # submits, by identity
         self._incoming: collections.Counter[str] = collections.Counter()  # announced
@@ -333,6 +339,8 @@ class Batcher:
         if not slices:
             return
         batch = np.concatenate([s.job.samples[s.start : s.stop] for s in slices])
+        now = asyncio.get_running_loop().time()
+        waits = [now - s.job.enqueued for s in slices]
         started = time.perf_counter()
         try:
             outputs = await self._execute(batch)
@@ -344,6 +352,8 @@ class Batcher:
         seconds = time.perf_counter() - started
         self.stats.record(len(batch), seconds, self._queue.queued)
         self._meter_batch(slices, seconds)
+        if self._observer is not None:
+            self._observer(len(batch), seconds, waits)
         self._deliver(slices, outputs, len(batch))
 
     def _take(self, size: int, target: int) -> list[_Slice]:

@@ -153,6 +153,8 @@ class Pushdown:
         self._admit()
         manifest, params = await self._resolve(params)
         assert params.split is not None
+        if self._metrics is not None:
+            self._metrics.model_requests.labels(manifest.ref, str(params.split)).inc()
         hits, timings, cache = await self._lookup(bucket, keys, manifest, params)
         missing = [key for key in keys if key not in hits]
         split = params.split
@@ -292,6 +294,9 @@ class Pushdown:
                     writer.add(windows[index], rows)
                 await stream.rows(rows)
                 self._served("cache", sum(isinstance(s, CachedSample) for s in windows[index]))
+                if self._metrics is not None:
+                    labels = (answer.manifest.ref, str(answer.params.split))
+                    self._metrics.model_samples.labels(*labels).inc(len(rows))
             await stream.finish()
         except BaseException as exc:
             decoding.cancel()
@@ -324,12 +329,20 @@ class Pushdown:
         window = [s for s in samples if isinstance(s, PendingSample)]
         inputs = np.empty((len(window), *manifest.input.shape), np.float32)
         max_pixels = self._settings.max_image_pixels
+        decoded = (
+            None
+            if self._metrics is None
+            else self._metrics.decode_seconds.labels(manifest.ref, str(answer.params.split))
+        )
 
         def one(index: int, sample: PendingSample) -> None:
             progress.start()
             started = time.thread_time()
             sample.decode(manifest.preprocess, max_pixels=max_pixels, out=inputs[index])
-            self.stats.count_decoded(time.thread_time() - started)
+            seconds = time.thread_time() - started
+            self.stats.count_decoded(seconds)
+            if decoded is not None:
+                decoded.inc(seconds)
 
         loop = asyncio.get_running_loop()
         jobs = [loop.run_in_executor(self._decode_pool, one, i, s) for i, s in enumerate(window)]

@@ -35,12 +35,21 @@ def memory_budget(settings: GatewaySettings) -> MemoryBudget:
 
 
 def _gpu_free_bytes() -> int | None:
+    return _gpu_memory("free")
+
+
+def gpu_used_bytes() -> float:
+    """Memory in use on GPU 0 (0 when it cannot be read), for ``/metrics``."""
+    return float(_gpu_memory("used") or 0)
+
+
+def _gpu_memory(which: str) -> int | None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
+            [smi, f"--query-gpu=memory.{which}", "--format=csv,noheader,nounits", "-i", "0"],
             capture_output=True,
             text=True,
             timeout=10,
@@ -48,7 +57,7 @@ def _gpu_free_bytes() -> int | None:
         ).stdout
         return int(out.strip().splitlines()[0]) * 1024 * 1024
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
-        log.warning("cannot read free GPU memory (%s); using the configured budget", exc)
+        log.warning("cannot read the GPU's %s memory (%s)", which, exc)
         return None
 
 
@@ -67,6 +76,8 @@ async def open_pushdown(
     sessions (the seams in-process tests use).
     """
     workers = settings.decode_workers or os.cpu_count() or 2
+    if metrics is not None and runs_on_cuda(settings.device):
+        metrics.device_memory.set_function(gpu_used_bytes)
     runtime = RuntimeSettings(
         device=settings.device, intra_op_threads=settings.intra_op_threads, tf32=settings.tf32
     )
@@ -84,6 +95,7 @@ async def open_pushdown(
             fixed_batch=settings.fixed_batch_size,
             make_run=runner,
             meter=metrics.computed if metrics is not None else None,
+            observe=metrics.batch_observer if metrics is not None else None,
         )
         try:
             async with FeatureCache(settings, store, metrics).running() as cache:

@@ -36,7 +36,7 @@ from hapi.models import NoSuchModel as RegistryNoSuchModel
 from hapi.protocol import GatewayStats, MemoryBudgetStats, RequestCounters, ServedSplit, TenantStats
 
 from .._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
-from ._batcher import Batcher, MemoryBudget, Meter, OutOfMemory
+from ._batcher import Batcher, MemoryBudget, Meter, Observer, OutOfMemory
 from ._profiles import ChainedRun, ProfiledRun, StorageProfiler, TimedRun
 from ._registry import AsyncRegistry
 
@@ -142,6 +142,8 @@ class Tenants:
         max_delay_s: The batchers' longest queue delay.
         max_queue_samples: Per-batcher queue bound.
         meter: Told each identity's samples and compute seconds of every batch.
+        observe: ``observe(model_ref, split)`` gives the observer of that batcher's batches
+            (their sizes, run times and queue waits).
     """
 
     def __init__(
@@ -158,8 +160,10 @@ class Tenants:
         max_queue_samples: int = 4096,
         fixed_batch: int | None = None,
         meter: Meter | None = None,
+        observe: Callable[[str, int], Observer] | None = None,
     ) -> None:
         self.registry = registry
+        self._observe = observe
         self.budget = budget
         self._pool = infer_pool
         self._runtime = runtime or RuntimeSettings()
@@ -251,6 +255,7 @@ class Tenants:
             per_sample_bytes=per_sample_bytes(manifest, split),
             budget=self.budget,
             pool=self._pool,
+            observer=self._observe(manifest.ref, split) if self._observe else None,
             **self._batcher_options,
         )
         tenant = _Tenant(batcher, weights, set(), time.monotonic(), run)

@@ -6,6 +6,7 @@ control plane's typed answers, through ``create_app``'s seams.
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -191,3 +192,28 @@ async def test_each_request_gets_its_own_state_whatever_the_server(client, seen)
     pushed = await _get(client, "/data/cat.png", model="synthetic", split="2")
     assert pushed.status_code == 200, pushed.text
     assert pushed.headers["x-hapi-split"] == "2"
+
+
+@pytest.mark.anyio
+async def test_metrics_show_each_model_and_splits_efficiency(client, seen) -> None:
+    for split in ("2", "2", "3"):
+        reply = await _get(client, "/data/cat.png", model="synthetic", split=split)
+        assert reply.status_code == 200, reply.text
+    url = GATEWAY + "/metrics"
+    text = (await client.get(url, headers=client_signed("GET", url))).text
+
+    def value(name: str, split: str) -> float:
+        found = re.search(
+            rf'^{name}\{{model="synthetic@1",split="{split}"\}} (\S+)$', text, re.MULTILINE
+        )
+        assert found, f"{name} for split {split} is missing"
+        return float(found.group(1))
+
+    assert value("hapi_pushdown_model_requests_total", "2") == 2
+    assert value("hapi_pushdown_model_samples_total", "3") == 1
+    assert value("hapi_pushdown_batch_size_count", "2") == 2  # two batches of one sample
+    assert value("hapi_pushdown_batch_size_sum", "2") == 2
+    assert value("hapi_pushdown_queue_wait_seconds_count", "3") == 1
+    assert value("hapi_pushdown_inference_seconds_total", "2") >= 0
+    assert value("hapi_pushdown_decode_seconds_total", "2") > 0
+    assert "hapi_device_memory_used_bytes 0.0" in text  # a CPU-only gateway
