@@ -4,8 +4,9 @@ The wire format of pushdown answers (:func:`encode_features`, :func:`decode_feat
 the control plane's typed schema (:class:`GatewayStats`, :class:`ModelProfile`, ...), where
 the registry and the feature cache keep what (:func:`manifest_key`, :func:`cache_key`, ...),
 S3's XML (:func:`parse_error`, :func:`parse_list_page`), sizes and bandwidths
-(:func:`parse_size`, :func:`parse_bandwidth`), :class:`Credentials`, and the command line's
-shared pieces (:class:`UserError`, :func:`store_options`).
+(:func:`parse_size`, :func:`parse_bandwidth`), :class:`Credentials`, a store's placement
+lookup (:class:`Placement`, :func:`parse_placement`), and the command line's shared pieces
+(:class:`UserError`, :func:`store_options`).
 
 The gateway, the SDK, the planner, the registry and the CLI all import from here, so a
 change to the contract between them is a change in one place.
@@ -38,6 +39,7 @@ from ._layout import (
     parse_latest,
     parse_manifest_key,
 )
+from ._placement import Placement, SeaweedPlacement, parse_placement
 from ._s3xml import ErrorReply, ListedObject, ListPage, parse_error, parse_list_page
 from ._schema import (
     BlockProfile,
@@ -80,8 +82,10 @@ __all__ = [
     "ModelProfile",
     "ModelSummary",
     "ObjectIdentity",
+    "Placement",
     "ProtocolError",
     "RequestCounters",
+    "SeaweedPlacement",
     "ServedSplit",
     "Source",
     "StorageLoad",
@@ -107,6 +111,7 @@ __all__ = [
     "parse_latest",
     "parse_list_page",
     "parse_manifest_key",
+    "parse_placement",
     "parse_size",
     "store_options",
     "to_wire_dtype",

@@ -50,8 +50,8 @@ from botocore.exceptions import (
 )
 
 from hapi.protocol import WIRE_DTYPES as DTYPES
+from hapi.protocol import Placement, parse_error
 from hapi.protocol import decode_features as decode
-from hapi.protocol import parse_error
 
 from ._endpoints import EndpointFailure, EndpointPool, failover, rebase, resolve_endpoints
 from ._errors import (
@@ -62,7 +62,7 @@ from ._errors import (
     request_error,
 )
 from ._parts import merge
-from ._placement import Locality, Placement, resolve_placement
+from ._placement import Locality, resolve_placement
 
 _CONTEXT_KEY = "hapi_features"  # the x-hapi-* headers of a GetObject
 _PINNED_KEY = "hapi_pinned"  # the endpoint the failover loop chose for this attempt
