@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from hapi.protocol import Placement
+
 from ._control import ControlPlane
 from ._metrics import Metrics
 from ._observe import Observe
@@ -124,6 +126,7 @@ class Gateway:
         *,
         registry: AsyncRegistry | None = None,
         runner: SessionFactory | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = Metrics()
@@ -132,6 +135,7 @@ class Gateway:
         self.store = StoreClient.of(settings, self.upstream.get)
         self._registry = registry
         self._runner = runner
+        self._placement = placement
         self.metrics.queued_samples.set_function(self._queued_samples)
         self.control = ControlPlane(self)
         self._observed_control = Observe(self.control, self.metrics)
@@ -148,6 +152,7 @@ class Gateway:
                 self.metrics,
                 registry=self._registry,
                 runner=self._runner,
+                placement=self._placement,
             ) as pushdown,
         ):
             self.proxy.pushdown = pushdown
@@ -177,6 +182,7 @@ def create_app(
     upstream: httpx.AsyncClient | None = None,
     registry: AsyncRegistry | None = None,
     runner: SessionFactory | None = None,
+    placement: Placement | None = None,
 ) -> Gateway:
     """Build the gateway ASGI app.
 
@@ -189,5 +195,8 @@ def create_app(
             with the backend credentials.
         runner: Builds the function that runs one batch through blocks ``[0, split)`` of a
             manifest (tests pass a fake); by default an onnxruntime session of the blocks.
+        placement: Which hosts hold each object, by which pushdown's fetches are counted as
+            local or remote (tests pass a fake; the caller closes it); by default the lookup
+            of ``settings.placement``, made and closed in the lifespan.
     """
-    return Gateway(settings, upstream, registry=registry, runner=runner)
+    return Gateway(settings, upstream, registry=registry, runner=runner, placement=placement)

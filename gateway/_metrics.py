@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+# Where an object pushdown fetched was, as the placement label says it.
+FETCH_PLACEMENTS = ("local", "remote", "unknown")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -55,9 +57,22 @@ class Metrics:
 
         self.object_fetches = Counter(
             "hapi_pushdown_object_fetches",
-            "Objects pushdown fetched from the store (cache hits fetch none).",
+            "Objects pushdown fetched from the store (cache hits fetch none), by placement: "
+            "local (this node holds the object), remote (another node does: its bytes crossed "
+            "the network) or unknown (no placement lookup, or no answer from it).",
+            ("placement",),
             registry=self.registry,
         )
+        self.object_fetch_bytes = Counter(
+            "hapi_pushdown_object_fetch_bytes",
+            "Object bytes pushdown fetched from the store, by placement (local, remote, "
+            "unknown; as hapi_pushdown_object_fetches).",
+            ("placement",),
+            registry=self.registry,
+        )
+        for placement in FETCH_PLACEMENTS:  # every series from the start, zero until counted
+            self.object_fetches.labels(placement)
+            self.object_fetch_bytes.labels(placement)
         self.pushdown_samples = Counter(
             "hapi_pushdown_samples",
             "Pushdown samples served, by identity (the caller's access key id, or anonymous) "

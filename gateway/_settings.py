@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hapi.models import Device
+from hapi.protocol import parse_placement
 
 from ._identities import ClientKey, read_credentials_file
 from ._knobs import Knob, from_environment, knob, knobs
@@ -114,6 +115,12 @@ class GatewaySettings:
         cache_secret: A file holding the secret cache entries are authenticated with (the
             same for every gateway of a store); by default one derived from the backend
             secret.
+        placement: The store's placement lookup, the SDK's spec (e.g.
+            seaweedfs:filer=URL,master=URL; docs/cluster.md): with the node address, each
+            object pushdown fetches is counted in /metrics as local (this node holds it) or
+            remote (another node does); else as unknown.
+        node_address: The address this node's volume server advertises (host, host:port or
+            URL; several comma-separated), by which the placement lookup names this node.
     """
 
     backend_url: str = field(metadata=knob(env="HAPI_BACKEND_URL", flag="--backend"))
@@ -191,6 +198,8 @@ class GatewaySettings:
             shown_default="derived from the backend secret",
         ),
     )
+    placement: str = field(default="", metadata=knob(shown_default="none"))
+    node_address: str = field(default="", metadata=knob(shown_default="none"))
 
     def __post_init__(self) -> None:
         if not self.backend_url.startswith(("http://", "https://")):
@@ -223,6 +232,10 @@ class GatewaySettings:
             raise ValueError(
                 "header size and timeouts, connection limit and workers must be positive"
             )
+        try:
+            parse_placement(self.placement)
+        except ValueError as exc:
+            raise ValueError(f"placement {self.placement!r} (HAPI_PLACEMENT): {exc}") from exc
         if not self.clients and not self.allow_anonymous:
             raise ValueError(
                 "no client credentials and anonymous requests refused: nothing to serve"

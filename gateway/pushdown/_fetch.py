@@ -24,10 +24,10 @@ from .._errors import (
     ServiceUnavailable,
     UnprocessableObject,
 )
-from .._metrics import Metrics
 from .._settings import GatewaySettings
 from .._store import StoreClient, backend_error
 from ._cache import identity_from
+from ._locality import FetchMeter
 
 __all__ = ["Listing", "ObjectLister"]
 
@@ -52,18 +52,18 @@ class ObjectLister:
     Args:
         settings: Gateway settings (limits).
         decode_pool: Worker threads where objects are listed.
-        metrics: Where object fetches are counted.
+        fetches: Counts object fetches by placement.
     """
 
     def __init__(
         self,
         settings: GatewaySettings,
         decode_pool: Executor,
-        metrics: Metrics | None = None,
+        fetches: FetchMeter,
     ) -> None:
         self._settings = settings
         self._decode_pool = decode_pool
-        self._metrics = metrics
+        self._fetches = fetches
 
     async def list_all(
         self, store: StoreClient, bucket: str, keys: Sequence[str], manifest: Manifest, batch: bool
@@ -98,10 +98,18 @@ class ObjectLister:
     async def _fetch(
         self, store: StoreClient, bucket: str, key: str, listing: Listing, batch: bool
     ) -> bytes:
+        # Where the object is (this node or another) is looked up while it is read, and
+        # counted once both are done; the fetch never waits for the lookup.
+        located = self._fetches.locate(bucket, key)
+        data = await self._read(store, bucket, key, listing, batch)
+        self._fetches.fetched(located, len(data))
+        return data
+
+    async def _read(
+        self, store: StoreClient, bucket: str, key: str, listing: Listing, batch: bool
+    ) -> bytes:
         # The whole object is needed before listing can start (image headers and tar
         # indexes want random access); the objects of a request are capped together.
-        if self._metrics is not None:
-            self._metrics.object_fetches.inc()
         try:
             async with store.stream(bucket, key) as reply:
                 if reply.status_code != 200:

@@ -50,6 +50,7 @@ from ._cache import Cached, FeatureCache
 from ._cached import CachedSample, EntryWriter, cached_samples, lookup_all, merge_rows
 from ._fairness import FairPool, RequestRate
 from ._fetch import Listing, ObjectLister
+from ._locality import FetchMeter
 from ._params import Params, parse_batch, parse_params
 from ._plan import choose_split
 from ._stream import Answer, open_stream
@@ -84,7 +85,9 @@ class Pushdown:
         decode_pool: Worker threads for listing, decoding and preprocessing (each
             identity's jobs in turn).
         cache: The feature cache (``None``: none).
-        metrics: Where object fetches are counted, and samples served per identity.
+        metrics: Where samples served per identity are counted.
+        fetches: Counts object fetches by placement (``None``: counted in ``metrics`` as
+            placement unknown).
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class Pushdown:
         decode_pool: FairPool,
         cache: FeatureCache | None = None,
         metrics: Metrics | None = None,
+        fetches: FetchMeter | None = None,
     ) -> None:
         self._settings = settings
         self.tenants = tenants
@@ -106,7 +110,8 @@ class Pushdown:
         self.caller = Caller("gateway", "admin", settings.backend_credentials)
         self._as_caller = store
         self._decode_pool = decode_pool.serving(self.caller.name)
-        self._lister = ObjectLister(settings, self._decode_pool, metrics)
+        self._fetches = fetches or FetchMeter(metrics)
+        self._lister = ObjectLister(settings, self._decode_pool, self._fetches)
 
     def acting_as(self, caller: Caller) -> Pushdown:
         """This pushdown serving ``caller``: each object fetch, and each cache lookup's
@@ -116,7 +121,7 @@ class Pushdown:
         view.caller = caller
         view._as_caller = self._store.acting_as(caller.upstream)
         view._decode_pool = self._pool.serving(caller.name)
-        view._lister = ObjectLister(self._settings, view._decode_pool, self._metrics)
+        view._lister = ObjectLister(self._settings, view._decode_pool, self._fetches)
         return view
 
     @property

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from hapi.models import RuntimeSettings, runs_on_cuda
+from hapi.protocol import Placement
 
 from .._metrics import Metrics
 from .._settings import GatewaySettings
@@ -19,6 +20,7 @@ from ._batcher import MemoryBudget
 from ._cache import FeatureCache
 from ._fairness import FairPool
 from ._handler import Pushdown
+from ._locality import open_fetch_meter
 from ._registry import AsyncRegistry, StoreRegistry
 from ._tenants import SessionFactory, Tenants
 
@@ -69,11 +71,14 @@ async def open_pushdown(
     *,
     registry: AsyncRegistry | None = None,
     runner: SessionFactory | None = None,
+    placement: Placement | None = None,
 ) -> AsyncIterator[Pushdown]:
-    """Create pushdown's pools, registry, tenants and feature cache; close them on exit.
+    """Create pushdown's pools, registry, tenants, feature cache and the placement lookup
+    its fetches are counted by; close them on exit.
 
-    ``registry`` and ``runner`` replace the backend's registry and the onnxruntime
-    sessions (the seams in-process tests use).
+    ``registry``, ``runner`` and ``placement`` replace the backend's registry, the
+    onnxruntime sessions and the lookup of ``settings.placement`` (the seams in-process
+    tests use).
     """
     workers = settings.decode_workers or os.cpu_count() or 2
     if metrics is not None and runs_on_cuda(settings.device):
@@ -84,6 +89,7 @@ async def open_pushdown(
     with (
         FairPool(workers, "hapi-decode") as decode_pool,
         ThreadPoolExecutor(1, thread_name_prefix="hapi-infer") as infer_pool,
+        open_fetch_meter(settings, metrics, placement) as fetches,
     ):
         tenants = Tenants(
             registry or StoreRegistry(store),
@@ -99,6 +105,6 @@ async def open_pushdown(
         )
         try:
             async with FeatureCache(settings, store, metrics).running() as cache:
-                yield Pushdown(settings, store, tenants, decode_pool, cache, metrics)
+                yield Pushdown(settings, store, tenants, decode_pool, cache, metrics, fetches)
         finally:
             await tenants.close()

@@ -32,7 +32,7 @@ README = DEPLOY / "README.md"
 
 # Variables the deployment files define for themselves (Compose knobs), not the gateway's.
 DEPLOY_ONLY_ENV = frozenset({"HAPI_IMAGE_VARIANT", "HAPI_PUBLISH_ADDRESS"})
-# Variables of the SDK (training pods), not the gateway's.
+# Variables of the SDK (training pods); the gateway reads HAPI_PLACEMENT as well.
 SDK_ENV = frozenset({"HAPI_PLACEMENT"})
 # The four variables that carry the two credential pairs.
 CREDENTIAL_ENV = (

@@ -56,8 +56,8 @@ def _kustomize() -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("flavour", FLAVOURS)
-def test_kustomization_builds_valid_objects(flavour: str) -> None:
+def _built(flavour: str) -> list[dict[str, Any]]:
+    """The objects ``kubectl kustomize`` (or ``kustomize build``) makes of a flavour."""
     command = _kustomize()
     if command is None:
         pytest.skip("neither kubectl nor kustomize is installed")
@@ -67,7 +67,12 @@ def test_kustomization_builds_valid_objects(flavour: str) -> None:
     assert built.returncode == 0, built.stderr
     import yaml
 
-    objects = [doc for doc in yaml.safe_load_all(built.stdout) if doc]
+    return [doc for doc in yaml.safe_load_all(built.stdout) if doc]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_kustomization_builds_valid_objects(flavour: str) -> None:
+    objects = _built(flavour)
     assert objects
     for obj in objects:
         if obj["kind"] != "Namespace":
@@ -246,3 +251,21 @@ def test_ingress_routes_to_the_services_named_port() -> None:
     # Objects stream: a body size limit or request buffering would break large PUTs.
     assert annotations["nginx.ingress.kubernetes.io/proxy-body-size"] == "0"
     assert annotations["nginx.ingress.kubernetes.io/proxy-request-buffering"] == "off"
+
+
+def test_storage_node_gateways_know_the_placement_and_their_nodes_address() -> None:
+    objects = {(obj["kind"], obj["metadata"]["name"]): obj for obj in _built("storage-nodes")}
+    container = s.gateway_container(objects["DaemonSet", "hapi-gateway"])
+    sources = {e["name"]: e["valueFrom"] for e in container["env"]}
+    # The node's address, what its volume server advertises as its publicUrl.
+    assert sources["HAPI_NODE_ADDRESS"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    ref = sources["HAPI_PLACEMENT"]["configMapKeyRef"]
+    placement = objects["ConfigMap", ref["name"]]["data"][ref["key"]]
+    environ = {
+        **objects["ConfigMap", "hapi-gateway"]["data"],
+        **s.dummy_credentials(),
+        "HAPI_PLACEMENT": placement,
+        "HAPI_NODE_ADDRESS": "192.0.2.7",
+    }
+    settings = s.gateway_settings(environ)
+    assert settings.placement.startswith("seaweedfs:") and settings.node_address == "192.0.2.7"
