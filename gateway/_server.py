@@ -129,6 +129,7 @@ def startup_block(settings: GatewaySettings, url: str) -> str:
             f"  memory budget:   {_size(settings.memory_budget_bytes)} (on CPU; GPU: free memory)",
             f"  limits:          {limits}",
             f"  clients:         {_clients(settings)}",
+            *([f"  placement:       {_placement(settings)}"] if settings.placement else []),
         ]
     )
 
@@ -152,6 +153,12 @@ def _clients(settings: GatewaySettings) -> str:
     admins = sum(key.role == "admin" for key in settings.clients.values())
     anonymous = "; anonymous requests forwarded" if settings.allow_anonymous else ""
     return f"{count} credential{'s' if count != 1 else ''} ({admins} admin){anonymous}"
+
+
+def _placement(settings: GatewaySettings) -> str:
+    if not settings.node_address:
+        return f"{settings.placement} (no node address: every fetch counts as unknown)"
+    return f"{settings.placement} (this node: {settings.node_address})"
 
 
 def _size(count: float) -> str:

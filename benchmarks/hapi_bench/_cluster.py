@@ -31,7 +31,10 @@ from types import TracebackType
 from typing import IO, Any, Self
 
 import httpx
+from botocore.credentials import Credentials as BotoCredentials
+from prometheus_client.parser import text_string_to_metric_families
 
+from hapi import sdk
 from hapi.store import ClusterNode, ClusterPorts, ClusterSettings, SeaweedCluster, StoreError
 
 from ._cluster_net import Counters, Network, node_role, sweep
@@ -182,8 +185,30 @@ class Testbed:
         """Every storage node's gateway, in node order."""
         return [self.gateway_url(role) for role in self.roles]
 
+    @property
+    def placement(self) -> str:
+        """The placement spec of this cluster (the SDK's and the gateways')."""
+        return f"seaweedfs:filer={self.cluster.filer_url},master={self.cluster.master_url}"
+
+    def fetches(self, role: str) -> dict[str, float]:
+        """The object fetches ``role``'s gateway counted so far, by placement (``local``,
+        ``remote``, ``unknown``), from its ``/metrics`` signed with the client's key."""
+        creds = self.credentials
+        auth = sdk.GatewayAuth(BotoCredentials(creds.client_key, creds.client_secret))
+        reply = httpx.get(self.gateway_url(role) + "/metrics", auth=auth, timeout=10)
+        reply.raise_for_status()
+        return {
+            sample.labels["placement"]: sample.value
+            for family in text_string_to_metric_families(reply.text)
+            if family.name == "hapi_pushdown_object_fetches"
+            for sample in family.samples
+            if sample.name.endswith("_total")
+        }
+
     def start_gateway(self, role: str) -> None:
-        """``hapi serve`` in ``role``'s namespace (and CPU quota), its node's S3 behind it."""
+        """``hapi serve`` in ``role``'s namespace (and CPU quota), its node's S3 behind it,
+        with the cluster's placement and its node's volume server address (it counts the
+        objects it fetches from other nodes)."""
         log = self.spec.workdir / "cluster" / role / "gateway.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         command = [
@@ -207,6 +232,8 @@ class Testbed:
             "HAPI_BACKEND_SECRET_ACCESS_KEY": creds.store_secret,
             "HAPI_ACCESS_KEY_ID": creds.client_key,
             "HAPI_SECRET_ACCESS_KEY": creds.client_secret,
+            "HAPI_PLACEMENT": self.placement,
+            "HAPI_NODE_ADDRESS": self.cluster.volume_address(role),
         }
         with log.open("ab") as out:
             self._gateways[role] = subprocess.Popen(
@@ -327,8 +354,7 @@ class Objects:
     @property
     def placement(self) -> str:
         """The SDK's placement spec for this cluster."""
-        cluster = self.testbed.cluster
-        return f"seaweedfs:filer={cluster.filer_url},master={cluster.master_url}"
+        return self.testbed.placement
 
     def job(self, *, locality: bool, request_size: int = 8, prefetch: int = 2) -> dict[str, Any]:
         """The client's job: an epoch over every object, through every gateway; each

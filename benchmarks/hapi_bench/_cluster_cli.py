@@ -61,13 +61,13 @@ def up(args: argparse.Namespace) -> None:
 
 
 def _client_env(testbed: Testbed) -> Path:
-    cluster, creds = testbed.cluster, testbed.credentials
+    creds = testbed.credentials
     lines = {
         "AWS_ENDPOINT_URL": ",".join(testbed.gateway_urls),
         "AWS_ACCESS_KEY_ID": creds.client_key,
         "AWS_SECRET_ACCESS_KEY": creds.client_secret,
         "AWS_DEFAULT_REGION": "us-east-1",
-        "HAPI_PLACEMENT": f"seaweedfs:filer={cluster.filer_url},master={cluster.master_url}",
+        "HAPI_PLACEMENT": testbed.placement,
     }
     return _write_env(testbed.spec.workdir / "cluster.env", lines)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +53,18 @@ def report(name: str, line: str) -> None:
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / name).write_text(line + "\n")
+
+
+def fetched(testbed: Any, roles: Iterable[str]) -> dict[str, float]:
+    """The object fetches the gateways of ``roles`` counted so far, summed, by placement
+    (``local``, ``remote``, ``unknown``): their ``/metrics``."""
+    total = dict.fromkeys(("local", "remote", "unknown"), 0.0)
+    for role in roles:
+        for where, count in testbed.fetches(role).items():
+            total[where] += count
+    return total
+
+
+def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What was counted between two :func:`fetched` readings."""
+    return {where: after[where] - before[where] for where in after}

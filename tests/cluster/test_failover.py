@@ -1,5 +1,6 @@
 """A node's gateway killed mid-epoch: the epoch finishes through the other nodes with every
-sample exactly once, and the objects of the dead node's gateway cross links to get there."""
+sample exactly once, and the objects of the dead node's gateway cross links to get there,
+which the surviving gateways count as remote fetches."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from typing import Any
 import pytest
 
 from hapi_bench._cluster import Objects
-from tests.cluster.conftest import report
+from tests.cluster.conftest import fetched, report, since
 
 pytestmark = pytest.mark.cluster
 
 
 def test_an_epoch_outlives_a_gateway_killed_mid_epoch(loaded: Objects) -> None:
     testbed = loaded.testbed
+    survivors = [role for role in testbed.roles if role != "n2"]
+    before = fetched(testbed, survivors)
     killed: list[int] = []
 
     def kill_once(event: dict[str, Any]) -> None:
@@ -24,6 +27,7 @@ def test_an_epoch_outlives_a_gateway_killed_mid_epoch(loaded: Objects) -> None:
 
     try:
         epoch = loaded.epoch(locality=True, request_size=4, during=kill_once)
+        counted = since(before, fetched(testbed, survivors))
     finally:
         testbed.start_gateway("n2")
         testbed._wait_gateway("n2")
@@ -33,8 +37,12 @@ def test_an_epoch_outlives_a_gateway_killed_mid_epoch(loaded: Objects) -> None:
     crossed = epoch.object_bytes
     assert 0 < crossed <= sum(loaded.sizes[k] for k in remaining) * 1.1, epoch.links
     assert epoch.links["n2"].objects == crossed  # only the dead gateway's node lent its objects
+    # The survivors fetched the dead gateway's objects from n2, and counted them as remote.
+    assert 0 < counted["remote"] <= len(remaining), counted
+    assert counted["unknown"] == 0, counted
     report(
         "2-failover.txt",
         f"failover: gateway n2 killed after {killed[0]} samples; {epoch.samples} "
-        f"samples, each once; {crossed} object bytes crossed node links to get there",
+        f"samples, each once; {crossed} object bytes crossed node links to get there, "
+        f"{counted['remote']:.0f} remote fetches counted by the other gateways",
     )

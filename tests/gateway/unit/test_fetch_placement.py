@@ -16,6 +16,7 @@ from asgi_lifespan import LifespanManager
 
 from hapi.gateway import ClientKey, GatewaySettings, create_app
 from hapi.gateway._metrics import Metrics
+from hapi.gateway._server import startup_block
 from hapi.gateway.pushdown._locality import FetchMeter, node_hosts, placement_of
 from hapi.models import Manifest
 from hapi.protocol import Credentials
@@ -182,13 +183,13 @@ def _runner(manifest: Manifest, split: int) -> Callable[[np.ndarray], np.ndarray
 
 
 def _settings(**changes: Any) -> GatewaySettings:
-    return GatewaySettings(
-        backend_url="http://store.internal:8333",
-        backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
-        clients={CLIENT[0]: ClientKey(CLIENT[1])},
-        device="cpu",
-        **changes,
-    )
+    values: dict[str, Any] = {
+        "backend_url": "http://store.internal:8333",
+        "backend_credentials": Credentials("BACKENDKEY", "backend-secret"),
+        "clients": {CLIENT[0]: ClientKey(CLIENT[1])},
+        "device": "cpu",
+    }
+    return GatewaySettings(**{**values, **changes})
 
 
 @pytest.mark.anyio
@@ -225,3 +226,18 @@ def test_a_bad_placement_spec_stops_the_settings_naming_it() -> None:
         _settings(placement="seaweedfs:filer=http://filer:8888")
     settings = _settings(placement="seaweedfs:filer=http://f:8888,master=http://m:9333")
     assert settings.placement.startswith("seaweedfs:")
+
+
+def test_the_startup_block_says_the_placement_and_this_node() -> None:
+    spec = "seaweedfs:filer=http://f:8888,master=http://m:9333"
+    closed = "http://127.0.0.1:9"  # the block asks the backend: a port nothing listens on
+
+    def block(**changes: Any) -> str:
+        return startup_block(_settings(backend_url=closed, **changes), "http://gw:8080")
+
+    assert (
+        f"  placement:       {spec} (this node: {NODE})"
+        in block(placement=spec, node_address=NODE).splitlines()
+    )
+    assert "no node address: every fetch counts as unknown" in block(placement=spec)
+    assert "placement:" not in block()
