@@ -22,10 +22,11 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlsplit
 
-import httpx
+if TYPE_CHECKING:  # imported where a lookup is made: the layers above import this module
+    import httpx
 
 logger = logging.getLogger("hapi.protocol")
 
@@ -108,6 +109,8 @@ class SeaweedPlacement:
         with self._lock:
             if self._failed_at is not None and self._clock() - self._failed_at < self.retry_s:
                 return ()
+            import httpx
+
             try:
                 volumes = self._chunks_of(bucket, key)
                 held: dict[str, int] = {}
@@ -135,6 +138,8 @@ class SeaweedPlacement:
     @property
     def _http(self) -> httpx.Client:
         if self._client is None:
+            import httpx
+
             self._client = httpx.Client(timeout=self._timeout_s, transport=self._transport)
         return self._client
 
