@@ -24,7 +24,6 @@ import json
 import os
 import resource
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -33,16 +32,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import httpx
 import numpy as np
 
 from hapi import models
 from hapi.gateway import sign_request
 from hapi.protocol import Credentials
-from hapi.store import EmbeddedStore, StoreSettings, free_port
 
-from ._gateway import BenchGateway, gateway_subprocess
+from ._gateway import BenchGateway, bench_store
 from ._pushdown import make_images
 from ._wrk import cpu_seconds
 
@@ -170,34 +167,20 @@ def run(
     rounds: int,
 ) -> dict[str, Any]:
     """Measure every (model, split); returns and writes the results."""
-    with tempfile.TemporaryDirectory(prefix="hapi-bench-") as tmp_name:
-        tmp = Path(tmp_name)
-        key, secret = "BENCHSTORE", os.urandom(16).hex()
-        settings = StoreSettings(
-            data_dir=tmp / "store", port=free_port(), access_key_id=key, secret_access_key=secret
-        )
-        with EmbeddedStore(settings) as store:
-            s3 = boto3.client(
-                "s3",
-                endpoint_url=store.endpoint_url,
-                region_name="us-east-1",
-                aws_access_key_id=key,
-                aws_secret_access_key=secret,
-            )
-            registry = models.Registry(s3)
-            print("exporting the models and uploading the images ...", flush=True)
-            manifests = {
-                name: registry.register(name, models.export_model(name, progress=False))
-                for name in model_names
-            }
-            blobs = make_images(images)
-            keys = [f"img-{i:03d}.jpg" for i in range(images)]
-            s3.create_bucket(Bucket=_BUCKET)
-            for name, blob in zip(keys, blobs, strict=True):
-                s3.put_object(Bucket=_BUCKET, Key=name, Body=blob)
-            env = {"HAPI_CACHE_ENABLED": "false"}
-            with gateway_subprocess(tmp / "gw.log", store.endpoint_url, key, secret, env) as gw:
-                cells = _measure(registry, manifests, splits, blobs, keys, gw, passes, rounds)
+    with bench_store() as bench:
+        registry = models.Registry(bench.s3)
+        print("exporting the models and uploading the images ...", flush=True)
+        manifests = {
+            name: registry.register(name, models.export_model(name, progress=False))
+            for name in model_names
+        }
+        blobs = make_images(images)
+        keys = [f"img-{i:03d}.jpg" for i in range(images)]
+        bench.s3.create_bucket(Bucket=_BUCKET)
+        for name, blob in zip(keys, blobs, strict=True):
+            bench.s3.put_object(Bucket=_BUCKET, Key=name, Body=blob)
+        with bench.gateway("gw.log", {"HAPI_CACHE_ENABLED": "false"}) as gw:
+            cells = _measure(registry, manifests, splits, blobs, keys, gw, passes, rounds)
     results = {
         "images": images,
         "mean_image_bytes": sum(map(len, blobs)) / len(blobs),

@@ -6,14 +6,55 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 
-from hapi.store import free_port
+from hapi.store import EmbeddedStore, StoreSettings, free_port
+
+
+@dataclass(frozen=True)
+class BenchStore:
+    """A real store in a temporary directory, with a boto3 client of it."""
+
+    tmp: Path  # for logs and the like, removed with the store
+    store: EmbeddedStore
+    s3: Any  # boto3, as the store's own identity
+    key: str
+    secret: str
+
+    def gateway(self, log: str, env: Mapping[str, str] | None = None) -> Any:
+        """A gateway in front of this store (see :func:`gateway_subprocess`)."""
+        return gateway_subprocess(
+            self.tmp / log, self.store.endpoint_url, self.key, self.secret, env
+        )
+
+
+@contextlib.contextmanager
+def bench_store() -> Iterator[BenchStore]:
+    """Start a store with fresh credentials in a temporary directory; stop it after."""
+    import boto3
+
+    with tempfile.TemporaryDirectory(prefix="hapi-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        key, secret = "BENCHSTORE", os.urandom(16).hex()
+        settings = StoreSettings(
+            data_dir=tmp / "store", port=free_port(), access_key_id=key, secret_access_key=secret
+        )
+        with EmbeddedStore(settings) as store:
+            s3 = boto3.client(
+                "s3",
+                endpoint_url=store.endpoint_url,
+                region_name="us-east-1",
+                aws_access_key_id=key,
+                aws_secret_access_key=secret,
+            )
+            yield BenchStore(tmp, store, s3, key, secret)
 
 
 class BenchGateway(NamedTuple):

@@ -13,23 +13,19 @@ import argparse
 import asyncio
 import io
 import json
-import os
 import random
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import boto3
 import httpx
 from PIL import Image
 
 from hapi import models
 from hapi.gateway import sign_request
 from hapi.protocol import Credentials
-from hapi.store import EmbeddedStore, StoreSettings, free_port
 
-from ._gateway import gateway_subprocess
+from ._gateway import bench_store
 
 POLICIES: dict[str, dict[str, str]] = {
     "adaptive": {},
@@ -90,43 +86,29 @@ async def _drive(
 
 def run(out: Path, seconds: float, images: int, split: int) -> dict[str, Any]:
     """Run every (policy, clients) cell; returns and writes the results."""
-    with tempfile.TemporaryDirectory(prefix="hapi-bench-") as tmp_name:
-        tmp = Path(tmp_name)
-        key, secret = "BENCHSTORE", os.urandom(16).hex()
-        settings = StoreSettings(
-            data_dir=tmp / "store", port=free_port(), access_key_id=key, secret_access_key=secret
+    with bench_store() as bench:
+        s3 = bench.s3
+        print("exporting resnet18 and uploading images ...", flush=True)
+        models.Registry(s3).register(
+            "r18", models.export_model("resnet18", freeze=6, progress=False)
         )
-        with EmbeddedStore(settings) as store:
-            s3 = boto3.client(
-                "s3",
-                endpoint_url=store.endpoint_url,
-                region_name="us-east-1",
-                aws_access_key_id=key,
-                aws_secret_access_key=secret,
-            )
-            print("exporting resnet18 and uploading images ...", flush=True)
-            models.Registry(s3).register(
-                "r18", models.export_model("resnet18", freeze=6, progress=False)
-            )
-            s3.create_bucket(Bucket="bench")
-            keys = [f"img-{i:03d}.jpg" for i in range(images)]
-            for name, blob in zip(keys, make_images(images), strict=True):
-                s3.put_object(Bucket="bench", Key=name, Body=blob)
-            results: dict[str, Any] = {"split": split, "seconds_per_cell": seconds, "cells": {}}
-            for policy, env in POLICIES.items():
-                with gateway_subprocess(
-                    tmp / f"gw-{policy}.log", store.endpoint_url, key, secret, env
-                ) as gw:
-                    creds = Credentials(gw[1], gw[2])
-                    asyncio.run(_drive(gw[0], creds, keys, 2, split, 1.0))  # warm-up: session built
-                    for clients in CLIENTS:
-                        cell = asyncio.run(_drive(gw[0], creds, keys, clients, split, seconds))
-                        results["cells"][f"{policy}/{clients}"] = cell
-                        print(
-                            f"{policy:>10} clients={clients}: {cell['samples_per_s']:7.1f} samples/s "
-                            f"failed={cell['failed']}",
-                            flush=True,
-                        )
+        s3.create_bucket(Bucket="bench")
+        keys = [f"img-{i:03d}.jpg" for i in range(images)]
+        for name, blob in zip(keys, make_images(images), strict=True):
+            s3.put_object(Bucket="bench", Key=name, Body=blob)
+        results: dict[str, Any] = {"split": split, "seconds_per_cell": seconds, "cells": {}}
+        for policy, env in POLICIES.items():
+            with bench.gateway(f"gw-{policy}.log", env) as gw:
+                creds = Credentials(gw[1], gw[2])
+                asyncio.run(_drive(gw[0], creds, keys, 2, split, 1.0))  # warm-up: session built
+                for clients in CLIENTS:
+                    cell = asyncio.run(_drive(gw[0], creds, keys, clients, split, seconds))
+                    results["cells"][f"{policy}/{clients}"] = cell
+                    print(
+                        f"{policy:>10} clients={clients}: {cell['samples_per_s']:7.1f} samples/s "
+                        f"failed={cell['failed']}",
+                        flush=True,
+                    )
     return _report(out, results)
 
 
