@@ -47,6 +47,7 @@ from ._errors import (
     request_error,
 )
 from ._local_cache import LocalCache
+from ._parts import owners_of
 from ._prefetch import Deferred, Fetch
 
 GET_THREADS = 4
@@ -232,7 +233,7 @@ class Engine:
         labels = [-1] * len(reply.keys) if reply.labels is None else reply.labels.tolist()
         return lambda: Batch(
             features=self.run(reply.features, split, spec.freeze),
-            objects=_owners(keys, reply.keys),
+            objects=owners_of(keys, reply.keys),
             carried=[None if label < 0 else int(label) for label in labels],
             nbytes=reply.nbytes,
             mode="pushdown",
@@ -425,22 +426,3 @@ def _assemble(
         local_samples=len(objects) - sum(len(batch.objects) for batch in fetched),
         gateway_cache="" if first is None else first.gateway_cache,
     )
-
-
-def _owners(requested: Sequence[str], samples: Sequence[str]) -> list[str]:
-    """The object key of each sample key (``key`` itself, or ``key#member`` of a shard)."""
-    owners: list[str] = []
-    position = 0
-    for sample in samples:
-        while position < len(requested) and not (
-            sample == requested[position] or sample.startswith(requested[position] + "#")
-        ):
-            position += 1
-        if position == len(requested):
-            raise RequestError(
-                "InvalidResponse",
-                f"the gateway returned an unrequested sample {sample!r}",
-                bucket="",
-            )
-        owners.append(requested[position])
-    return owners

@@ -59,8 +59,21 @@ def merge(keys: list[str], parts: list[list[str]], replies: list[Features]) -> F
 def rows_of(requested: Sequence[str], samples: Sequence[str]) -> dict[str, list[int]]:
     """Each requested key's rows: its own, or its shard's ``key#member`` samples, in order."""
     rows: dict[str, list[int]] = {}
+    for row, owner in enumerate(owners_of(requested, samples)):
+        rows.setdefault(owner, []).append(row)
+    return rows
+
+
+def owners_of(requested: Sequence[str], samples: Sequence[str]) -> list[str]:
+    """The object key of each sample key (``key`` itself, or ``key#member`` of a shard),
+    samples coming in the order of the keys requested.
+
+    Raises:
+        RequestError: A sample of no requested key (``InvalidResponse``).
+    """
+    owners: list[str] = []
     position = 0
-    for row, sample in enumerate(samples):
+    for sample in samples:
         while position < len(requested) and not (
             sample == requested[position] or sample.startswith(requested[position] + "#")
         ):
@@ -71,5 +84,5 @@ def rows_of(requested: Sequence[str], samples: Sequence[str]) -> dict[str, list[
                 f"the gateway returned an unrequested sample {sample!r}",
                 bucket="",
             )
-        rows.setdefault(requested[position], []).append(row)
-    return rows
+        owners.append(requested[position])
+    return owners

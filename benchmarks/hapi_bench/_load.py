@@ -22,7 +22,6 @@ import io
 import json
 import os
 import random
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -31,12 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
 import httpx
 
-from hapi.store import EmbeddedStore, StoreSettings, free_port
-
-from ._gateway import BenchGateway, gateway_subprocess
+from ._gateway import BenchGateway, bench_store
 from ._proxy import Target, _nginx, _presigner, _url
 from ._wrk import run_wrk, wrk_binary
 
@@ -229,32 +225,20 @@ def run(
 ) -> dict[str, Any]:
     """Run the load; returns (and, with ``out``, writes) the results."""
     wrk_binary()  # before anything starts: a missing wrk is one line
-    with tempfile.TemporaryDirectory(prefix="hapi-load-") as tmp_name:
-        tmp = Path(tmp_name)
-        key, secret = "BENCHSTORE", os.urandom(16).hex()
-        settings = StoreSettings(
-            data_dir=tmp / "store", port=free_port(), access_key_id=key, secret_access_key=secret
-        )
-        env = {"HAPI_WORKERS": str(workers), "HAPI_MAX_CONNECTIONS": str(4 * clients)}
+    env = {"HAPI_WORKERS": str(workers), "HAPI_MAX_CONNECTIONS": str(4 * clients)}
+    with bench_store() as bench:
+        store = bench.store
         with (
-            EmbeddedStore(settings) as store,
-            gateway_subprocess(tmp / "gateway.log", store.endpoint_url, key, secret, env) as gw,
-            _nginx(tmp, settings.port) as nginx,
+            bench.gateway("gateway.log", env) as gw,
+            _nginx(bench.tmp, store.settings.port) as nginx,
         ):
-            s3 = boto3.client(
-                "s3",
-                endpoint_url=store.endpoint_url,
-                region_name="us-east-1",
-                aws_access_key_id=key,
-                aws_secret_access_key=secret,
-            )
-            pushdown = _prepare(s3, model)
+            pushdown = _prepare(bench.s3, model)
             servers = {"gateway": gw.pid, "nginx": nginx.pid, "direct": store.pid}
             results = _phases(
                 store.endpoint_url,
                 gw,
                 nginx.port if nginx.pid else None,
-                (key, secret),
+                (bench.key, bench.secret),
                 (mixed_clients, clients),
                 seconds,
                 pushdown,

@@ -16,7 +16,6 @@ import os
 import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,9 +26,9 @@ import httpx
 from botocore.config import Config
 from tqdm import tqdm
 
-from hapi.store import EmbeddedStore, StoreSettings, free_port
+from hapi.store import free_port
 
-from ._gateway import BenchGateway, gateway_subprocess
+from ._gateway import BenchGateway, bench_store
 from ._wrk import WrkResult, run_wrk, wrk_binary
 
 MiB = 1024 * 1024
@@ -147,16 +146,11 @@ def run(
     """Run the benchmark; returns (and writes) the results."""
     if load.seconds:
         wrk_binary()  # before anything starts: a missing wrk is one line
-    with tempfile.TemporaryDirectory(prefix="hapi-bench-") as tmp_name:
-        tmp = Path(tmp_name)
-        key, secret = "BENCHSTORE", os.urandom(16).hex()
-        settings = StoreSettings(
-            data_dir=tmp / "store", port=free_port(), access_key_id=key, secret_access_key=secret
-        )
+    with bench_store() as bench:
+        store = bench.store
         with (
-            EmbeddedStore(settings) as store,
-            gateway_subprocess(tmp / "gateway.log", store.endpoint_url, key, secret) as gw,
-            _nginx(tmp, settings.port) as nginx,
+            bench.gateway("gateway.log") as gw,
+            _nginx(bench.tmp, store.settings.port) as nginx,
         ):
             pids = {"direct": store.pid, "gateway": gw.pid, "nginx": nginx.pid}
             return _measure(
@@ -164,8 +158,8 @@ def run(
                 store.endpoint_url,
                 gw,
                 nginx.port if nginx.pid else None,
-                key,
-                secret,
+                bench.key,
+                bench.secret,
                 size_mib,
                 rounds,
                 small_count,
