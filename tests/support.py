@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import os
 import signal
 import subprocess
@@ -75,10 +76,16 @@ def gateway_process(
     extra_args: tuple[str, ...] = (),
     start_timeout: float = 90.0,  # three starting at once on a loaded 2-core machine
     prefix: tuple[str, ...] = (),
+    keys: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Iterator[RunningGateway]:
     """Run ``hapi serve`` on a free loopback port (behind ``prefix``, e.g. ``taskset -c
-    1``); stop it afterwards, whatever happens."""
+    1``); stop it afterwards, whatever happens. ``keys`` are more client keys, the
+    credentials file's ``{"keys": ...}`` (roles, upstream identities)."""
     port = free_port()
+    if keys is not None:
+        credentials_file = log_dir / f"credentials-{port}.json"
+        credentials_file.write_text(json.dumps({"keys": keys}))
+        extra_args = (*extra_args, "--credentials-file", str(credentials_file))
     key, secret = "GWTEST" + os.urandom(5).hex().upper(), os.urandom(20).hex()
     admin, admin_secret = "GWADMIN" + os.urandom(5).hex().upper(), os.urandom(20).hex()
     env = {
@@ -133,6 +140,17 @@ def _wait_listening(gw: RunningGateway, timeout: float = 30.0) -> None:
         except httpx.TransportError:
             time.sleep(0.1)
     raise RuntimeError(f"gateway did not start within {timeout}s:\n{gw.log()}")
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition`` every 0.1 s until it is true; fail naming ``what`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def control_get(gw: RunningGateway, path: str, **options: object) -> httpx.Response:

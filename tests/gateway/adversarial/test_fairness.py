@@ -50,8 +50,6 @@ RATE = 0.2  # requests per second per identity of the rate-limited gateway
 @contextlib.contextmanager
 def _gateway(store: Any, root: Any, env: dict[str, str]) -> Iterator[RunningGateway]:
     keys = {c.access_key_id: {"secret": c.secret_access_key} for c in (FLOOD, LIGHT)}
-    path = root / "credentials.json"
-    path.write_text(json.dumps({"keys": keys}))
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
@@ -60,7 +58,7 @@ def _gateway(store: Any, root: Any, env: dict[str, str]) -> Iterator[RunningGate
             backend_key=store.credentials.access_key_id,
             backend_secret=store.credentials.secret_access_key,
             log_dir=root,
-            extra_args=("--credentials-file", str(path)),
+            keys=keys,
         ) as running:
             yield running
 

@@ -14,7 +14,6 @@ import hashlib
 import json
 import re
 import secrets
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +28,7 @@ from hapi.gateway import sign_request
 from hapi.protocol import Credentials
 from hapi.protocol import decode_features as decode
 from tests.conftest import TENANTS
-from tests.support import RunningGateway, empty_bucket, encode_image, gateway_process
+from tests.support import RunningGateway, empty_bucket, encode_image, gateway_process, wait_for
 
 CACHE = "hapi-cache"
 REGISTRY = "hapi-models"
@@ -54,15 +53,12 @@ def tenant_gateway(
         },
         ADMIN.access_key_id: {"secret": ADMIN.secret_access_key, "role": "admin"},
     }
-    root = tmp_path_factory.mktemp("tenant-gateway")
-    path = root / "credentials.json"
-    path.write_text(json.dumps({"keys": keys}))
     with gateway_process(
         backend_url=store.endpoint_url,
         backend_key=store.credentials.access_key_id,
         backend_secret=store.credentials.secret_access_key,
-        log_dir=root,
-        extra_args=("--credentials-file", str(path)),
+        log_dir=tmp_path_factory.mktemp("tenant-gateway"),
+        keys=keys,
     ) as running:
         yield running
 
@@ -128,15 +124,6 @@ def _metric(gw: RunningGateway, pattern: str) -> float:
     return sum(float(v) for v in re.findall(pattern + r" (\S+)$", reply.text, re.M))
 
 
-def _wait_for(condition: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def alice_bucket(store: Any, backend_s3: Any) -> Iterator[str]:
     """A private bucket of alice's with one photo, created through her own store identity."""
@@ -184,7 +171,7 @@ def test_a_cache_hit_is_served_only_to_a_caller_who_may_read_the_object(
         reply = _get(tenant_gateway, TENANTS["alice"], path)
         return reply.headers.get("x-hapi-cache") == "hit"
 
-    _wait_for(hit, "alice's features to be cached")
+    wait_for(hit, "alice's features to be cached")
     stolen = _get(tenant_gateway, BOB_GATEWAY, path)
     assert (stolen.status_code, _code(stolen)) == (403, "AccessDenied"), stolen.text
     assert "x-hapi-cache" not in stolen.headers
@@ -385,7 +372,7 @@ def _entry_of(backend_s3: Any, before: set[str]) -> str:
         found[:] = sorted(_cache_keys(backend_s3) - before)
         return bool(found)
 
-    _wait_for(written, "the entry to be written")
+    wait_for(written, "the entry to be written")
     (entry,) = found
     return entry
 
@@ -427,7 +414,7 @@ def test_an_entry_forged_in_the_store_is_never_served(
         stored = backend_s3.get_object(Bucket=CACHE, Key=_entry_of(backend_s3, before))
         forged = stored["Body"].read()
     backend_s3.put_object(Bucket=CACHE, Key=entry, Body=forged, Metadata=stored["Metadata"])
-    _wait_for(  # the store serves the forgery before the gateway is asked again
+    wait_for(  # the store serves the forgery before the gateway is asked again
         lambda: backend_s3.get_object(Bucket=CACHE, Key=entry)["Body"].read() == forged,
         "the store to serve the forged entry",
     )

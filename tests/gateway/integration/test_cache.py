@@ -19,7 +19,14 @@ from hapi import models
 from hapi.gateway._store import StoreClient
 from hapi.protocol import Credentials
 from hapi.protocol import decode_features as decode
-from tests.support import HAPI, control_get, encode_image, gateway_process, signed_headers
+from tests.support import (
+    HAPI,
+    control_get,
+    encode_image,
+    gateway_process,
+    signed_headers,
+    wait_for,
+)
 
 CACHE_BUCKET = "hapi-cache"
 
@@ -40,7 +47,7 @@ def _hits(gateway, bucket: str, key: str, **params: object) -> bool:
 def _warm(gateway, bucket: str, key: str, **params: object) -> None:
     """Compute ``key``'s features once, then wait until the cache answers them."""
     _get(gateway, bucket, key, **params)
-    _wait_for(lambda: _hits(gateway, bucket, key, **params), f"a hit on {key}")
+    wait_for(lambda: _hits(gateway, bucket, key, **params), f"a hit on {key}")
 
 
 def _batch(gateway, bucket: str, keys: list[str], **spec: object) -> httpx.Response:
@@ -58,15 +65,6 @@ def _entries(backend_s3) -> dict[str, object]:
         return {}
 
 
-def _wait_for(condition, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _settled(gateway) -> None:
     """Wait until the gateway has no cache write queued or running, so a listing of the
     cache bucket holds every entry requested so far (earlier tests' included)."""
@@ -79,7 +77,7 @@ def _settled(gateway) -> None:
         assert found, "the gateway exposes no pending-writes gauge"
         return float(found.group(1)) == 0
 
-    _wait_for(idle, "the cache writes to finish")
+    wait_for(idle, "the cache writes to finish")
 
 
 @pytest.fixture(autouse=True)
@@ -118,7 +116,7 @@ def test_a_miss_is_written_and_the_next_read_hits_bit_for_bit(
     cold = _get(gateway, bucket, "cat.jpg", model="r18", split=4)
     assert cold.status_code == 200, cold.text
     assert cold.headers["x-hapi-cache"] == "miss"
-    _wait_for(lambda: len(set(_entries(backend_s3)) - before) == 1, "the entry to be written")
+    wait_for(lambda: len(set(_entries(backend_s3)) - before) == 1, "the entry to be written")
     fetched = _fetches(gateway)
     warm = _get(gateway, bucket, "cat.jpg", model="r18", split=4)
     assert warm.headers["x-hapi-cache"] == "hit"
@@ -143,20 +141,20 @@ def test_refresh_recomputes_and_rewrites(gateway, registered, backend_s3, photos
     bucket, _ = photos
     before = set(_entries(backend_s3))
     _get(gateway, bucket, "rocket.jpg", model="r18", split=2)
-    _wait_for(lambda: len(set(_entries(backend_s3)) - before) == 1, "the entry")
+    wait_for(lambda: len(set(_entries(backend_s3)) - before) == 1, "the entry")
     (entry,) = set(_entries(backend_s3)) - before
     first = _entries(backend_s3)[entry]
     time.sleep(1.1)  # LastModified has one-second resolution
     fetched = _fetches(gateway)
     reply = _get(gateway, bucket, "rocket.jpg", cache="refresh", model="r18", split=2)
     assert reply.headers["x-hapi-cache"] == "miss" and _fetches(gateway) == fetched + 1
-    _wait_for(lambda: _entries(backend_s3)[entry] > first, "the entry to be rewritten")
+    wait_for(lambda: _entries(backend_s3)[entry] > first, "the entry to be rewritten")
 
 
 def test_an_overwritten_object_misses(gateway, registered, backend_s3, photos):
     bucket, _ = photos
     _get(gateway, bucket, "cat.jpg", model="r18", split=5)
-    _wait_for(
+    wait_for(
         lambda: _hits(gateway, bucket, "cat.jpg", model="r18", split=5),
         "a hit",
     )
@@ -176,7 +174,7 @@ def test_models_sharing_a_frozen_prefix_share_entries(gateway, registered, backe
     )  # the same seeded weights: the same block hashes under another name
     assert [b.hash for b in twin.blocks] == [b.hash for b in registered["r18"].blocks]
     _get(gateway, bucket, "coffee.jpg", model="r18", split=6)
-    _wait_for(
+    wait_for(
         lambda: _hits(gateway, bucket, "coffee.jpg", model="r18-twin", split=6),
         "the twin to hit the first model's entry",
     )
@@ -240,7 +238,7 @@ def test_materialize_then_training_reads_fetch_no_image(gateway, registered, bac
     assert done.returncode == 0, done.stderr
     assert f"{len(blobs)} objects, {len(blobs)} samples" in done.stdout
     # written in the background: wait until every object's next read is a hit
-    _wait_for(
+    wait_for(
         lambda: (
             _batch(gateway, bucket, sorted(blobs), model="r18", split=6).headers["x-hapi-cache"]
             == "hit"
@@ -345,7 +343,7 @@ def test_an_anonymous_caller_gets_no_cached_features_of_a_private_object(
 ):
     bucket, _ = photos
     _get(gateway, bucket, "cat.jpg", model="r18", split=4)  # signed: computed and cached
-    _wait_for(
+    wait_for(
         lambda: _hits(gateway, bucket, "cat.jpg", model="r18", split=4),
         "a hit",
     )
