@@ -107,22 +107,22 @@ class Pushdown:
         self._rate = RequestRate(settings.identity_requests_per_s)
         self.cache = cache
         self._store = store
-        self.caller = Caller("gateway", "admin", settings.backend_credentials)
-        self._as_caller = store
-        self._decode_pool = decode_pool.serving(self.caller.name)
         self._fetches = fetches or FetchMeter(metrics)
-        self._lister = ObjectLister(settings, self._decode_pool, self._fetches)
+        self._serve_as(Caller.anonymous())  # until acting_as names the caller
 
     def acting_as(self, caller: Caller) -> Pushdown:
         """This pushdown serving ``caller``: each object fetch, and each cache lookup's
         HEAD, goes upstream as the caller's own store identity (unsigned for an anonymous
         caller), so the store judges whether it may read the object, cached or not."""
         view = copy.copy(self)
-        view.caller = caller
-        view._as_caller = self._store.acting_as(caller.upstream)
-        view._decode_pool = self._pool.serving(caller.name)
-        view._lister = ObjectLister(self._settings, view._decode_pool, self._fetches)
+        view._serve_as(caller)
         return view
+
+    def _serve_as(self, caller: Caller) -> None:
+        self.caller = caller
+        self._as_caller = self._store.acting_as(caller.upstream)
+        self._decode_pool = self._pool.serving(caller.name)
+        self._lister = ObjectLister(self._settings, self._decode_pool, self._fetches)
 
     @property
     def stats(self) -> RequestStats:
