@@ -14,7 +14,7 @@ each request acts upstream as its caller's identity.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Set
 from urllib.parse import unquote
 
 from .._errors import AccessDenied
@@ -23,7 +23,7 @@ from .._settings import GatewaySettings
 
 # Methods that only read; a POST ?hapi-batch is a pushdown read as well.
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
-_COPY_SOURCE = "x-amz-copy-source"
+COPY_SOURCE = "x-amz-copy-source"  # the header naming a copy's source
 
 
 def check_access(
@@ -33,7 +33,7 @@ def check_access(
     method: str,
     bucket: str,
     query_names: Set[str],
-    headers: Mapping[str, str],
+    copy_source: str | None = None,
 ) -> None:
     """Refuse a request that reaches an internal bucket its caller may not reach.
 
@@ -43,7 +43,7 @@ def check_access(
         method: The HTTP method.
         bucket: The bucket it addresses ("" for the service: ListBuckets).
         query_names: Its query parameters' names.
-        headers: Its headers, lowercase names.
+        copy_source: Its ``x-amz-copy-source`` header, if it has one.
 
     Raises:
         AccessDenied: A client reaches the cache bucket, or writes the registry.
@@ -52,9 +52,8 @@ def check_access(
         return
     reads = method in _READS or (method == "POST" and "hapi-batch" in query_names)
     _check_bucket(settings, bucket, writes=not reads)
-    source = headers.get(_COPY_SOURCE)
-    if source is not None:
-        _check_bucket(settings, copy_source_bucket(source), writes=False)
+    if copy_source is not None:
+        _check_bucket(settings, copy_source_bucket(copy_source), writes=False)
 
 
 def check_form_upload(caller: Caller, settings: GatewaySettings, bucket: str) -> None:

@@ -21,7 +21,7 @@ from .._identities import Caller, caller_of
 from .._settings import GatewaySettings
 from .._types import ASGIReceive, ASGISend, Scope, request_state
 from ..pushdown._handler import Pushdown, parse_params
-from ._access import check_access, check_form_upload
+from ._access import COPY_SOURCE, check_access, check_form_upload
 from ._addressing import Target, resolve
 from ._chunked import decode_body
 from ._operations import classify
@@ -157,22 +157,22 @@ class Proxy:
         headers = _decoded_headers(scope)
         names = {name for name, _ in headers}
         query = scope["query_string"].decode("latin-1")
+        query_names = _query_names(query)
         state["operation"] = classify(
-            scope["method"], target.bucket, target.key, _query_names(query), names
+            scope["method"], target.bucket, target.key, query_names, names
         )
         state["resource"] = f"/{target.bucket}/{target.key}" if target.bucket else "/"
         if await self._form_upload(scope, receive, send, target):
             return
         verified = self.authenticate(scope, target)
         caller = self.caller(verified)
-        state["caller"] = caller.name
         check_access(
             caller,
             self._settings,
             method=scope["method"],
             bucket=target.bucket,
-            query_names=_query_names(query),
-            headers=dict(headers),
+            query_names=query_names,
+            copy_source=dict(headers).get(COPY_SOURCE) if COPY_SOURCE in names else None,
         )
         if self.pushdown is not None and await self._pushdown(
             scope, receive, send, target, verified, caller
