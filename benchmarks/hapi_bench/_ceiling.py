@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
 import resource
@@ -112,8 +113,6 @@ class GatewayDriver:
         return client
 
     def _signed(self, method: str, url: str, body: bytes = b"") -> dict[str, str]:
-        import hashlib
-
         return sign_request(
             method=method,
             url=url,
