@@ -12,7 +12,7 @@ MYPY_TREE := build/mypy/hapi
 # The benchmarks (benchmarks/hapi_bench, the hapi-bench distribution) sit beside it.
 BENCH_TREE := build/mypy/hapi_bench
 
-.PHONY: run test test-slow test-cluster check lint format bench-proxy bench-pushdown bench-device bench-load bench-cluster bench clean venv
+.PHONY: wrk run test test-slow test-cluster check lint format bench-proxy bench-pushdown bench-device bench-load bench-cluster bench clean venv
 
 venv: $(STAMP)
 
@@ -28,6 +28,10 @@ $(AWSCLI):
 	$(PYTHON) -m venv .venv-awscli
 	.venv-awscli/bin/pip install -q awscli
 
+# wrk (a C load generator) drives the load benchmarks; its driver has tests of its own.
+wrk:
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+
 # Flags for hapi up: make run ARGS='--port 9080 --store-port 9333'
 run: $(STAMP)
 	$(VENV)/bin/hapi up $(ARGS)
@@ -35,7 +39,7 @@ run: $(STAMP)
 # The suite without the tests marked slow (minutes each: memory bounds, the demo, the
 # testbed, exports of whole networks); `make test-slow` runs those, CI runs both. Tests
 # marked cluster (root, network namespaces) run only in `make test-cluster`.
-test: $(STAMP) $(AWSCLI)
+test: $(STAMP) $(AWSCLI) wrk
 	HAPI_AWS_CLI=$(abspath $(AWSCLI)) $(PY) -m pytest -q -m "not slow and not cluster"
 
 test-slow: $(STAMP) $(AWSCLI)
@@ -63,13 +67,12 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench-proxy: $(STAMP)
+bench-proxy: $(STAMP) wrk
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
-	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(VENV)/bin/hapi-bench proxy --out bench-results
 
 # Pushdown against a bare decode-and-run loop on the same cores, every split (a few minutes).
-bench-pushdown: $(STAMP)
+bench-pushdown: $(STAMP) wrk
 	$(VENV)/bin/hapi-bench pushdown --out bench-results
 
 # The storage side's blocks on a GPU: fidelity (TF32 off and on), samples/s per batch
@@ -79,9 +82,8 @@ bench-device: $(STAMP)
 
 # Bounded load (60 s): a mixed Python load, then wrk at 150 connections through the gateway,
 # nginx and the store; e.g. LOAD_ARGS="--workers 2".
-bench-load: $(STAMP)
+bench-load: $(STAMP) wrk
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
-	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(VENV)/bin/hapi-bench load --out bench-results $(LOAD_ARGS)
 
 # Samples/s on 1, 2 and 3 storage nodes (root: namespaces), each behind a capped link and a

@@ -3,12 +3,14 @@
 The bare loop is the ceiling: the same JPEGs, the same ``hapi.models.decode_object``
 preprocessing and the same composed blocks ``[0, split)``, with no HTTP at all. It decodes
 batches of 32 in a thread pool of one thread per core while onnxruntime (default threads)
-runs the previous batch. The gateway (feature cache off, one worker) is driven by batch
-POSTs of 32 keys from 2 client threads, and by single-object GETs from 8 client threads.
-For every split of each model, the three are measured in rounds interleaved with each
-other (so drift in the machine's load hits all alike); each figure is the median of the
-rounds, with the range beside it. CPU per sample is the process's user + system CPU (the
-bare loop's own; the gateway's, without its clients') over the samples.
+runs the previous batch. The gateway (feature cache off, one worker) is driven from wrk (a
+C load generator, so the clients' CPU stays small beside the server's) by batch POSTs of 32
+keys on 2 connections, and by single-object GETs on 8. For every split of each model, the
+three are measured in rounds interleaved with each other (so drift in the machine's load
+hits all alike); each figure is the median of the rounds, with the range beside it. A
+gateway run's rate is the gateway's own count of samples answered over the run's steady
+window (its first and last second left out). CPU per sample is user + system CPU (the
+bare loop's own process; the gateway's, without its clients') over the samples.
 
 Goals (issue "a storage node at full speed"): at every split, the gateway at least 0.9x the
 bare loop for batch requests and 0.8x for single-object GETs. Writes
@@ -19,15 +21,12 @@ Run as ``hapi-bench pushdown``.
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import os
 import resource
 import statistics
-import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,9 +39,10 @@ from hapi import models
 from hapi.gateway import sign_request
 from hapi.protocol import Credentials
 
+from ._errors import BenchError
 from ._gateway import BenchGateway, bench_store
 from ._pushdown import make_images
-from ._wrk import cpu_seconds
+from ._wrk import WrkRequest, cpu_seconds, run_wrk, wrk_binary
 
 BATCH = 32
 BATCH_CLIENTS = 2
@@ -50,6 +50,7 @@ GET_CLIENTS = 8
 GOALS = {"batch": 0.9, "single": 0.8}
 MODELS = ("resnet18", "efficientnet_lite0")
 _BUCKET = "bench"
+_WARM_S = 1.0  # each run's first and last second are left out of its window
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,17 @@ class BareLoop:
 
         return np.stack(list(self._pool.map(one, blobs)))
 
-    def epoch(self, blobs: list[bytes]) -> Run:
+    def epoch(self, blobs: list[bytes], seconds: float) -> Run:
+        """Passes over ``blobs`` until ``seconds`` are up; the rate and CPU over all of them."""
+        cpu, started, done = _process_cpu(), time.perf_counter(), 0
+        while not done or time.perf_counter() - started < seconds:
+            self._pass(blobs)
+            done += len(blobs)
+        elapsed = time.perf_counter() - started
+        return Run(done / elapsed, (_process_cpu() - cpu) * 1000 / done)
+
+    def _pass(self, blobs: list[bytes]) -> None:
         batches = [blobs[i : i + BATCH] for i in range(0, len(blobs), BATCH)]
-        cpu, started = _process_cpu(), time.perf_counter()
         with ThreadPoolExecutor(1) as decoder:
             pending = decoder.submit(self._decode, batches[0])
             for index in range(len(batches)):
@@ -89,8 +98,6 @@ class BareLoop:
                     pending = decoder.submit(self._decode, batches[index + 1])
                 if self._session is not None:
                     self._session.run(None, {"input": inputs})
-        elapsed = time.perf_counter() - started
-        return Run(len(blobs) / elapsed, (_process_cpu() - cpu) * 1000 / len(blobs))
 
 
 def _process_cpu() -> float:
@@ -99,62 +106,115 @@ def _process_cpu() -> float:
 
 
 class GatewayDriver:
-    """Drives a running gateway with batch POSTs or single GETs from client threads."""
+    """Drives a running gateway from wrk: batch POSTs from 2 connections, or single GETs
+    from 8, each request signed (SigV4 in its headers) and replayed in turn.
 
-    def __init__(self, gw: BenchGateway) -> None:
+    A C load generator keeps the clients' CPU off the two cores the gateway shares: 8
+    Python clients reading features took as much CPU as the gateway's own host work. The
+    rate is the gateway's own count of samples answered
+    (``hapi_pushdown_model_samples_total``) over a window that starts after a warm-up and
+    ends before wrk stops, so neither the first responses' latency nor the requests cut
+    off at the end bias it; the CPU per sample is the gateway's over the same window.
+    """
+
+    def __init__(self, gw: BenchGateway, seconds: float) -> None:
         self._gw = gw
         self._creds = Credentials(gw.key, gw.secret)
-        self._local = threading.local()
+        self._seconds = seconds
+        self._metrics = httpx.Client(timeout=30, trust_env=False)
 
-    def _client(self) -> httpx.Client:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = httpx.Client(timeout=300, trust_env=False)
-        return client
+    def close(self) -> None:
+        self._metrics.close()
 
-    def _signed(self, method: str, url: str, body: bytes = b"") -> dict[str, str]:
-        return sign_request(
+    def _signed(self, method: str, path: str, body: bytes = b"") -> WrkRequest:
+        headers = sign_request(
             method=method,
-            url=url,
+            url=self._gw.url + path,
             headers={},
             credentials=self._creds,
             payload_sha256=hashlib.sha256(body).hexdigest(),
         )
+        headers["Host"] = headers.pop("host")  # the spelling wrk.format looks for
+        return WrkRequest(method, path, headers, body)
 
-    def _batch(self, keys: list[str], model: str, split: int) -> int:
-        body = json.dumps(
-            {"keys": keys, "model": model, "split": split, "dtype": "float32"}
-        ).encode()
-        url = f"{self._gw.url}/{_BUCKET}?hapi-batch"
-        reply = self._client().post(url, content=body, headers=self._signed("POST", url, body))
-        _check(reply)
-        return len(keys)
+    def requests(self, keys: list[str], model: str, split: int, mode: str) -> list[WrkRequest]:
+        """The signed requests one run cycles through (signed now: valid for 15 minutes)."""
+        if mode == "batch":
+            return [
+                self._signed(
+                    "POST",
+                    f"/{_BUCKET}?hapi-batch",
+                    json.dumps(
+                        {
+                            "keys": keys[i : i + BATCH],
+                            "model": model,
+                            "split": split,
+                            "dtype": "float32",
+                        }
+                    ).encode(),
+                )
+                for i in range(0, len(keys), BATCH)
+            ]
+        return [
+            self._signed("GET", f"/{_BUCKET}/{key}?hapi-model={model}&hapi-split={split}")
+            for key in keys
+        ]
 
-    def _get(self, key: str, model: str, split: int) -> int:
-        url = f"{self._gw.url}/{_BUCKET}/{key}?hapi-model={model}&hapi-split={split}"
-        reply = self._client().get(url, headers=self._signed("GET", url))
+    def warm(self, keys: list[str], model: str, split: int) -> None:
+        """One batch, unmeasured: the gateway loads the blocks and builds its session."""
+        (first, *_) = self.requests(keys, model, split, "batch")
+        _check(
+            self._metrics.post(self._gw.url + first.path, content=first.body, headers=first.headers)
+        )
+
+    def samples_answered(self) -> float:
+        """The gateway's ``hapi_pushdown_model_samples_total``, summed over its labels."""
+        url = self._gw.url + "/metrics"
+        reply = self._metrics.get(url, headers=self._signed("GET", "/metrics").headers)
         _check(reply)
-        return 1
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in reply.text.splitlines()
+            if line.startswith("hapi_pushdown_model_samples_total{")
+        )
 
     def epoch(self, keys: list[str], model: str, split: int, mode: str) -> Run:
-        jobs: list[Callable[[], int]]
-        if mode == "batch":
-            parts = [keys[i : i + BATCH] for i in range(0, len(keys), BATCH)]
-            jobs = [functools.partial(self._batch, part, model, split) for part in parts]
-            clients = BATCH_CLIENTS
-        else:
-            jobs = [functools.partial(self._get, key, model, split) for key in keys]
-            clients = GET_CLIENTS
-        cpu, started = cpu_seconds(self._gw.pid), time.perf_counter()
-        with ThreadPoolExecutor(clients) as pool:
-            done = sum(pool.map(lambda job: job(), jobs))
-        elapsed = time.perf_counter() - started
-        return Run(done / elapsed, (cpu_seconds(self._gw.pid) - cpu) * 1000 / done)
+        """One run of wrk; the rate and CPU over its steady window."""
+        requests = self.requests(keys, model, split, mode)
+        connections = BATCH_CLIENTS if mode == "batch" else GET_CLIENTS
+        margin = min(_WARM_S, self._seconds / 4)
+        with ThreadPoolExecutor(1) as runner:
+            load = runner.submit(
+                run_wrk,
+                self._gw.url,
+                connections=connections,
+                seconds=self._seconds,
+                timeout_s=60,
+                requests=requests,
+            )
+            time.sleep(margin)
+            samples, cpu, started = (
+                self.samples_answered(),
+                cpu_seconds(self._gw.pid),
+                time.perf_counter(),
+            )
+            time.sleep(max(0.5, self._seconds - 2 * margin))
+            done = self.samples_answered() - samples
+            elapsed = time.perf_counter() - started
+            spent = cpu_seconds(self._gw.pid) - cpu
+            result = load.result()
+        if result.errors or result.non_2xx or result.timeouts or not done:
+            raise BenchError(
+                f"{mode} requests failed against the gateway ({model} split {split}): "
+                f"{result.non_2xx} answered non-2xx, {result.errors} socket errors, "
+                f"{result.timeouts} timeouts, {done:.0f} samples answered"
+            )
+        return Run(done / elapsed, spent * 1000 / done)
 
 
 def _check(reply: httpx.Response) -> None:
     if reply.status_code != 200:
-        raise RuntimeError(f"the gateway answered {reply.status_code}: {reply.text[:300]}")
+        raise BenchError(f"the gateway answered {reply.status_code}: {reply.text[:300]}")
 
 
 def run(
@@ -162,10 +222,11 @@ def run(
     model_names: tuple[str, ...],
     splits: tuple[int, ...] | None,
     images: int,
-    passes: int,
+    seconds: float,
     rounds: int,
 ) -> dict[str, Any]:
     """Measure every (model, split); returns and writes the results."""
+    wrk_binary()  # fail before minutes of set-up, not after
     with bench_store() as bench:
         registry = models.Registry(bench.s3)
         print("exporting the models and uploading the images ...", flush=True)
@@ -179,11 +240,13 @@ def run(
         for name, blob in zip(keys, blobs, strict=True):
             bench.s3.put_object(Bucket=_BUCKET, Key=name, Body=blob)
         with bench.gateway("gw.log", {"HAPI_CACHE_ENABLED": "false"}) as gw:
-            cells = _measure(registry, manifests, splits, blobs, keys, gw, passes, rounds)
+            cells = _measure(registry, manifests, splits, blobs, keys, gw, seconds, rounds)
     results = {
         "images": images,
         "mean_image_bytes": sum(map(len, blobs)) / len(blobs),
-        "samples_per_run": images * passes,
+        "seconds_per_run": seconds,
+        "load": f"wrk: batch POSTs of {BATCH} keys on {BATCH_CLIENTS} connections, single "
+        f"GETs on {GET_CLIENTS}",
         "rounds": rounds,
         "cpu_count": os.cpu_count(),
         "goals": GOALS,
@@ -200,10 +263,11 @@ def _measure(
     blobs: list[bytes],
     keys: list[str],
     gw: BenchGateway,
-    passes: int,
+    seconds: float,
     rounds: int,
 ) -> list[dict[str, Any]]:
-    driver = GatewayDriver(gw)
+    driver = GatewayDriver(gw, seconds)
+    window = max(0.5, seconds - 2 * min(_WARM_S, seconds / 4))  # as long as the driver's
     cells = []
     for name, manifest in manifests.items():
         for split in splits if splits is not None else range(manifest.freeze + 1):
@@ -213,17 +277,18 @@ def _measure(
             bare = BareLoop(manifest, graph)
             runs: dict[str, list[Run]] = {"bare": [], "batch": [], "single": []}
             try:
-                driver.epoch(keys, name, split, "batch")  # warm: the gateway builds its session
-                bare.epoch(blobs)
+                driver.warm(keys, name, split)  # the gateway builds its session
+                bare.epoch(blobs, 0)
                 for _ in range(rounds):
-                    runs["bare"].append(bare.epoch(blobs * passes))
-                    runs["batch"].append(driver.epoch(keys * passes, name, split, "batch"))
-                    runs["single"].append(driver.epoch(keys * passes, name, split, "single"))
+                    runs["bare"].append(bare.epoch(blobs, window))
+                    runs["batch"].append(driver.epoch(keys, name, split, "batch"))
+                    runs["single"].append(driver.epoch(keys, name, split, "single"))
             finally:
                 bare.close()
             cell = _cell(name, split, runs)
             cells.append(cell)
             print(_line(cell), flush=True)
+    driver.close()
     return cells
 
 
@@ -270,8 +335,8 @@ def _report(out: Path, results: dict[str, Any]) -> None:
     (out / "bench-pushdown.json").write_text(json.dumps(results, indent=2))
     lines = [
         f"Gateway / bare loop, samples/s (median of {results['rounds']} interleaved rounds, "
-        f"range); CPU per sample, gateway / bare. {results['samples_per_run']} samples per run, "
-        f"{results['cpu_count']} cores. Goals: batch >= {GOALS['batch']}x, single GETs >= "
+        f"range); CPU per sample, gateway / bare. Runs of {results['seconds_per_run']:g} s, "
+        f"{results['load']}, {results['cpu_count']} cores. Goals: batch >= {GOALS['batch']}x, single GETs >= "
         f"{GOALS['single']}x.",
         "",
         "| model | split | bare samples/s | bare CPU-ms/sample | batch | batch CPU | single GETs | single CPU |",
@@ -342,8 +407,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated families")
     parser.add_argument("--splits", type=_splits, help="comma-separated splits (default: all)")
     parser.add_argument("--images", type=int, default=96, help="JPEGs (about 33 KiB each)")
-    parser.add_argument("--passes", type=int, default=2, help="times each run reads them")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=6.0,
+        help="length of each run (its first and last second are left out)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     args = parser.parse_args(argv)
     names = tuple(n.strip() for n in args.models.split(",") if n.strip())
-    run(args.out, names, args.splits, args.images, args.passes, args.rounds)
+    run(args.out, names, args.splits, args.images, args.seconds, args.rounds)

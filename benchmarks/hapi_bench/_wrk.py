@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,55 @@ class WrkResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class WrkRequest:
+    """One request of a list wrk cycles through (signed headers, a body for a POST)."""
+
+    method: str
+    path: str  # with its query
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+
+def wrk_script(requests: Sequence[WrkRequest]) -> str:
+    """A wrk Lua script that sends ``requests`` in turn, round-robin over all connections.
+
+    Each request is formatted once, when the script loads, so the per-request cost in
+    wrk stays a table lookup.
+    """
+    if not requests:
+        raise BenchError("wrk needs at least one request")
+    lines = ["local requests = {}"]
+    for item in requests:
+        headers = ", ".join(
+            f"[ {_lua_string(name)} ] = {_lua_string(value)}"
+            for name, value in item.headers.items()
+        )
+        body = _lua_string(item.body.decode("latin-1")) if item.body else "nil"
+        lines.append(
+            f"requests[#requests + 1] = wrk.format({_lua_string(item.method)}, "
+            f"{_lua_string(item.path)}, {{{headers}}}, {body})"
+        )
+    lines += [
+        "local sent = 0",
+        "request = function()",
+        "  sent = sent + 1",
+        "  return requests[(sent - 1) % #requests + 1]",
+        "end",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _lua_string(text: str) -> str:
+    """A Lua long-bracket literal holding ``text`` exactly (no escapes are read inside)."""
+    level = 0
+    while f"]{'=' * level}]" in text:
+        level += 1
+    fence = "=" * level
+    # A long bracket drops a newline right after its opening: start with one of its own.
+    return f"[{fence}[\n{text}]{fence}]"
+
+
 def wrk_binary() -> str:
     """The wrk executable.
 
@@ -60,17 +111,20 @@ def run_wrk(
     threads: int = 1,
     timeout_s: float = 2.0,
     server_pid: int | None = None,
+    requests: Sequence[WrkRequest] = (),
 ) -> WrkResult:
     """Drive ``url`` with GETs from ``connections`` keep-alive connections for ``seconds``.
 
     Args:
-        url: What every request GETs (a presigned URL serves: its signature is in the query).
+        url: What every request GETs (a presigned URL serves: its signature is in the query),
+            or, with ``requests``, the server's base URL.
         host: A ``Host`` header to claim (the URL's own by default).
         connections: Open connections, each with one request in flight.
         seconds: How long.
         threads: wrk threads (one saturates most single-process servers).
         timeout_s: A request slower than this counts as a timeout (whole seconds).
         server_pid: The server whose CPU per request is measured (its descendants too).
+        requests: Send these in turn instead of GETs of ``url`` (see :func:`wrk_script`).
     """
     command = [
         wrk_binary(),
@@ -82,11 +136,16 @@ def run_wrk(
     ]
     if host is not None:
         command += ["-H", f"Host: {host}"]
-    before = cpu_seconds(server_pid) if server_pid else None
-    done = subprocess.run(
-        [*command, url], capture_output=True, text=True, timeout=seconds + 60, check=False
-    )
-    after = cpu_seconds(server_pid) if server_pid else None
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="hapi-wrk-") as script:
+        if requests:
+            script.write(wrk_script(requests))
+            script.flush()
+            command += ["-s", script.name]
+        before = cpu_seconds(server_pid) if server_pid else None
+        done = subprocess.run(
+            [*command, url], capture_output=True, text=True, timeout=seconds + 60, check=False
+        )
+        after = cpu_seconds(server_pid) if server_pid else None
     if done.returncode != 0:
         said = (done.stderr + done.stdout).strip()[-500:]
         raise BenchError(f"wrk failed ({done.returncode}) on {url}: {said}")

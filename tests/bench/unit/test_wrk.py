@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from hapi_bench._errors import BenchError
-from hapi_bench._wrk import cpu_seconds, parse_wrk
+from hapi_bench._wrk import WrkRequest, cpu_seconds, parse_wrk, run_wrk, wrk_script
 
 REPORT = """Running 10s test @ http://127.0.0.1:8080/bench/small?X-Amz-Signature=abc
   1 threads and 150 connections
@@ -65,3 +67,62 @@ def test_cpu_seconds_count_a_process_and_its_children() -> None:
     finally:
         parent.kill()
         parent.wait()
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers 200 to anything and keeps what it received."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[str, str, dict[str, str], bytes]] = []
+
+    def _answer(self) -> None:
+        size = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(size) if size else b""
+        self.seen.append((self.command, self.path, dict(self.headers), body))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_wrk_sends_the_listed_requests_exactly() -> None:
+    """Signed headers and bodies reach the server byte for byte, in turn, even when they
+    hold what would end a Lua long string."""
+    tricky = b'{"keys": ["a]]b", "c]=]d"], "split": 1}\n'
+    requests = [
+        WrkRequest("POST", "/bench?hapi-batch", {"Authorization": "AWS4 x]]y", "X-A": "1"}, tricky),
+        WrkRequest("GET", "/bench/k%20ey.jpg?hapi-model=m&hapi-split=3", {"X-A": "2"}),
+    ]
+    _Recorder.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = run_wrk(
+            f"http://127.0.0.1:{server.server_address[1]}",
+            connections=1,
+            seconds=1,
+            requests=requests,
+        )
+    finally:
+        server.shutdown()
+    assert result.requests >= 2 and result.non_2xx == 0
+    posts = [seen for seen in _Recorder.seen if seen[0] == "POST"]
+    gets = [seen for seen in _Recorder.seen if seen[0] == "GET"]
+    assert posts and gets and len(posts) + len(gets) == len(_Recorder.seen)
+    for _, path, headers, body in posts:
+        assert (path, body) == ("/bench?hapi-batch", tricky)
+        assert headers["Authorization"] == "AWS4 x]]y" and headers["X-A"] == "1"
+    for _, path, headers, body in gets:
+        assert (path, body) == ("/bench/k%20ey.jpg?hapi-model=m&hapi-split=3", b"")
+        assert headers["X-A"] == "2"
+    assert abs(len(posts) - len(gets)) <= 1  # in turn
+
+
+def test_a_script_needs_requests() -> None:
+    with pytest.raises(BenchError, match="at least one request"):
+        wrk_script([])

@@ -46,6 +46,23 @@ def test_sessions_run_and_respect_thread_settings(effnet_export) -> None:
     assert out.shape == (3, 1000)
 
 
+def test_idle_threads_do_not_spin_unless_asked(effnet_export) -> None:
+    """hapi decodes on the cores a batch runs on: spinning onnxruntime threads would take
+    them. The outputs are the same either way."""
+    block = effnet_export.blocks[-1].data
+    inputs = {"input": np.random.default_rng(0).random((4, 1280), np.float32)}
+    outputs = {}
+    for spinning in (False, True):
+        session = create_session(block, RuntimeSettings(device="cpu", spinning=spinning))
+        options = session.get_session_options()
+        for pool in ("intra_op", "inter_op"):
+            entry = options.get_session_config_entry(f"session.{pool}.allow_spinning")
+            assert entry == ("1" if spinning else "0")
+        outputs[spinning] = session.run(None, inputs)[0]
+    np.testing.assert_array_equal(outputs[False], outputs[True])
+    assert RuntimeSettings().spinning is False
+
+
 def test_invalid_graph_and_settings() -> None:
     with pytest.raises(SessionError, match="cannot load the graph"):
         create_session(b"not onnx", RuntimeSettings(device="cpu"))
