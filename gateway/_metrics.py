@@ -167,7 +167,8 @@ class Metrics:
         )
         self.decode_seconds = Counter(
             "hapi_pushdown_decode_seconds",
-            "CPU seconds decoding and preprocessing samples, by model version and split.",
+            "Seconds decoding and preprocessing samples, by model version and split: CPU "
+            "seconds with Pillow, the batch's wall seconds with DALI.",
             per_model,
             registry=self.registry,
         )

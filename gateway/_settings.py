@@ -13,7 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hapi.models import Device
+from hapi.models import DECODERS, Device
 from hapi.protocol import parse_placement
 
 from ._identities import ClientKey, read_credentials_file
@@ -82,6 +82,9 @@ class GatewaySettings:
             outputs fit in it.
         max_image_pixels: Largest image (width x height) decoded; bombs are refused.
         decode_workers: Threads decoding and preprocessing (0: one per core).
+        decoder: What decodes pushdown images: auto (dali-gpu where the blocks run on CUDA
+            and NVIDIA DALI is installed, else pil), pil, dali-cpu or dali-gpu. DALI's
+            pixels differ slightly from Pillow's, so each decoder has its own cache entries.
         device: Where blocks run: auto (CUDA when usable), cpu or cuda.
         intra_op_threads: onnxruntime threads per operator (0: onnxruntime decides).
         tf32: On a GPU, let convolutions and matrix products run in TF32: faster, but
@@ -163,6 +166,7 @@ class GatewaySettings:
     max_decoded_bytes: int = field(default=128 * 1024**2, metadata=knob(shown_default="128MiB"))
     max_image_pixels: int = 64_000_000
     decode_workers: int = 0
+    decoder: str = "auto"
     device: Device = "auto"
     intra_op_threads: int = 0
     tf32: bool = False
@@ -210,6 +214,8 @@ class GatewaySettings:
         object.__setattr__(self, "clients", MappingProxyType(dict(self.clients)))
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.decoder not in ("auto", *DECODERS):
+            raise ValueError(f"decoder must be auto, {', '.join(DECODERS)}, not {self.decoder!r}")
         limits = (
             self.memory_budget_bytes,
             self.max_queue_samples,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from ._cli import cli_errors, open_registry
 from ._cuts import cut_points
+from ._dali import DaliDecoder, dali_available
 from ._decode import (
     IMAGE_EXTENSIONS,
     PendingSample,
@@ -50,7 +51,7 @@ from ._import import import_onnx
 from ._layout import assemble_blocks
 from ._manifest import BlockInfo, ExportedModel, InputSpec, Manifest
 from ._onnx import compose
-from ._preprocess import PRESETS, Preset, get_preset, preprocess, preprocess_batch
+from ._preprocess import DECODERS, PRESETS, Preset, get_preset, preprocess, preprocess_batch
 from ._registry import (
     Registry,
     check_name,
@@ -66,12 +67,14 @@ from ._runtime import (
 )
 
 __all__ = [
+    "DECODERS",
     "DEFAULT_MODEL",
     "FAMILIES",
     "IMAGE_EXTENSIONS",
     "PRESETS",
     "BlockInfo",
     "CorruptBlock",
+    "DaliDecoder",
     "Decomposition",
     "Device",
     "ExportError",
@@ -102,6 +105,7 @@ __all__ = [
     "create_session",
     "cuda_usable",
     "cut_points",
+    "dali_available",
     "decode_object",
     "export_hub",
     "export_model",

@@ -30,6 +30,10 @@ _INTERPOLATION = {
 }
 
 
+DECODERS = ("pil", "dali-cpu", "dali-gpu")
+"""Every decoder a preset may name; ``pil`` (Pillow) is the reference."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Preset:
     """How an image becomes a model input.
@@ -43,6 +47,10 @@ class Preset:
         interpolation: ``bilinear``, ``bicubic`` or ``nearest``.
         layout: Always ``NCHW`` (one sample is ``CHW``).
         dtype: Always ``float32``.
+        decoder: What decodes and resamples: ``pil`` (Pillow, the reference), or
+            ``dali-cpu`` / ``dali-gpu`` (NVIDIA DALI, whose pixels differ slightly; see
+            ``hapi.models.DaliDecoder``). A manifest records ``pil``; a gateway decoding
+            another way serves the preset with its own decoder, so cache keys differ.
     """
 
     name: str
@@ -53,8 +61,14 @@ class Preset:
     interpolation: str = "bilinear"
     layout: str = "NCHW"
     dtype: str = "float32"
+    decoder: str = "pil"
 
     def __post_init__(self) -> None:
+        if self.decoder not in DECODERS:
+            raise InvalidModelSpec(
+                f"preset {self.name}: unknown decoder {self.decoder!r}; known: "
+                + ", ".join(DECODERS)
+            )
         if not 0 < self.crop <= self.resize:
             raise InvalidModelSpec(f"preset {self.name}: need 0 < crop <= resize")
         if self.interpolation not in _INTERPOLATION:
@@ -75,6 +89,8 @@ class Preset:
         """The preset as a JSON-ready mapping (as stored in manifests)."""
         data = asdict(self)
         data["mean"], data["std"] = list(self.mean), list(self.std)
+        if self.decoder == "pil":  # the reference: manifests and cache keys from before
+            del data["decoder"]  # any decoder was named stay as they were
         return data
 
     @classmethod

@@ -48,6 +48,7 @@ from .._types import ASGIReceive, ASGISend
 from ._batcher import Arrival, Batcher
 from ._cache import Cached, FeatureCache
 from ._cached import CachedSample, EntryWriter, cached_samples, lookup_all, merge_rows
+from ._decoders import Decoding
 from ._fairness import FairPool, RequestRate
 from ._fetch import Listing, ObjectLister
 from ._locality import FetchMeter
@@ -88,6 +89,7 @@ class Pushdown:
         metrics: Where samples served per identity are counted.
         fetches: Counts object fetches by placement (``None``: counted in ``metrics`` as
             placement unknown).
+        decoding: The decoder images go through (``None``: Pillow).
     """
 
     def __init__(
@@ -99,8 +101,10 @@ class Pushdown:
         cache: FeatureCache | None = None,
         metrics: Metrics | None = None,
         fetches: FetchMeter | None = None,
+        decoding: Decoding | None = None,
     ) -> None:
         self._settings = settings
+        self._decoding = decoding
         self.tenants = tenants
         self._pool = decode_pool
         self._metrics = metrics
@@ -253,6 +257,8 @@ class Pushdown:
 
     async def _resolve(self, params: Params) -> tuple[Manifest, Params]:
         manifest = await self.tenants.manifest(params.model)
+        if self._decoding is not None:  # the preset served names the decoder (cache keys)
+            manifest = self._decoding.served(manifest)
         if params.split is None:  # split=auto on the gateway's view
             storage = await self.tenants.profiler.current(manifest)
             assumed = self._settings.assumed_bandwidth_bps
@@ -349,8 +355,26 @@ class Pushdown:
             if decoded is not None:
                 decoded.inc(seconds)
 
+        def batch() -> None:  # DALI: the whole window in one pipeline run
+            assert self._decoding is not None
+            decoder = self._decoding.batch_decoder(manifest.preprocess)
+            for _ in window:
+                progress.start()
+            started = time.perf_counter()
+            images, keys = [s.image for s in window], [s.member or s.key for s in window]
+            decoder.decode(images, inputs, keys=keys)
+            seconds = time.perf_counter() - started
+            self.stats.count_decoded(seconds)
+            if decoded is not None:
+                decoded.inc(seconds)
+
         loop = asyncio.get_running_loop()
-        jobs = [loop.run_in_executor(self._decode_pool, one, i, s) for i, s in enumerate(window)]
+        if manifest.preprocess.decoder != "pil" and window:
+            jobs = [loop.run_in_executor(self._decode_pool, batch)]
+        else:
+            jobs = [
+                loop.run_in_executor(self._decode_pool, one, i, s) for i, s in enumerate(window)
+            ]
         try:
             await asyncio.gather(*jobs)
         except UndecodableObject as exc:

@@ -18,6 +18,7 @@ from .._settings import GatewaySettings
 from .._store import StoreClient
 from ._batcher import MemoryBudget
 from ._cache import FeatureCache
+from ._decoders import Decoding
 from ._fairness import FairPool
 from ._handler import Pushdown
 from ._locality import open_fetch_meter
@@ -83,6 +84,7 @@ async def open_pushdown(
     workers = settings.decode_workers or os.cpu_count() or 2
     if metrics is not None and runs_on_cuda(settings.device):
         metrics.device_memory.set_function(gpu_used_bytes)
+    decoding = Decoding(settings)  # a decoder the node cannot run fails the start here
     runtime = RuntimeSettings(
         device=settings.device, intra_op_threads=settings.intra_op_threads, tf32=settings.tf32
     )
@@ -105,6 +107,8 @@ async def open_pushdown(
         )
         try:
             async with FeatureCache(settings, store, metrics).running() as cache:
-                yield Pushdown(settings, store, tenants, decode_pool, cache, metrics, fetches)
+                yield Pushdown(
+                    settings, store, tenants, decode_pool, cache, metrics, fetches, decoding
+                )
         finally:
             await tenants.close()
