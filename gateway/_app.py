@@ -132,7 +132,7 @@ class Gateway:
         self.metrics = Metrics()
         self.upstream = _Upstream(settings, upstream)
         self.proxy = Proxy(settings, self.upstream.get, self.upstream.send)
-        self.store = StoreClient.of(settings, self.upstream.get)
+        self.store = StoreClient.of(settings, self.upstream.get, self.upstream.send)
         self._registry = registry
         self._runner = runner
         self._placement = placement

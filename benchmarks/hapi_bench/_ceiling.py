@@ -62,17 +62,35 @@ class Run:
 
 
 class BareLoop:
-    """Decode in a pool of one thread per core while onnxruntime runs the previous batch."""
+    """Decode in a pool of one thread per core while onnxruntime runs the previous batch.
 
-    def __init__(self, manifest: models.Manifest, graph: Any | None) -> None:
+    With ``decoder`` (DALI), each batch is decoded by it in one call instead; with
+    ``runtime``, the session runs where it says (``make bench-device``: CUDA).
+    """
+
+    def __init__(
+        self,
+        manifest: models.Manifest,
+        graph: Any | None,
+        *,
+        batch: int = BATCH,
+        decoder: models.DaliDecoder | None = None,
+        runtime: models.RuntimeSettings | None = None,
+    ) -> None:
         self._preset = manifest.preprocess
-        self._session = models.create_session(graph) if graph is not None else None
+        self._session = models.create_session(graph, runtime) if graph is not None else None
         self._pool = ThreadPoolExecutor(os.cpu_count() or 1)
+        self._batch = batch
+        self._decoder = decoder
 
     def close(self) -> None:
         self._pool.shutdown()
 
     def _decode(self, blobs: list[bytes]) -> np.ndarray:
+        if self._decoder is not None:
+            out = np.empty((len(blobs), *self._preset.sample_shape), np.float32)
+            return self._decoder.decode(blobs, out, keys=["x"] * len(blobs))
+
         def one(blob: bytes) -> np.ndarray:
             (sample,) = models.decode_object(blob, self._preset, key="x")
             return sample.array
@@ -89,7 +107,8 @@ class BareLoop:
         return Run(done / elapsed, (_process_cpu() - cpu) * 1000 / done)
 
     def _pass(self, blobs: list[bytes]) -> None:
-        batches = [blobs[i : i + BATCH] for i in range(0, len(blobs), BATCH)]
+        size = self._batch
+        batches = [blobs[i : i + size] for i in range(0, len(blobs), size)]
         with ThreadPoolExecutor(1) as decoder:
             pending = decoder.submit(self._decode, batches[0])
             for index in range(len(batches)):
@@ -117,8 +136,9 @@ class GatewayDriver:
     off at the end bias it; the CPU per sample is the gateway's over the same window.
     """
 
-    def __init__(self, gw: BenchGateway, seconds: float) -> None:
+    def __init__(self, gw: BenchGateway, seconds: float, *, batch: int = BATCH) -> None:
         self._gw = gw
+        self._batch = batch
         self._creds = Credentials(gw.key, gw.secret)
         self._seconds = seconds
         self._metrics = httpx.Client(timeout=30, trust_env=False)
@@ -146,14 +166,14 @@ class GatewayDriver:
                     f"/{_BUCKET}?hapi-batch",
                     json.dumps(
                         {
-                            "keys": keys[i : i + BATCH],
+                            "keys": keys[i : i + self._batch],
                             "model": model,
                             "split": split,
                             "dtype": "float32",
                         }
                     ).encode(),
                 )
-                for i in range(0, len(keys), BATCH)
+                for i in range(0, len(keys), self._batch)
             ]
         return [
             self._signed("GET", f"/{_BUCKET}/{key}?hapi-model={model}&hapi-split={split}")

