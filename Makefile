@@ -77,7 +77,7 @@ bench-pushdown: $(STAMP) wrk
 
 # The storage side's blocks on a GPU: fidelity (TF32 off and on), samples/s per batch
 # size, how a batch's time divides among blocks; needs a CUDA GPU (DEVICE_ARGS="--device cpu" to try it anywhere).
-bench-device: $(STAMP)
+bench-device: $(STAMP) wrk
 	$(VENV)/bin/hapi-bench device --out bench-results $(DEVICE_ARGS)
 
 # Bounded load (60 s): a mixed Python load, then wrk at 150 connections through the gateway,

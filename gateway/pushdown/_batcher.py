@@ -338,7 +338,7 @@ class Batcher:
         slices = self._take(size, target)
         if not slices:
             return
-        batch = np.concatenate([s.job.samples[s.start : s.stop] for s in slices])
+        batch = _joined([s.job.samples[s.start : s.stop] for s in slices])
         now = asyncio.get_running_loop().time()
         waits = [now - s.job.enqueued for s in slices]
         started = time.perf_counter()
@@ -403,7 +403,7 @@ class Batcher:
             job.finished += count
             job.batch_size = max(job.batch_size, batch_size)
             if job.finished == len(job.samples) and not job.future.done():
-                job.future.set_result(np.concatenate([job.parts[k] for k in sorted(job.parts)]))
+                job.future.set_result(_joined([job.parts[k] for k in sorted(job.parts)]))
 
     def _drop_cancelled(self) -> None:
         for job in self._queue:
@@ -514,3 +514,9 @@ class Arrival:
         if self._expected:
             self._expected = False
             self.batcher._withdraw(self.identity)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """``parts`` end to end; a single part as it is (a view: batches and outputs are
+    hundreds of KB a sample, and every copy on the event loop delays every request)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)

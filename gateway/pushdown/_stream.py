@@ -97,6 +97,15 @@ class Answer:
         ]
 
 
+def _wire(outputs: np.ndarray, dtype: str) -> bytes | memoryview:
+    """The rows' wire bytes: float32 rows as they are, without a copy (a sample of an
+    early split is hundreds of KB, copied on the event loop otherwise); converted for the
+    other dtypes. The rows are never written to after they are sent."""
+    if dtype == "float32" and outputs.dtype == np.dtype("<f4") and outputs.flags.c_contiguous:
+        return memoryview(outputs).cast("B")
+    return to_wire_dtype(outputs, dtype)[1]
+
+
 class FeatureStream:
     """Sends an :class:`Answer`'s rows as they come (``safetensors``).
 
@@ -114,8 +123,13 @@ class FeatureStream:
         """Send the next rows ``[n, ...]`` (float32; converted to the wire dtype here)."""
         if not self._started:
             await self._start()
-        _, data = to_wire_dtype(outputs, self._answer.params.dtype)
-        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        await self._send(
+            {
+                "type": "http.response.body",
+                "body": _wire(outputs, self._answer.params.dtype),
+                "more_body": True,
+            }
+        )
 
     async def finish(self) -> None:
         """Send the labels and end the body."""
