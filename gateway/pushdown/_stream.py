@@ -102,7 +102,7 @@ def _wire(outputs: np.ndarray, dtype: str) -> bytes | memoryview:
     early split is hundreds of KB, copied on the event loop otherwise); converted for the
     other dtypes. The rows are never written to after they are sent."""
     if dtype == "float32" and outputs.dtype == np.dtype("<f4") and outputs.flags.c_contiguous:
-        return memoryview(outputs).cast("B")
+        return memoryview(outputs.data).cast("B")
     return to_wire_dtype(outputs, dtype)[1]
 
 
