@@ -66,7 +66,9 @@ class GatewaySettings:
         max_upstream_connections: Size of the upstream connection pool.
         registry_bucket: Bucket of the store that holds the model registry.
         memory_budget_bytes: Inference memory on CPU, e.g. 2GiB (on a GPU, its free memory).
-        max_queue_delay_ms: Longest a sample waits for a fuller storage-side batch, in ms.
+        max_queue_delay_ms: How long a sample may wait for requests on their way to fill
+            its storage-side batch, in ms; a batch expected to run longer waits up to a
+            quarter of its run time.
         max_queue_samples: Queued samples per model beyond which requests get SlowDown.
         identity_requests_per_s: Pushdown requests one identity (an access key, or all
             unsigned callers together) may make per second and per gateway process, with

@@ -194,6 +194,29 @@ def test_waits_only_for_announced_requests():
     assert device.sizes == [1, 3]  # the first waited for the second, announced one
 
 
+def test_heavy_batches_wait_longer_for_announced_requests():
+    """A batch whose samples take long to run waits up to a share of its expected run
+    time for announced requests, though that is longer than the queue delay: the wait is
+    small beside the run, and a fuller batch runs each sample for less."""
+
+    async def announced_pair(device: FakeDevice) -> list[int]:
+        batcher = _batcher(device, max_delay_s=0.001)
+        with batcher.expecting() as warm:  # the batcher learns the time per sample
+            await warm.submit(_samples(1), wait=False)
+        with batcher.expecting() as one, batcher.expecting() as two:
+            first = asyncio.create_task(one.submit(_samples(1), wait=False))
+            await asyncio.sleep(0.03)  # the second request is still decoding
+            second = asyncio.create_task(two.submit(_samples(2, 5), wait=False))
+            await asyncio.gather(first, second)
+        await batcher.close()
+        return device.sizes[1:]
+
+    heavy = asyncio.run(announced_pair(FakeDevice(delay=0.1)))  # 100 ms a sample
+    light = asyncio.run(announced_pair(FakeDevice()))  # microseconds a sample
+    assert heavy == [3]  # waited 30 ms for the second request: a share of 100 ms x 3
+    assert light == [1, 2]  # waited only the 1 ms queue delay
+
+
 def test_withdrawn_announcement_releases_the_wait():
     device = FakeDevice()
 
