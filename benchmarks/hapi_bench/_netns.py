@@ -172,6 +172,15 @@ class Link:
             raise BenchError(f"no queue statistics for {self.ns_if}: {out.strip()[:200]}")
         return int(found.group(1)), int(found.group(2))
 
+    def retransmission_timeouts(self) -> int:
+        """TCP retransmission timeouts in the storage tier's namespace since it was made
+        (``TCPTimeouts`` of its own ``/proc/net/netstat``)."""
+        lines = self._ns("cat", "/proc/net/netstat").splitlines()
+        for names, values in zip(lines[::2], lines[1::2], strict=False):
+            if names.startswith("TcpExt:"):
+                return int(dict(zip(names.split(), values.split(), strict=True))["TCPTimeouts"])
+        raise BenchError("no TcpExt counters in the namespace's /proc/net/netstat")
+
     def rx_bytes(self) -> int:
         """Bytes the client's end has received (what crossed from the storage tier)."""
         return int(Path(f"/sys/class/net/{self.host_if}/statistics/rx_bytes").read_text())

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi_bench._netns import Link
+from hapi_bench._netns import Link, tbf_limit
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc")),
@@ -90,6 +90,7 @@ def test_four_flows_of_objects_cross_the_shaped_link_without_losses(tmp_path: Pa
         try:
             took = _get_all(link.storage_ip)
             sent, dropped = link.queue_stats()
+            timeouts = link.retransmission_timeouts()
         finally:
             server.terminate()
             server.wait(10)
@@ -99,7 +100,15 @@ def test_four_flows_of_objects_cross_the_shaped_link_without_losses(tmp_path: Pa
     assert len(took) == FLOWS * PER_FLOW
     assert sent > FLOWS * PER_FLOW * OBJECT_BYTES // 1514  # the responses went through it
     assert dropped <= 0.01 * (sent + dropped), f"the link dropped {dropped} of {sent + dropped}"
-    # Four flows share the link: a GET takes about four objects' time at the rate, and
-    # none may stall far beyond that in a retransmission timeout.
+    # No response waited for a retransmission timeout (the storage side's TCP counts
+    # them in its namespace): the stalls the queue is sized against.
+    assert timeouts == 0, f"{timeouts} retransmission timeouts on the storage side"
+    # Four flows share the link: a GET takes about four objects' time at the rate, plus
+    # at most what the queue holds ahead of it (flows are not served in lockstep: one
+    # GET measured 2.1-2.3 s here with nothing dropped and no timeout, behind a full queue).
     share_s = FLOWS * OBJECT_BYTES * 8 / RATE_BPS
-    assert max(took) < 2.5 * share_s, f"a GET took {max(took):.2f} s (fair share {share_s:.2f} s)"
+    queue_s = tbf_limit(RATE_BPS) * 8 / RATE_BPS
+    bound = 2.5 * share_s + queue_s
+    assert max(took) < bound, (
+        f"a GET took {max(took):.2f} s (fair share {share_s:.2f} s, queue {queue_s:.2f} s)"
+    )
