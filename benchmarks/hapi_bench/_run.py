@@ -115,6 +115,11 @@ def run_bench(config: BenchConfig, progress: Progress) -> tuple[list[CellResult]
         BenchError: A tier failed or a run came up short.
     """
     client_cpu, storage_cpu = check_environment()
+    # torch before anything there is to tear down: a Ctrl-C while torch's C++ start-up
+    # runs aborts the process (SIGABRT, seen once in the interrupt test) instead of
+    # raising KeyboardInterrupt, and the namespaces would be left behind.
+    import torch  # noqa: F401
+
     started = time.monotonic()
     phases: dict[str, float] = {"load_average_before": os.getloadavg()[0]}
     with testbed(config, storage_cpu) as (link, tier), _competition(config, storage_cpu, phases):
