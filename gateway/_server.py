@@ -120,6 +120,16 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def _decoder(settings: GatewaySettings) -> str:
+    from .pushdown._decoders import chosen_decoder
+
+    try:
+        chosen = chosen_decoder(settings)
+    except ValueError as exc:
+        return f"{settings.decoder} (cannot run here: {exc})"
+    return chosen if settings.decoder != "auto" else f"auto ({chosen})"
+
+
 def startup_block(settings: GatewaySettings, url: str) -> str:
     """What ``hapi serve`` says when it starts: where it listens and what it runs with."""
     device: str = settings.device
@@ -137,6 +147,7 @@ def startup_block(settings: GatewaySettings, url: str) -> str:
             f"  backend:         {settings.backend_url} ({backend_status(settings.backend_url)})",
             f"  registry bucket: {settings.registry_bucket}",
             f"  device:          {device}",
+            f"  decoder:         {_decoder(settings)}",
             f"  memory budget:   {_size(settings.memory_budget_bytes)} (on CPU; GPU: free memory)",
             f"  limits:          {limits}",
             f"  clients:         {_clients(settings)}",

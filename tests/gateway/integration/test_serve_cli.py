@@ -37,6 +37,7 @@ def test_serve_logs_one_startup_block(store, tmp_path):
     assert f"backend:         {store.endpoint_url} (answers, HTTP " in log
     assert "registry bucket: hapi-models" in log
     assert "device:          cpu" in log
+    assert "decoder:         auto (pil)" in log  # blocks on the CPU: Pillow
     assert "memory budget:   1.0 GiB" in log
     assert "limits:          objects up to 256.0 MiB for pushdown" in log
     assert "Aborted" not in gw.log()
