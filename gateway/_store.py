@@ -15,8 +15,9 @@ what one means for it (a registry error, a cache miss, ``503 ServiceUnavailable`
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from urllib.parse import quote, urlencode
 
 import httpx
@@ -29,6 +30,13 @@ from .edge._addressing import object_path
 from .edge._sigv4 import UNSIGNED_PAYLOAD, sign_request
 
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+
+
+@functools.lru_cache(maxsize=8)
+def _timeouts(read_s: float, connect_s: float) -> dict[str, float | None]:
+    """httpx's timeout extension for a request sent straight to a transport (built once:
+    :meth:`StoreClient.acting_as` makes a client per request)."""
+    return httpx.Timeout(read_s, connect=connect_s).as_dict()
 
 
 @dataclass(frozen=True)
@@ -50,13 +58,6 @@ class StoreClient:
     client: Callable[[], httpx.AsyncClient]
     credentials: Credentials | None
     send: Callable[[httpx.Request], Awaitable[httpx.Response]] | None = None
-    _timeout: dict[str, float | None] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        timeout = httpx.Timeout(
-            self.settings.read_timeout_s, connect=self.settings.connect_timeout_s
-        )
-        object.__setattr__(self, "_timeout", timeout.as_dict())
 
     @classmethod
     def of(
@@ -139,7 +140,12 @@ class StoreClient:
                 yield reply
             return
         request = httpx.Request(
-            "GET", url, headers=self.sign("GET", url), extensions={"timeout": self._timeout}
+            "GET",
+            url,
+            headers=self.sign("GET", url),
+            extensions={
+                "timeout": _timeouts(self.settings.read_timeout_s, self.settings.connect_timeout_s)
+            },
         )
         reply = await self.send(request)
         try:

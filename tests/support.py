@@ -77,10 +77,12 @@ def gateway_process(
     start_timeout: float = 90.0,  # three starting at once on a loaded 2-core machine
     prefix: tuple[str, ...] = (),
     keys: Mapping[str, Mapping[str, Any]] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[RunningGateway]:
     """Run ``hapi serve`` on a free loopback port (behind ``prefix``, e.g. ``taskset -c
     1``); stop it afterwards, whatever happens. ``keys`` are more client keys, the
-    credentials file's ``{"keys": ...}`` (roles, upstream identities)."""
+    credentials file's ``{"keys": ...}`` (roles, upstream identities); ``env``, more
+    variables (settings such as ``HAPI_MAX_CONNECTIONS``)."""
     port = free_port()
     if keys is not None:
         credentials_file = log_dir / f"credentials-{port}.json"
@@ -90,6 +92,7 @@ def gateway_process(
     admin, admin_secret = "GWADMIN" + os.urandom(5).hex().upper(), os.urandom(20).hex()
     env = {
         **os.environ,
+        **(env or {}),
         "HAPI_BACKEND_URL": backend_url,
         "HAPI_BACKEND_ACCESS_KEY_ID": backend_key,
         "HAPI_BACKEND_SECRET_ACCESS_KEY": backend_secret,

@@ -20,13 +20,11 @@ def edge_gateway(store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "HAPI_KEEP_ALIVE_TIMEOUT_S": "2",
         "HAPI_MAX_CONNECTIONS": "8",
     }
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        with gateway_process(
-            backend_url=store.endpoint_url,
-            backend_key=store.credentials.access_key_id,
-            backend_secret=store.credentials.secret_access_key,
-            log_dir=tmp_path_factory.mktemp("edge-gateway"),
-        ) as running:
-            yield running
+    with gateway_process(
+        backend_url=store.endpoint_url,
+        backend_key=store.credentials.access_key_id,
+        backend_secret=store.credentials.secret_access_key,
+        log_dir=tmp_path_factory.mktemp("edge-gateway"),
+        env=env,
+    ) as running:
+        yield running

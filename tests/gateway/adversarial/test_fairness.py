@@ -50,17 +50,15 @@ RATE = 0.2  # requests per second per identity of the rate-limited gateway
 @contextlib.contextmanager
 def _gateway(store: Any, root: Any, env: dict[str, str]) -> Iterator[RunningGateway]:
     keys = {c.access_key_id: {"secret": c.secret_access_key} for c in (FLOOD, LIGHT)}
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env.items():
-            patch.setenv(name, value)
-        with gateway_process(
-            backend_url=store.endpoint_url,
-            backend_key=store.credentials.access_key_id,
-            backend_secret=store.credentials.secret_access_key,
-            log_dir=root,
-            keys=keys,
-        ) as running:
-            yield running
+    with gateway_process(
+        backend_url=store.endpoint_url,
+        backend_key=store.credentials.access_key_id,
+        backend_secret=store.credentials.secret_access_key,
+        log_dir=root,
+        keys=keys,
+        env=env,
+    ) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
