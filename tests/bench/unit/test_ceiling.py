@@ -1,0 +1,77 @@
+"""``make bench-pushdown``'s arithmetic: ratios to the bare loop, and what the cores allow."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from hapi_bench._ceiling import GOALS, Run, _cell, _report, busy_seconds
+
+
+def _runs(store: float | None = 1.0) -> dict[str, list[Run]]:
+    return {
+        "bare": [Run(800.0, 2.0), Run(700.0, 2.2), Run(760.0, 2.1)],
+        "batch": [
+            Run(560.0, 2.5, store, 1.7),
+            Run(600.0, 2.4, store, 1.8),
+            Run(580.0, 2.5, store, 1.7),
+        ],
+        "single": [
+            Run(350.0, 3.2, store, 1.5),
+            Run(340.0, 3.3, store, 1.4),
+            Run(360.0, 3.1, store, 1.5),
+        ],
+    }
+
+
+def test_ratios_are_medians_over_the_bare_loops_median_with_each_rounds_range() -> None:
+    cell = _cell("resnet18", 0, _runs())
+    assert cell["bare_samples_per_s"] == 760.0
+    assert cell["batch"]["ratio"] == pytest.approx(580 / 760)
+    # each round's gateway run against the same round's bare loop
+    assert cell["batch"]["ratio_range"] == pytest.approx([560 / 800, 600 / 700])
+    assert cell["batch"]["cpu_ratio"] == pytest.approx(2.5 / 2.1)
+    assert not cell["batch"]["meets_goal"] and GOALS["batch"] == 0.9
+
+
+def test_what_the_cores_allow_counts_the_stores_cpu_beside_the_gateways() -> None:
+    cell = _cell("resnet18", 0, _runs(store=1.0))
+    cores = os.cpu_count() or 1
+    assert cell["single"]["store_cpu_ms_per_sample"] == 1.0
+    assert cell["single"]["busy_cores"] == 1.5
+    assert cell["single"]["cores_allow_ratio"] == pytest.approx(cores * 1000 / (3.2 + 1.0) / 760)
+    assert cell["batch"]["cores_allow_ratio"] > cell["single"]["cores_allow_ratio"]
+
+
+def test_runs_without_the_stores_cpu_leave_the_bound_out(tmp_path) -> None:
+    cell = _cell("resnet18", 0, _runs(store=None))
+    assert "cores_allow_ratio" not in cell["batch"]
+    results = {
+        "rounds": 3,
+        "seconds_per_run": 6,
+        "load": "wrk",
+        "cpu_count": 2,
+        "goals": GOALS,
+        "cells": [cell, _cell("resnet18", 1, _runs())],
+    }
+    _report(tmp_path, results)
+    table = (tmp_path / "bench-pushdown.md").read_text().splitlines()
+    rows = [line for line in table if line.startswith("| resnet18")]
+    assert rows[0].count("| - |") == 2  # no store CPU measured: no bound shown
+    assert "(misses)" in rows[1] and "| - |" not in rows[1]
+    written = json.loads((tmp_path / "bench-pushdown.json").read_text())["cells"][1]["batch"]
+    cores = os.cpu_count() or 1
+    assert written["cores_allow_ratio"] == pytest.approx(cores * 1000 / (2.5 + 1.0) / 760)
+    assert (tmp_path / "bench-pushdown.png").stat().st_size > 0
+
+
+def test_busy_seconds_leave_idle_and_iowait_out(tmp_path) -> None:
+    stat = tmp_path / "stat"
+    ticks = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text(
+        f"cpu  {3 * ticks} 0 {ticks} {50 * ticks} {2 * ticks} 0 0 {ticks} 0 0\ncpu0 1 2 3\n"
+    )
+    assert busy_seconds(stat) == pytest.approx(5.0)
