@@ -225,7 +225,8 @@ def edge_config(settings: GatewaySettings, host: str, port: int) -> EdgeConfig:
         port=port,
         workers=workers,
         log_level="warning",
-        loop="uvloop",
+        # uvloop, accepting every waiting connection at each wake-up (see _accept)
+        loop="hapi.gateway.edge._accept:new_event_loop",
         http=EdgeProtocol,
         lifespan="on",
         server_header=False,

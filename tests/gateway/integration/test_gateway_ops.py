@@ -55,6 +55,43 @@ def test_access_log_line(gateway, s3, bucket):
     )
 
 
+def test_a_burst_of_new_connections_is_served_on_each(gateway, s3, bucket):
+    """Clients that open their connections at once (a training job starting) send their
+    requests before the gateway has accepted them; every one is accepted and answered."""
+    s3.put_object(Bucket=bucket, Key="burst", Body=b"b" * 4096)
+    url = httpx.URL(
+        s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "burst"})
+    )
+    request = f"GET {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.netloc.decode()}\r\n\r\n"
+    clients = [socket.create_connection((url.host, url.port), timeout=30) for _ in range(100)]
+    try:
+        for client in clients:  # the kernel completed each handshake: all sent at once
+            client.sendall(request.encode())
+        heads = [_read_response(client) for client in clients]
+    finally:
+        for client in clients:
+            client.close()
+    assert [head for head, _ in heads] == [b"HTTP/1.1 200 OK"] * 100
+    assert all(body == b"b" * 4096 for _, body in heads)
+
+
+def _read_response(client: socket.socket) -> tuple[bytes, bytes]:
+    """The status line and body of one response with a content-length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += client.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(
+        int(v)
+        for k, _, v in (line.partition(b":") for line in lines[1:])
+        if k.lower() == b"content-length"
+    )
+    while len(body) < length:
+        body += client.recv(65536)
+    return lines[0], body
+
+
 def _client(gw) -> boto3.client:
     return boto3.client(
         "s3",

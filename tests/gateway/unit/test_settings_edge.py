@@ -155,3 +155,17 @@ def test_a_field_without_a_parser_is_refused_at_generation() -> None:
 
     with pytest.raises(TypeError, match="needs a parser"):
         knobs(Odd)
+
+
+def test_the_gateway_runs_on_the_loop_that_accepts_a_burst_at_once() -> None:
+    from hapi.gateway.edge._accept import EdgeLoop
+    from hapi.gateway.edge._http import edge_config
+
+    settings = GatewaySettings.from_env(BASE_ENV)
+    factory = edge_config(settings, "127.0.0.1", 8080).get_loop_factory()
+    assert factory is not None
+    loop = factory()
+    try:
+        assert isinstance(loop, EdgeLoop)
+    finally:
+        loop.close()

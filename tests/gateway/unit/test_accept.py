@@ -1,0 +1,200 @@
+"""The gateway's event loop accepts every waiting connection at each wake-up.
+
+uvloop alone accepts one per turn of the loop: a burst of connections (which the clients
+already see as open, and send their requests on) waits turn after turn in the kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+from collections.abc import Iterator
+
+import pytest
+import uvloop
+
+from hapi.gateway.edge._accept import AcceptingServer, EdgeLoop, new_event_loop
+
+BURST = 50
+
+
+class _Counting(asyncio.Protocol):
+    made: list[asyncio.BaseTransport]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.made.append(transport)
+
+
+def _listener(backlog: int = 512) -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(backlog)
+    return sock
+
+
+@contextlib.contextmanager
+def _clients(address: tuple[str, int], count: int) -> Iterator[list[socket.socket]]:
+    """``count`` connections the kernel has completed (in the accept queue until taken)."""
+    clients = [socket.create_connection(address) for _ in range(count)]
+    try:
+        yield clients
+    finally:
+        for client in clients:
+            client.close()
+
+
+async def _accepted_per_turn(listener: socket.socket, turns: int) -> list[int]:
+    loop = asyncio.get_running_loop()
+    made: list[asyncio.BaseTransport] = []
+    protocol = type("P", (_Counting,), {"made": made})
+    server = await loop.create_server(protocol, sock=listener, backlog=512)
+    counts = []
+    with _clients(listener.getsockname(), BURST):
+        for _ in range(turns):
+            await asyncio.sleep(0)
+            counts.append(len(made))
+        server.close()
+        await server.wait_closed()
+        for transport in made:
+            transport.close()
+    return counts
+
+
+def test_uvloop_alone_takes_one_connection_a_turn() -> None:
+    """The defect this loop mends, as uvloop shows it (if a uvloop release changes it,
+    this test says so)."""
+    counts = uvloop.new_event_loop().run_until_complete(_accepted_per_turn(_listener(), 6))
+    assert counts[-1] <= 6 < BURST
+
+
+def test_a_burst_of_connections_is_accepted_in_a_few_turns() -> None:
+    loop = new_event_loop()
+    assert isinstance(loop, EdgeLoop)
+    try:
+        counts = loop.run_until_complete(_accepted_per_turn(_listener(), 6))
+    finally:
+        loop.close()
+    assert counts[-1] == BURST, counts
+
+
+def test_each_connection_gets_its_own_protocol_and_answers() -> None:
+    async def serve() -> list[bytes]:
+        loop = asyncio.get_running_loop()
+
+        class Echo(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                self.transport = transport
+
+            def data_received(self, data: bytes) -> None:
+                self.transport.write(data.upper())  # type: ignore[attr-defined]
+
+        listener = _listener()
+        server = await loop.create_server(Echo, sock=listener, backlog=64)
+        assert isinstance(server, AcceptingServer) and server.is_serving()
+        assert server.sockets == (listener,)
+
+        async def one(index: int) -> bytes:
+            reader, writer = await asyncio.open_connection(*listener.getsockname())
+            writer.write(f"hello {index}".encode())
+            await writer.drain()
+            answer = await reader.readexactly(len(f"hello {index}"))
+            writer.close()
+            return answer
+
+        answers = await asyncio.gather(*(one(i) for i in range(20)))
+        server.close()
+        await server.wait_closed()
+        assert not server.is_serving() and server.sockets == ()
+        return answers
+
+    loop = new_event_loop()
+    try:
+        answers = loop.run_until_complete(serve())
+    finally:
+        loop.close()
+    assert answers == [f"HELLO {i}".encode() for i in range(20)]
+
+
+def test_a_closed_server_accepts_nothing_more() -> None:
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        listener = _listener()
+        address = listener.getsockname()
+        server = await loop.create_server(asyncio.Protocol, sock=listener, backlog=8)
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection(*address)
+
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
+
+
+class _Exhausted(socket.socket):
+    """A listening socket whose next accept fails as if the process had no descriptors."""
+
+    failures = 1
+
+    def accept(self) -> tuple[socket.socket, object]:
+        if self.failures:
+            self.failures -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return super().accept()
+
+
+def test_out_of_descriptors_pauses_accepting_then_resumes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("hapi.gateway.edge._accept._PAUSE_S", 0.05)
+
+    async def run() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        made: list[asyncio.BaseTransport] = []
+        listener = _Exhausted()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        protocol = type("P", (_Counting,), {"made": made})
+        server = await loop.create_server(protocol, sock=listener, backlog=64)
+        with _clients(listener.getsockname(), 5):
+            for _ in range(5):
+                await asyncio.sleep(0)
+            during_pause = len(made)
+            await asyncio.sleep(0.2)
+            after = len(made)
+        server.close()
+        for transport in made:
+            transport.close()
+        return during_pause, after
+
+    loop = new_event_loop()
+    try:
+        with caplog.at_level(logging.WARNING, logger="hapi.gateway"):
+            during_pause, after = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert during_pause == 0
+    assert after == 5
+    assert "cannot accept connections" in caplog.text and "Too many open files" in caplog.text
+
+
+def test_other_servers_are_uvloops_own() -> None:
+    async def run() -> type:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
+        kind = type(server)
+        server.close()
+        await server.wait_closed()
+        return kind
+
+    loop = new_event_loop()
+    try:
+        kind = loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert kind is not AcceptingServer
