@@ -41,6 +41,7 @@ from hapi.protocol import Credentials
 
 from ._errors import BenchError
 from ._gateway import BenchGateway, bench_store
+from ._host import busy_seconds, cpu_model
 from ._pushdown import make_images
 from ._wrk import WrkRequest, cpu_seconds, run_wrk, wrk_binary
 
@@ -256,14 +257,6 @@ class GatewayDriver:
         return cpu_seconds(self._store_pid) if self._store_pid is not None else 0.0
 
 
-def busy_seconds(stat: Path = Path("/proc/stat")) -> float:
-    """CPU seconds the whole machine has spent busy (not idle or waiting for I/O) since
-    boot, summed over its cores."""
-    fields = [int(v) for v in stat.read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
 def _check(reply: httpx.Response) -> None:
     if reply.status_code != 200:
         raise BenchError(f"the gateway answered {reply.status_code}: {reply.text[:300]}")
@@ -302,6 +295,7 @@ def run(
         f"GETs on {GET_CLIENTS}",
         "rounds": rounds,
         "cpu_count": os.cpu_count(),
+        "cpu": cpu_model(),
         "goals": GOALS,
         "cells": cells,
     }
@@ -402,7 +396,7 @@ def _report(out: Path, results: dict[str, Any]) -> None:
     lines = [
         f"Gateway / bare loop, samples/s (median of {results['rounds']} interleaved rounds, "
         f"range); CPU per sample, gateway / bare. Runs of {results['seconds_per_run']:g} s, "
-        f"{results['load']}, {results['cpu_count']} cores. Goals: batch >= {GOALS['batch']}x, "
+        f"{results['load']}, {results['cpu_count']} cores ({results.get('cpu', 'CPU unknown')}). Goals: batch >= {GOALS['batch']}x, "
         f"single GETs >= {GOALS['single']}x. *Cores allow*: the most the cores could serve "
         "with every one of them busy with the gateway's and the store's CPU per sample (the "
         "store serves the objects on the same cores; the bare loop reads them from memory), "

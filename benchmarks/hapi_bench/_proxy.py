@@ -29,6 +29,7 @@ from tqdm import tqdm
 from hapi.store import free_port
 
 from ._gateway import BenchGateway, bench_store
+from ._host import cpu_model
 from ._wrk import WrkResult, run_wrk, wrk_binary
 
 MiB = 1024 * 1024
@@ -260,7 +261,11 @@ def _report(
     loads: dict[str, list[WrkResult]],
     load: LoadSpec,
 ) -> dict[str, object]:
-    results: dict[str, object] = {"object_mib": size_mib, "gateway_memory": memory}
+    results: dict[str, object] = {
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
+        "object_mib": size_mib,
+        "gateway_memory": memory,
+    }
     if any(loads.values()):
         results["under_load"] = _load_summary(loads, load)
     for name, s in samples.items():

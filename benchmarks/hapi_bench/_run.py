@@ -29,6 +29,7 @@ from ._client import BUCKET, ClientSettings, ModelClient
 from ._competitor import storage_competitor
 from ._config import REGIMES, BenchConfig
 from ._data import Sample, generate, upload
+from ._host import cpu_model
 from ._netns import Link
 from ._preflight import check_environment
 from ._results import CellResult
@@ -231,7 +232,7 @@ def _meta(
         "description": DESCRIPTION,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": {
-            "cpu": _cpu_model(),
+            "cpu": cpu_model(),
             "cores": os.cpu_count(),
             "python": platform.python_version(),
             "client_cpu": client_cpu,
@@ -245,13 +246,3 @@ def _meta(
         "config": config_dict,
         "phases": phases,
     }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"

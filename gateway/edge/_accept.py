@@ -36,7 +36,7 @@ _PAUSE_S = 1.0
 _EXHAUSTED = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-class EdgeLoop(uvloop.Loop):  # type: ignore[misc]
+class EdgeLoop(uvloop.Loop):
     """uvloop, whose servers on a given listening socket accept every pending connection
     at each wake-up (:class:`AcceptingServer`); anything else is uvloop's own."""
 
@@ -52,7 +52,7 @@ class EdgeLoop(uvloop.Loop):  # type: ignore[misc]
         **kwargs: Any,
     ) -> asyncio.AbstractServer:
         if sock is None or ssl is not None or kwargs.get("start_serving") is False:
-            return await super().create_server(  # type: ignore[no-any-return]
+            return await super().create_server(
                 protocol_factory, host, port, sock=sock, backlog=backlog, ssl=ssl, **kwargs
             )
         server = AcceptingServer(self, sock, protocol_factory, backlog)
