@@ -12,7 +12,9 @@ byte out, never took more than 0.12 s in the same runs).
 :class:`EdgeLoop` serves a listening socket as asyncio's own loop does: at each wake-up it
 accepts every pending connection (up to the socket's backlog) and hands each to uvloop's
 transports (:meth:`asyncio.AbstractEventLoop.connect_accepted_socket`), so everything
-after the accept is uvloop's as before.
+after the accept is uvloop's as before. It serves a gateway of one process; worker
+processes sharing a socket keep uvloop's one accept per turn, which spreads a burst over
+them (the first to wake would otherwise take it all).
 """
 
 from __future__ import annotations

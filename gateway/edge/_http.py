@@ -225,8 +225,10 @@ def edge_config(settings: GatewaySettings, host: str, port: int) -> EdgeConfig:
         port=port,
         workers=workers,
         log_level="warning",
-        # uvloop, accepting every waiting connection at each wake-up (see _accept)
-        loop="hapi.gateway.edge._accept:new_event_loop",
+        # One process: uvloop, accepting every waiting connection at each wake-up (see
+        # _accept). Several share the socket: uvloop's one accept per turn spreads a burst
+        # over them, where the first to wake would take it all.
+        loop="hapi.gateway.edge._accept:new_event_loop" if workers == 1 else "uvloop",
         http=EdgeProtocol,
         lifespan="on",
         server_header=False,

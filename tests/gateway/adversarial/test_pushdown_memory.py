@@ -169,15 +169,14 @@ SMALL_BUDGET = 32 * MIB
 def small_budget_gateway(
     store: Any, registered: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningGateway]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HAPI_MAX_DECODED_BYTES", str(SMALL_BUDGET))
-        with gateway_process(
-            backend_url=store.endpoint_url,
-            backend_key=store.credentials.access_key_id,
-            backend_secret=store.credentials.secret_access_key,
-            log_dir=tmp_path_factory.mktemp("gateway-small-budget"),
-        ) as running:
-            yield running
+    with gateway_process(
+        backend_url=store.endpoint_url,
+        backend_key=store.credentials.access_key_id,
+        backend_secret=store.credentials.secret_access_key,
+        log_dir=tmp_path_factory.mktemp("gateway-small-budget"),
+        env={"HAPI_MAX_DECODED_BYTES": str(SMALL_BUDGET)},
+    ) as running:
+        yield running
 
 
 def test_the_bound_follows_the_configured_budget(small_budget_gateway, bucket, backend_s3):

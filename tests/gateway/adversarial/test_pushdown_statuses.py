@@ -37,15 +37,14 @@ QUEUE_BOUND = 8
 def gateway(
     store: Any, registered: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningGateway]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HAPI_MAX_QUEUE_SAMPLES", str(QUEUE_BOUND))
-        with gateway_process(
-            backend_url=store.endpoint_url,
-            backend_key=store.credentials.access_key_id,
-            backend_secret=store.credentials.secret_access_key,
-            log_dir=tmp_path_factory.mktemp("gateway-statuses"),
-        ) as running:
-            yield running
+    with gateway_process(
+        backend_url=store.endpoint_url,
+        backend_key=store.credentials.access_key_id,
+        backend_secret=store.credentials.secret_access_key,
+        log_dir=tmp_path_factory.mktemp("gateway-statuses"),
+        env={"HAPI_MAX_QUEUE_SAMPLES": str(QUEUE_BOUND)},
+    ) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

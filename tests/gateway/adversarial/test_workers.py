@@ -17,16 +17,15 @@ from tests.support import RunningGateway, gateway_process, signed_headers
 
 @pytest.fixture(scope="module")
 def two_workers(store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HAPI_WORKERS", "2")
-        with gateway_process(
-            backend_url=store.endpoint_url,
-            backend_key=store.credentials.access_key_id,
-            backend_secret=store.credentials.secret_access_key,
-            log_dir=tmp_path_factory.mktemp("workers"),
-            start_timeout=120,  # each worker imports the gateway anew
-        ) as running:
-            yield running
+    with gateway_process(
+        backend_url=store.endpoint_url,
+        backend_key=store.credentials.access_key_id,
+        backend_secret=store.credentials.secret_access_key,
+        log_dir=tmp_path_factory.mktemp("workers"),
+        start_timeout=120,  # each worker imports the gateway anew
+        env={"HAPI_WORKERS": "2"},
+    ) as running:
+        yield running
 
 
 def _children(pid: int) -> list[int]:

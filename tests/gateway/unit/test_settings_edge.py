@@ -157,7 +157,7 @@ def test_a_field_without_a_parser_is_refused_at_generation() -> None:
         knobs(Odd)
 
 
-def test_the_gateway_runs_on_the_loop_that_accepts_a_burst_at_once() -> None:
+def test_one_gateway_process_runs_on_the_loop_that_accepts_a_burst_at_once() -> None:
     from hapi.gateway.edge._accept import EdgeLoop
     from hapi.gateway.edge._http import edge_config
 
@@ -167,5 +167,15 @@ def test_the_gateway_runs_on_the_loop_that_accepts_a_burst_at_once() -> None:
     loop = factory()
     try:
         assert isinstance(loop, EdgeLoop)
+    finally:
+        loop.close()
+    # worker processes sharing the socket: uvloop's own, one accept per turn spreads a
+    # burst over them
+    two = GatewaySettings.from_env({**BASE_ENV, "HAPI_WORKERS": "2"})
+    factory = edge_config(two, "127.0.0.1", 8080).get_loop_factory()
+    assert factory is not None
+    loop = factory()
+    try:
+        assert not isinstance(loop, EdgeLoop)
     finally:
         loop.close()
