@@ -11,7 +11,8 @@ import contextlib
 import errno
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 import pytest
 import uvloop
@@ -19,6 +20,7 @@ import uvloop
 from hapi.gateway.edge._accept import AcceptingServer, EdgeLoop, new_event_loop
 
 BURST = 50
+T = TypeVar("T")
 
 
 class _Counting(asyncio.Protocol):
@@ -46,6 +48,17 @@ def _clients(address: tuple[str, int], count: int) -> Iterator[list[socket.socke
             client.close()
 
 
+def _on_edge_loop(
+    coroutine: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | None = None
+) -> T:
+    """Run ``coroutine`` on a new :class:`EdgeLoop` (or on ``loop``), then close the loop."""
+    loop = loop or new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.close()
+
+
 async def _accepted_per_turn(listener: socket.socket, turns: int) -> list[int]:
     loop = asyncio.get_running_loop()
     made: list[asyncio.BaseTransport] = []
@@ -66,17 +79,12 @@ async def _accepted_per_turn(listener: socket.socket, turns: int) -> list[int]:
 def test_uvloop_alone_takes_one_connection_a_turn() -> None:
     """The defect this loop mends, as uvloop shows it (if a uvloop release changes it,
     this test says so)."""
-    counts = uvloop.new_event_loop().run_until_complete(_accepted_per_turn(_listener(), 6))
+    counts = _on_edge_loop(_accepted_per_turn(_listener(), 6), uvloop.new_event_loop())
     assert counts[-1] <= 6 < BURST
 
 
 def test_a_burst_of_connections_is_accepted_in_a_few_turns() -> None:
-    loop = new_event_loop()
-    assert isinstance(loop, EdgeLoop)
-    try:
-        counts = loop.run_until_complete(_accepted_per_turn(_listener(), 6))
-    finally:
-        loop.close()
+    counts = _on_edge_loop(_accepted_per_turn(_listener(), 6))
     assert counts[-1] == BURST, counts
 
 
@@ -110,11 +118,7 @@ def test_each_connection_gets_its_own_protocol_and_answers() -> None:
         assert not server.is_serving() and server.sockets == ()
         return answers
 
-    loop = new_event_loop()
-    try:
-        answers = loop.run_until_complete(serve())
-    finally:
-        loop.close()
+    answers = _on_edge_loop(serve())
     assert answers == [f"HELLO {i}".encode() for i in range(20)]
 
 
@@ -129,11 +133,7 @@ def test_a_closed_server_accepts_nothing_more() -> None:
         with pytest.raises(ConnectionRefusedError):
             await asyncio.open_connection(*address)
 
-    loop = new_event_loop()
-    try:
-        loop.run_until_complete(run())
-    finally:
-        loop.close()
+    _on_edge_loop(run())
 
 
 class _Exhausted(socket.socket):
@@ -172,15 +172,19 @@ def test_out_of_descriptors_pauses_accepting_then_resumes(
             transport.close()
         return during_pause, after
 
-    loop = new_event_loop()
-    try:
-        with caplog.at_level(logging.WARNING, logger="hapi.gateway"):
-            during_pause, after = loop.run_until_complete(run())
-    finally:
-        loop.close()
+    with caplog.at_level(logging.WARNING, logger="hapi.gateway"):
+        during_pause, after = _on_edge_loop(run())
     assert during_pause == 0
     assert after == 5
     assert "cannot accept connections" in caplog.text and "Too many open files" in caplog.text
+
+
+def test_the_factory_makes_the_edge_loop() -> None:
+    loop = new_event_loop()
+    try:
+        assert isinstance(loop, EdgeLoop) and isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
 
 
 def test_other_servers_are_uvloops_own() -> None:
@@ -192,9 +196,5 @@ def test_other_servers_are_uvloops_own() -> None:
         await server.wait_closed()
         return kind
 
-    loop = new_event_loop()
-    try:
-        kind = loop.run_until_complete(run())
-    finally:
-        loop.close()
+    kind = _on_edge_loop(run())
     assert kind is not AcceptingServer
