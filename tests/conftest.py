@@ -22,7 +22,7 @@ from hapi.store import (
     free_port,
     load_or_create_credentials,
 )
-from tests.support import RunningGateway, empty_bucket, gateway_process
+from tests.support import RunningGateway, empty_bucket, store_gateway
 
 # Two tenants of the store with their own permissions: each may create, read and write
 # buckets named after it, and read the registry; neither may touch the other's buckets.
@@ -93,12 +93,7 @@ def bucket(unique_bucket: str) -> str:
 @pytest.fixture(scope="session")
 def gateway(store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
     """One gateway process for the session, stopped however the tests end."""
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path_factory.mktemp("gateway"),
-    ) as running:
+    with store_gateway(store, tmp_path_factory.mktemp("gateway")) as running:
         yield running
 
 

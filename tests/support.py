@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from hapi.protocol import Credentials
+    from hapi.store import EmbeddedStore
 
 HAPI = str(Path(sys.executable).parent / "hapi")
 
@@ -64,6 +65,20 @@ def _status_kb(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise KeyError(field)
+
+
+def store_gateway(
+    store: EmbeddedStore, log_dir: Path, **kwargs: Any
+) -> contextlib.AbstractContextManager[RunningGateway]:
+    """:func:`gateway_process` in front of ``store``, with the store's own identity as the
+    gateway's backend identity; ``kwargs`` as :func:`gateway_process` takes them."""
+    return gateway_process(
+        backend_url=store.endpoint_url,
+        backend_key=store.credentials.access_key_id,
+        backend_secret=store.credentials.secret_access_key,
+        log_dir=log_dir,
+        **kwargs,
+    )
 
 
 @contextlib.contextmanager

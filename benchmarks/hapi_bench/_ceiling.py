@@ -396,7 +396,7 @@ def _report(out: Path, results: dict[str, Any]) -> None:
     lines = [
         f"Gateway / bare loop, samples/s (median of {results['rounds']} interleaved rounds, "
         f"range); CPU per sample, gateway / bare. Runs of {results['seconds_per_run']:g} s, "
-        f"{results['load']}, {results['cpu_count']} cores ({results.get('cpu', 'CPU unknown')}). Goals: batch >= {GOALS['batch']}x, "
+        f"{results['load']}, {results['cpu_count']} cores ({results['cpu']}). Goals: batch >= {GOALS['batch']}x, "
         f"single GETs >= {GOALS['single']}x. *Cores allow*: the most the cores could serve "
         "with every one of them busy with the gateway's and the store's CPU per sample (the "
         "store serves the objects on the same cores; the bare loop reads them from memory), "

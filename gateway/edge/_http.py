@@ -137,8 +137,8 @@ class _CoalescedWrites:
     one send: uvicorn writes a response's head and its body separately, which made two
     segments (and two wake-ups of the client) of every small answer.
 
-    Everything else is the transport's own; closing or aborting sends what is pending
-    first.
+    Everything else is the transport's own: closing sends what is pending first, aborting
+    drops it with the connection.
     """
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:

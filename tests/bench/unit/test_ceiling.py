@@ -54,6 +54,7 @@ def test_runs_without_the_stores_cpu_leave_the_bound_out(tmp_path) -> None:
         "seconds_per_run": 6,
         "load": "wrk",
         "cpu_count": 2,
+        "cpu": "a test CPU",
         "goals": GOALS,
         "cells": [cell, _cell("resnet18", 1, _runs())],
     }

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import RunningGateway, gateway_process
+from tests.support import RunningGateway, store_gateway
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +20,9 @@ def edge_gateway(store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "HAPI_KEEP_ALIVE_TIMEOUT_S": "2",
         "HAPI_MAX_CONNECTIONS": "8",
     }
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path_factory.mktemp("edge-gateway"),
+    with store_gateway(
+        store,
+        tmp_path_factory.mktemp("edge-gateway"),
         env=env,
     ) as running:
         yield running

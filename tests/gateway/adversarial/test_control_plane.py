@@ -26,7 +26,7 @@ from botocore.credentials import Credentials as BotoCredentials
 from hapi.gateway import sign_request
 from hapi.protocol import Credentials, GatewayStats, ModelSummary
 from hapi.store import free_port
-from tests.support import RunningGateway, gateway_process
+from tests.support import RunningGateway, gateway_process, store_gateway
 
 PROTECTED = (
     "/_hapi/stats",
@@ -53,11 +53,9 @@ def gateway(
     credentials = root / "credentials.json"
     credentials.write_text(json.dumps(dict(KEYS.values())))
     limits = ("--max-probe-bytes", "1MiB", "--probe-bytes-per-minute", "3MiB")
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=root,
+    with store_gateway(
+        store,
+        root,
         extra_args=(
             *("--credentials-file", str(credentials), "--registry-bucket", registry),
             *(*limits, "--max-skew-s", "120"),
@@ -179,11 +177,9 @@ def test_models_with_the_store_down_is_xml_503(tmp_path) -> None:
 
 
 def test_public_metrics_opens_metrics_only(store: Any, tmp_path) -> None:
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path,
+    with store_gateway(
+        store,
+        tmp_path,
         extra_args=("--public-metrics",),
     ) as gw:
         metrics = httpx.get(gw.endpoint_url + "/metrics")

@@ -29,7 +29,7 @@ from skimage import data as samples
 
 from hapi.gateway import sign_request
 from hapi.protocol import Credentials
-from tests.support import RunningGateway, empty_bucket, encode_image, gateway_process
+from tests.support import RunningGateway, empty_bucket, encode_image, store_gateway
 
 FLOOD = Credentials("FLOOD" + secrets.token_hex(6).upper(), secrets.token_hex(20))
 LIGHT = Credentials("LIGHT" + secrets.token_hex(6).upper(), secrets.token_hex(20))
@@ -50,11 +50,9 @@ RATE = 0.2  # requests per second per identity of the rate-limited gateway
 @contextlib.contextmanager
 def _gateway(store: Any, root: Any, env: dict[str, str]) -> Iterator[RunningGateway]:
     keys = {c.access_key_id: {"secret": c.secret_access_key} for c in (FLOOD, LIGHT)}
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=root,
+    with store_gateway(
+        store,
+        root,
         keys=keys,
         env=env,
     ) as running:

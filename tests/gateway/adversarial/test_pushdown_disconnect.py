@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import RunningGateway, gateway_process, signed_headers
+from tests.support import RunningGateway, signed_headers, store_gateway
 
 from ._pushdown_support import png_shard, put_many, signed_get, stats, tiny_png
 
@@ -26,12 +26,7 @@ MEMBERS = 600
 def gateway(
     store: Any, registered: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningGateway]:
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path_factory.mktemp("gateway-disconnect"),
-    ) as running:
+    with store_gateway(store, tmp_path_factory.mktemp("gateway-disconnect")) as running:
         yield running
 
 

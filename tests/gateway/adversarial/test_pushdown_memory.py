@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from hapi.gateway import GatewaySettings
-from tests.support import RunningGateway, gateway_process, signed_headers
+from tests.support import RunningGateway, signed_headers, store_gateway
 
 from ._pushdown_support import (
     MIB,
@@ -42,12 +42,7 @@ BATCH_KEYS = 4096
 def gateway(
     store: Any, registered: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningGateway]:
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path_factory.mktemp("gateway-memory"),
-    ) as running:
+    with store_gateway(store, tmp_path_factory.mktemp("gateway-memory")) as running:
         yield running
 
 
@@ -169,11 +164,9 @@ SMALL_BUDGET = 32 * MIB
 def small_budget_gateway(
     store: Any, registered: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningGateway]:
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path_factory.mktemp("gateway-small-budget"),
+    with store_gateway(
+        store,
+        tmp_path_factory.mktemp("gateway-small-budget"),
         env={"HAPI_MAX_DECODED_BYTES": str(SMALL_BUDGET)},
     ) as running:
         yield running

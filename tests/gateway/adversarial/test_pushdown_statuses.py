@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from hapi.protocol import decode_features as decode
-from tests.support import RunningGateway, gateway_process
+from tests.support import RunningGateway, store_gateway
 
 from ._pushdown_support import (
     batch_body,
@@ -37,11 +37,9 @@ QUEUE_BOUND = 8
 def gateway(
     store: Any, registered: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningGateway]:
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path_factory.mktemp("gateway-statuses"),
+    with store_gateway(
+        store,
+        tmp_path_factory.mktemp("gateway-statuses"),
         env={"HAPI_MAX_QUEUE_SAMPLES": str(QUEUE_BOUND)},
     ) as running:
         yield running

@@ -10,17 +10,12 @@ import signal
 import time
 
 from tests.gateway.adversarial._support import connection, encode_request
-from tests.support import gateway_process, signed_headers
+from tests.support import signed_headers, store_gateway
 
 
 def test_ctrl_c_stops_the_gateway_while_an_upload_stalls(store, tmp_path, backend_s3) -> None:
     backend_s3.create_bucket(Bucket="stall")
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path,
-    ) as gateway:
+    with store_gateway(store, tmp_path) as gateway:
         path = "/stall/slow.bin"
         headers = signed_headers(
             gateway,

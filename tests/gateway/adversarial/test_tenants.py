@@ -28,7 +28,7 @@ from hapi.gateway import sign_request
 from hapi.protocol import Credentials
 from hapi.protocol import decode_features as decode
 from tests.conftest import TENANTS
-from tests.support import RunningGateway, empty_bucket, encode_image, gateway_process, wait_for
+from tests.support import RunningGateway, empty_bucket, encode_image, store_gateway, wait_for
 
 CACHE = "hapi-cache"
 REGISTRY = "hapi-models"
@@ -53,11 +53,9 @@ def tenant_gateway(
         },
         ADMIN.access_key_id: {"secret": ADMIN.secret_access_key, "role": "admin"},
     }
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path_factory.mktemp("tenant-gateway"),
+    with store_gateway(
+        store,
+        tmp_path_factory.mktemp("tenant-gateway"),
         keys=keys,
     ) as running:
         yield running

@@ -12,16 +12,14 @@ from typing import Any
 import pytest
 
 from tests.gateway.adversarial._support import connection, encode_request, read_reply
-from tests.support import RunningGateway, gateway_process, signed_headers
+from tests.support import RunningGateway, signed_headers, store_gateway
 
 
 @pytest.fixture(scope="module")
 def two_workers(store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path_factory.mktemp("workers"),
+    with store_gateway(
+        store,
+        tmp_path_factory.mktemp("workers"),
         start_timeout=120,  # each worker imports the gateway anew
         env={"HAPI_WORKERS": "2"},
     ) as running:

@@ -23,8 +23,8 @@ from tests.support import (
     HAPI,
     control_get,
     encode_image,
-    gateway_process,
     signed_headers,
+    store_gateway,
     wait_for,
 )
 
@@ -360,11 +360,9 @@ def test_a_window_of_cache_hits_submits_no_empty_batch(
     """With windows of one sample, a batch of a hit then a miss has a window answered
     entirely by the cache: it must not reach the batcher as a batch of zero rows."""
     bucket, _ = photos
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path,
+    with store_gateway(
+        store,
+        tmp_path,
         extra_args=("--max-decoded-bytes", "1MiB"),  # one r18 sample per window
     ) as small:
         _warm(small, bucket, "coffee.jpg", model="r18", split=1)

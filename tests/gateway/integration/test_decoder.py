@@ -17,16 +17,14 @@ from hapi.models import cuda_usable
 from hapi.models._dali import FEATURE_P99
 from hapi.protocol import Credentials
 from hapi.protocol import decode_features as decode
-from tests.support import RunningGateway, encode_image, gateway_process, signed_headers, wait_for
+from tests.support import RunningGateway, encode_image, signed_headers, store_gateway, wait_for
 
 
 @pytest.fixture(scope="module")
 def dali_gateway(store, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway]:
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path_factory.mktemp("dali-gateway"),
+    with store_gateway(
+        store,
+        tmp_path_factory.mktemp("dali-gateway"),
         extra_args=("--decoder", "dali-cpu"),
     ) as running:
         yield running

@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 
-from tests.support import HAPI, free_port, gateway_process
+from tests.support import HAPI, free_port, store_gateway
 
 
 def _env(backend: str) -> dict[str, str]:
@@ -22,11 +22,9 @@ def _env(backend: str) -> dict[str, str]:
 
 
 def test_serve_logs_one_startup_block(store, tmp_path):
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path,
+    with store_gateway(
+        store,
+        tmp_path,
         extra_args=("--memory-budget", "1GiB", "--device", "cpu"),
     ) as gw:
         log = gw.log()

@@ -179,6 +179,21 @@ def test_out_of_descriptors_pauses_accepting_then_resumes(
     assert "cannot accept connections" in caplog.text and "Too many open files" in caplog.text
 
 
+def test_serving_forever_ends_with_its_task_and_closes_the_server() -> None:
+    async def run() -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(asyncio.Protocol, sock=_listener(), backlog=8)
+        task = asyncio.ensure_future(server.serve_forever())
+        await asyncio.sleep(0)
+        serving = server.is_serving()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return serving, server.is_serving()
+
+    assert _on_edge_loop(run()) == (True, False)
+
+
 def test_the_factory_makes_the_edge_loop() -> None:
     loop = new_event_loop()
     try:

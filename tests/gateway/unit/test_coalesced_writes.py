@@ -25,6 +25,9 @@ class _Transport:
     def close(self) -> None:
         self.closed = True
 
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
     def get_write_buffer_size(self) -> int:
         return 0
 
@@ -61,3 +64,16 @@ def test_closing_sends_what_is_pending_first_and_nothing_after() -> None:
 
     transport = asyncio.run(main())
     assert transport.sent == [[b"last words"]] and transport.closed
+
+
+def test_aborting_drops_what_is_pending() -> None:
+    async def main() -> _Transport:
+        transport = _Transport()
+        writes = _CoalescedWrites(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+        writes.write(b"never sent")
+        writes.abort()
+        await asyncio.sleep(0)
+        return transport
+
+    transport = asyncio.run(main())
+    assert transport.sent == [] and transport.aborted

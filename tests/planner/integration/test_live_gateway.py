@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hapi.models import Manifest, sample_images
 from hapi.protocol import ModelProfile
 from hapi.sdk._plan_cli import plan
-from tests.support import RunningGateway, control_get, gateway_process, signed_headers
+from tests.support import RunningGateway, control_get, signed_headers, store_gateway
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +24,9 @@ pytestmark = pytest.mark.slow
 def gateway(
     store: Any, planned_model: tuple[str, Manifest], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningGateway]:
-    with gateway_process(
-        backend_url=store.endpoint_url,
-        backend_key=store.credentials.access_key_id,
-        backend_secret=store.credentials.secret_access_key,
-        log_dir=tmp_path_factory.mktemp("plan-gateway"),
+    with store_gateway(
+        store,
+        tmp_path_factory.mktemp("plan-gateway"),
         extra_args=(
             *("--registry-bucket", planned_model[0], "--memory-budget", "1GiB"),
             *("--intra-op-threads", "1"),  # blocks on the calling thread: CPU-time figures

@@ -13,7 +13,7 @@ import pytest
 
 from hapi.models import Manifest
 from hapi.protocol import ModelProfile
-from tests.support import control_get, gateway_process
+from tests.support import control_get, store_gateway
 
 
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
@@ -27,11 +27,9 @@ def test_a_busy_core_is_measured_before_any_pushdown(
     pin = ("taskset", "-c", str(cpu))
     busy = subprocess.Popen([*pin, sys.executable, "-c", "while True: pass"])
     try:
-        with gateway_process(
-            backend_url=store.endpoint_url,
-            backend_key=store.credentials.access_key_id,
-            backend_secret=store.credentials.secret_access_key,
-            log_dir=tmp_path,
+        with store_gateway(
+            store,
+            tmp_path,
             extra_args=("--registry-bucket", planned_model[0]),
             prefix=pin,
         ) as gateway:

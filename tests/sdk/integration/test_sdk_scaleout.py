@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from hapi import sdk
 from tests.sdk.support import picture
-from tests.support import RunningGateway, control_get, empty_bucket, free_port, gateway_process
+from tests.support import RunningGateway, control_get, empty_bucket, free_port, store_gateway
 
 SAMPLES = 36
 MODEL, SPLIT = "r18", 3
@@ -59,11 +59,9 @@ def cluster(store: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
     credentials = root / "credentials.json"
     credentials.write_text(json.dumps({key: secret}))
     starting = [
-        gateway_process(
-            backend_url=store.endpoint_url,
-            backend_key=store.credentials.access_key_id,
-            backend_secret=store.credentials.secret_access_key,
-            log_dir=root,
+        store_gateway(
+            store,
+            root,
             # no feature cache: these gateways must compute, so requests are in flight
             extra_args=("--credentials-file", str(credentials), "--no-cache-enabled"),
         )
