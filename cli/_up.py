@@ -27,10 +27,33 @@ from hapi.protocol import Credentials, UserError
 from ._state import AlreadyRunning, RunLock, RunRecord, clean_stale
 
 DEFAULT_STATE_DIR = ".state"
-# The client's own store identity: it may create and use buckets, and the bucket policies
-# set at every start keep it out of the cache bucket and off the registry's writes.
+# The client's own store identity. Not a store administrator: it may create and use every
+# bucket whose name does not begin with the operators' reserved prefix, and read the
+# registry; nothing else (the bucket policies set at every start say the same again).
 CLIENT_IDENTITY = "client"
-CLIENT_ACTIONS = ("Admin", "Read", "Write", "List", "Tagging")
+RESERVED_PREFIX = "hapi-"  # the operators' buckets: the registry, the cache, the admin's own
+# What SeaweedFS allows in a bucket name (its actions match a name by a trailing "*").
+_BUCKET_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789.-_"
+
+
+def client_actions(registry_bucket: str, reserved: str = RESERVED_PREFIX) -> tuple[str, ...]:
+    """SeaweedFS actions for a store identity that owns every bucket outside ``reserved``.
+
+    SeaweedFS scopes an action to the buckets whose name begins with a prefix
+    (``Admin:data*``: everything on every bucket beginning with ``data``), so "all but
+    ``hapi-``" is spelled as every prefix that departs from ``hapi-`` at some character,
+    plus the shorter names themselves (``hap``, ``hapi``); then reading the registry.
+    """
+    owned = [
+        f"Admin:{reserved[:i]}{char}*"
+        for i, expected in enumerate(reserved)
+        for char in _BUCKET_CHARS
+        if char != expected
+    ]
+    shorter = [f"Admin:{reserved[:i]}" for i in range(1, len(reserved))]
+    return (*owned, *shorter, f"Read:{registry_bucket}", f"List:{registry_bucket}")
+
+
 STOPPED = "hapi stopped: the gateway and the store are down."
 
 
@@ -110,7 +133,9 @@ def _run(
         port=store_port,
         access_key_id=backend.access_key_id,
         secret_access_key=backend.secret_access_key,
-        identities=(StoreIdentity(CLIENT_IDENTITY, tenant, CLIENT_ACTIONS),),
+        identities=(
+            StoreIdentity(CLIENT_IDENTITY, tenant, client_actions(GatewaySettings.registry_bucket)),
+        ),
     )
     with sock, EmbeddedStore(store_settings) as store:
         lock.write(RunRecord(os.getpid(), url, store.endpoint_url, store.pid))

@@ -13,7 +13,7 @@ from ._identities import Caller, ClientKey, read_credentials_file
 from ._knobs import Knob, markdown_table
 from ._server import listen, run_gateway
 from ._settings import GatewaySettings, environment_variables, settings_knobs
-from .edge._sigv4 import sign_request
+from ._signing import sign_request
 from .pushdown._registry import AsyncRegistry, StoreRegistry
 from .pushdown._resources import memory_budget
 from .pushdown._tenants import SessionFactory

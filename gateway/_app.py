@@ -14,6 +14,7 @@ from hapi.protocol import Placement
 from ._control import ControlPlane
 from ._metrics import Metrics
 from ._observe import Observe
+from ._router import Router
 from ._settings import GatewaySettings
 from ._store import StoreClient
 from ._types import ASGIReceive, ASGISend, Scope
@@ -132,6 +133,7 @@ class Gateway:
         self.metrics = Metrics()
         self.upstream = _Upstream(settings, upstream)
         self.proxy = Proxy(settings, self.upstream.get, self.upstream.send)
+        self.router = Router(settings, self.proxy, self.metrics)
         self.store = StoreClient.of(settings, self.upstream.get, self.upstream.send)
         self._registry = registry
         self._runner = runner
@@ -139,7 +141,7 @@ class Gateway:
         self.metrics.queued_samples.set_function(self._queued_samples)
         self.control = ControlPlane(self)
         self._observed_control = Observe(self.control, self.metrics)
-        self._observed_proxy = Observe(self.proxy, self.metrics)
+        self._observed_s3 = Observe(self.router, self.metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Any = None) -> AsyncIterator[None]:
@@ -155,12 +157,12 @@ class Gateway:
                 placement=self._placement,
             ) as pushdown,
         ):
-            self.proxy.pushdown = pushdown
+            self.router.pushdown = pushdown
             yield
-            self.proxy.pushdown = None
+            self.router.pushdown = None
 
     def _queued_samples(self) -> float:
-        pushdown = self.proxy.pushdown
+        pushdown = self.router.pushdown
         return float(pushdown.tenants.queued_samples()) if pushdown is not None else 0.0
 
     async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
@@ -173,7 +175,7 @@ class Gateway:
         if scope["path"].startswith(CONTROL_PREFIX) or scope["path"] == "/metrics":
             await self._observed_control(scope, receive, send)
         else:
-            await self._observed_proxy(scope, receive, send)
+            await self._observed_s3(scope, receive, send)
 
 
 def create_app(

@@ -37,6 +37,7 @@ from hapi.protocol import (
 )
 
 from ._errors import InvalidArgument, S3Error, ServiceUnavailable, SlowDown
+from ._metrics import ALL_IDENTITIES
 from ._observe import s3_error_handler
 from ._types import ASGIReceive, ASGISend, Scope, request_state
 from .edge._sigv4 import verify_request
@@ -161,9 +162,16 @@ def _health_routes(app: FastAPI, gateway: Gateway) -> None:
         return JSONResponse({"status": "ok" if up else "degraded"}, 200 if up else 503)
 
     @app.get(METRICS_PATH, response_class=Response)
-    async def metrics() -> Response:
-        """Prometheus text exposition."""
-        body, content_type = gateway.metrics.render()
+    async def metrics(request: Request) -> Response:
+        """Prometheus text exposition: every identity's series for an admin key, a
+        client key's own, none on a public page."""
+        principal = request.scope["state"].get("principal", "")
+        key = gateway.settings.clients.get(principal)
+        if key is not None and key.role == "admin":
+            shown: str | None = ALL_IDENTITIES
+        else:
+            shown = principal if key is not None else None
+        body, content_type = gateway.metrics.render(shown)
         return Response(body, media_type=content_type)
 
 
@@ -222,7 +230,7 @@ def _probe_route(app: FastAPI, gateway: Gateway, meter: ProbeMeter) -> None:
 
 
 def _pushdown(gateway: Gateway) -> Pushdown:
-    pushdown = gateway.proxy.pushdown
+    pushdown = gateway.router.pushdown
     if pushdown is None:
         raise ServiceUnavailable(
             "pushdown is not running (the gateway is starting or stopping)", retry_after=1

@@ -15,6 +15,7 @@
     ├── IncompleteBody                   400
     ├── InvalidRequest                   400
     ├── InvalidArgument                  400
+    ├── InvalidBucketName                400  (not a valid S3 bucket name once decoded)
     ├── MalformedPOSTRequest             400  (form uploads: body not multipart/form-data)
     ├── InvalidPolicyDocument            400  (form uploads: policy not readable)
     ├── MissingFields                    400  (form uploads: V2 signature fields incomplete)
@@ -22,6 +23,7 @@
     ├── EntityTooSmall                   400  (form uploads: under content-length-range)
     ├── EntityTooLarge                   400  (form uploads: over content-length-range)
     ├── NoSuchModel                      404
+    ├── MethodNotAllowed                 405  (the method is not an operation of the resource)
     ├── UnprocessableObject              422
     ├── RequestHeaderSectionTooLarge     431  (the request head is over the limit)
     ├── InsufficientMemory               503  (one sample does not fit the memory budget)
@@ -136,6 +138,20 @@ class InvalidArgument(S3Error):
 
     code = "InvalidArgument"
     status = 400
+
+
+class InvalidBucketName(S3Error):
+    """The bucket named is not a valid S3 bucket name."""
+
+    code = "InvalidBucketName"
+    status = 400
+
+
+class MethodNotAllowed(S3Error):
+    """The method is not an operation of the resource it addresses."""
+
+    code = "MethodNotAllowed"
+    status = 405
 
 
 class NoSuchModel(S3Error):

@@ -1,20 +1,25 @@
 """Who a request is: the gateway's client keys, their roles, and what each acts as upstream.
 
 A client key has a role, ``admin`` or ``client``, and a store identity it acts as upstream:
-the gateway's backend identity (the simple default, one identity for everyone), the same
-key pair at the store (``"self"``: the store knows the key too), or a pair of its own. So
-the store's own permissions decide what each caller may read and write, on pass-through
-and on pushdown alike. The credentials file (``--credentials-file``) reads::
+the same key pair at the store (``"self"``: the store knows the key too), a pair of its own,
+or the gateway's backend identity (``"backend"``: one identity for everyone, usually the
+store's administrator). So the store's own permissions decide what each caller may read and
+write, on pass-through and on pushdown alike. The credentials file (``--credentials-file``)
+reads::
 
     {"keys": {
-        "AKADMIN": {"secret": "...", "role": "admin", "upstream": "self"},
+        "AKADMIN": {"secret": "...", "role": "admin"},
         "AKALICE": {"secret": "...", "upstream": "self"},
         "AKBOB":   {"secret": "...", "upstream": {"access_key_id": "...",
-                                                  "secret_access_key": "..."}}}}
+                                                  "secret_access_key": "..."}},
+        "AKSOLO":  {"secret": "...", "upstream": "backend"}}}
 
-``role`` defaults to ``client`` and ``upstream`` to the backend identity. The older flat
-form ``{"KEY_ID": "SECRET", ...}`` still reads: every key a client acting as the backend
-identity.
+``role`` defaults to ``client``. A client key names its ``upstream``: acting as the backend
+identity is never a default, since that identity may do everything at the store. An admin
+key acts as the backend identity unless it says otherwise. The older flat form
+``{"KEY_ID": "SECRET", ...}`` still reads, for a single-tenant setup: every key a client
+acting as the backend identity, as ``HAPI_ACCESS_KEY_ID`` is; ``hapi serve`` names such
+keys when it starts.
 """
 
 from __future__ import annotations
@@ -117,8 +122,15 @@ def _entry(path: Path, key_id: str, entry: Any) -> ClientKey:
     role = entry.get("role", "client")
     if role not in ROLES:
         raise ValueError(f"{where}: role must be admin or client, not {role!r}")
-    upstream = entry.get("upstream")
+    upstream = entry.get("upstream", "backend" if role == "admin" else None)
     if upstream is None:
+        raise ValueError(
+            f'{where}: a client key says which store identity it acts as: "upstream": "self" '
+            '(the store knows this key), {"access_key_id": ..., "secret_access_key": ...}, '
+            "or \"backend\" (the gateway's own identity, the store's administrator in most "
+            "deployments)"
+        )
+    if upstream == "backend":
         return ClientKey(entry["secret"], role)
     if upstream == "self":
         return ClientKey(entry["secret"], role, Credentials(key_id, entry["secret"]))
@@ -130,5 +142,13 @@ def _entry(path: Path, key_id: str, entry: Any) -> ClientKey:
         pair = Credentials(upstream["access_key_id"], upstream["secret_access_key"])
         return ClientKey(entry["secret"], role, pair)
     raise ValueError(
-        f'{where}: upstream must be "self" or {{"access_key_id": ..., "secret_access_key": ...}}'
+        f'{where}: upstream must be "self", "backend" or '
+        '{"access_key_id": ..., "secret_access_key": ...}'
+    )
+
+
+def backend_actors(clients: Mapping[str, ClientKey]) -> list[str]:
+    """The client keys (role ``client``) that act upstream as the backend identity."""
+    return sorted(
+        key_id for key_id, key in clients.items() if key.role == "client" and key.upstream is None
     )

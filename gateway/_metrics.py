@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
+# render()'s "every identity's series" (what an admin key sees); never an access key id.
+ALL_IDENTITIES = "*"
 # Where an object pushdown fetched was, as the placement label says it.
 FETCH_PLACEMENTS = ("local", "remote", "unknown")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -94,6 +97,14 @@ class Metrics:
             "Pushdown requests refused with SlowDown for going over the identity's request "
             "rate (identity_requests_per_s), by identity.",
             ("identity",),
+            registry=self.registry,
+        )
+        self.identity_limited = Counter(
+            "hapi_identity_limited",
+            "Requests refused with SlowDown for going over one of the identity's bounds "
+            "(upstream: identity_upstream_requests, pushdown: identity_pushdown_requests), "
+            "and cache writes skipped for its cache_write bytes, by identity and bound.",
+            ("identity", "bound"),
             registry=self.registry,
         )
         self.cache_lookups = Counter(
@@ -211,6 +222,33 @@ class Metrics:
 
         return observe
 
-    def render(self) -> tuple[bytes, str]:
-        """The exposition body and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+    def render(self, identity: str | None = ALL_IDENTITIES) -> tuple[bytes, str]:
+        """The exposition body and its content type.
+
+        Args:
+            identity: Whose per-identity series to show: :data:`ALL_IDENTITIES` (an admin),
+                one access key id (a client sees its own), or None (none: a public page).
+        """
+        if identity == ALL_IDENTITIES:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return generate_latest(_OnlyIdentity(self.registry, identity)), CONTENT_TYPE_LATEST
+
+
+@dataclass(frozen=True)
+class _OnlyIdentity:
+    """A view of a registry whose per-identity samples are ``identity``'s alone."""
+
+    registry: CollectorRegistry
+    identity: str | None
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            kept = [
+                sample
+                for sample in family.samples
+                if sample.labels.get("identity", self.identity) == self.identity
+            ]
+            if kept or not family.samples:
+                clone = Metric(family.name, family.documentation, family.type, family.unit)
+                clone.samples = kept
+                yield clone

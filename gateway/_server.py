@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import logging
 import signal
 import socket
 import sys
@@ -22,6 +23,8 @@ import httpx
 from hapi.models import cuda_usable
 from hapi.protocol import UserError
 
+from ._app import create_app
+from ._identities import backend_actors
 from ._settings import GatewaySettings
 from .edge._http import edge_config
 
@@ -78,7 +81,7 @@ def run_gateway(
     from uvicorn.config import STARTUP_FAILURE
     from uvicorn.supervisors import Multiprocess
 
-    config = edge_config(settings, host, port)
+    config = edge_config(settings, host, port, _app_factory)
     listener = sock or listen(host, port)
 
     class _Server(uvicorn.Server):
@@ -151,6 +154,7 @@ def startup_block(settings: GatewaySettings, url: str) -> str:
             f"  memory budget:   {_size(settings.memory_budget_bytes)} (on CPU; GPU: free memory)",
             f"  limits:          {limits}",
             f"  clients:         {_clients(settings)}",
+            *_backend_actors(settings),
             *([f"  placement:       {_placement(settings)}"] if settings.placement else []),
         ]
     )
@@ -177,6 +181,18 @@ def _clients(settings: GatewaySettings) -> str:
     return f"{count} credential{'s' if count != 1 else ''} ({admins} admin){anonymous}"
 
 
+def _backend_actors(settings: GatewaySettings) -> list[str]:
+    """The start-up line naming client keys that act as the backend identity, if any."""
+    actors = backend_actors(settings.clients)
+    if not actors:
+        return []
+    return [
+        f"  as backend:     client keys acting upstream as the backend identity "
+        f"({settings.backend_credentials.access_key_id}), so the store does not judge them: "
+        + ", ".join(actors)
+    ]
+
+
 def _placement(settings: GatewaySettings) -> str:
     if not settings.node_address:
         return f"{settings.placement} (no node address: every fetch counts as unknown)"
@@ -189,3 +205,22 @@ def _size(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     raise AssertionError("unreachable")
+
+
+class _AppFactory:
+    """Builds the gateway app in the process that serves it (picklable for spawned workers)."""
+
+    def __init__(self, settings: GatewaySettings, log_level: int) -> None:
+        self.settings = settings
+        self.log_level = log_level
+
+    def __call__(self) -> Any:
+        root = logging.getLogger()
+        if not root.handlers:  # a spawned worker: log as the parent was told to
+            logging.basicConfig(level=self.log_level, format="%(message)s")
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+        return create_app(self.settings)
+
+
+def _app_factory(settings: GatewaySettings) -> _AppFactory:
+    return _AppFactory(settings, logging.getLogger().getEffectiveLevel())

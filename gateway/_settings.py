@@ -14,11 +14,10 @@ from types import MappingProxyType
 from typing import Any
 
 from hapi.models import DECODERS, Device
-from hapi.protocol import parse_placement
+from hapi.protocol import Credentials, parse_placement
 
 from ._identities import ClientKey, read_credentials_file
 from ._knobs import Knob, from_environment, knob, knobs
-from .edge._sigv4 import Credentials
 
 ENV_BACKEND_KEY = "HAPI_BACKEND_ACCESS_KEY_ID"
 ENV_BACKEND_SECRET = "HAPI_BACKEND_SECRET_ACCESS_KEY"
@@ -74,6 +73,12 @@ class GatewaySettings:
             unsigned callers together) may make per second and per gateway process, with
             bursts of one second's worth; beyond it, 503 SlowDown with Retry-After (0: no
             limit).
+        identity_upstream_requests: Pass-through requests one identity may have at the
+            store at once (of the max_upstream_connections pool), so slow reads by one key
+            cannot hold the whole pool; beyond it, 503 SlowDown with Retry-After (0: no
+            limit).
+        identity_pushdown_requests: Pushdown requests one identity may have in progress at
+            once; beyond it, 503 SlowDown with Retry-After (0: no limit).
         max_object_bytes: Most object bytes one pushdown request fetches and holds (one
             object, or a batch's objects together), e.g. 256MiB.
         max_request_samples: Most samples one pushdown request may have (a shard's image
@@ -115,6 +120,11 @@ class GatewaySettings:
         cache_max_bytes: Size cap of the feature cache, e.g. 50GB (0: none); least recently
             used entries are evicted beyond it.
         cache_write_queue: Entries waiting to be written; a full queue skips a write.
+        cache_write_queue_bytes: Bytes of entries waiting to be written, e.g. 256MiB;
+            beyond it a write is skipped (the answer is still served).
+        identity_cache_write_bytes: Bytes of entries one identity's requests may have
+            waiting to be written, e.g. 64MiB; beyond it that identity's writes are skipped,
+            so one key cannot fill the queue for the others (0: no limit of its own).
         cache_touch_s: A hit on an entry older than this (seconds) refreshes its last use.
         cache_prune_interval_s: Seconds between checks of the cache against its size cap.
         cache_secret: A file holding the secret cache entries are authenticated with (the
@@ -162,6 +172,8 @@ class GatewaySettings:
     max_queue_delay_ms: float = 4.0
     max_queue_samples: int = 4096
     identity_requests_per_s: float = 0.0
+    identity_upstream_requests: int = 128
+    identity_pushdown_requests: int = 32
     max_object_bytes: int = field(default=256 * 1024**2, metadata=knob(shown_default="256MiB"))
     max_request_samples: int = 4096
     max_batch_keys: int = 4096
@@ -192,6 +204,12 @@ class GatewaySettings:
     cache_bucket: str = "hapi-cache"
     cache_max_bytes: int = 0
     cache_write_queue: int = 256
+    cache_write_queue_bytes: int = field(
+        default=256 * 1024**2, metadata=knob(shown_default="256MiB")
+    )
+    identity_cache_write_bytes: int = field(
+        default=64 * 1024**2, metadata=knob(shown_default="64MiB")
+    )
     cache_touch_s: float = 3600.0
     cache_prune_interval_s: float = 300.0
     cache_secret: str | None = field(
@@ -233,6 +251,16 @@ class GatewaySettings:
             )
         if min(self.max_probe_bytes, self.probe_bytes_per_minute, self.max_skew_s) <= 0:
             raise ValueError("probe limits and the clock skew must be positive")
+        identity_bounds = (
+            self.identity_upstream_requests,
+            self.identity_pushdown_requests,
+            self.identity_cache_write_bytes,
+        )
+        if min(identity_bounds) < 0 or self.cache_write_queue_bytes <= 0:
+            raise ValueError(
+                "the per-identity bounds must be 0 (no limit) or positive, and the cache "
+                "write queue's bytes positive"
+            )
         if self.identity_requests_per_s < 0:
             raise ValueError("identity_requests_per_s must be 0 (no limit) or positive")
         edge = (self.max_header_bytes, self.header_timeout_s, self.keep_alive_timeout_s)

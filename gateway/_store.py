@@ -25,9 +25,9 @@ import httpx
 from hapi.protocol import Credentials, ListedObject, parse_error, parse_list_page
 
 from ._errors import BackendError
+from ._operation import object_path
 from ._settings import GatewaySettings
-from .edge._addressing import object_path
-from .edge._sigv4 import UNSIGNED_PAYLOAD, sign_request
+from ._signing import UNSIGNED_PAYLOAD, sign_request
 
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 

@@ -9,8 +9,8 @@ S3 XML, so every S3 client backs off and retries.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,29 +189,17 @@ async def _slow_down(scope: Scope, receive: ASGIReceive, send: ASGISend) -> None
     await send({"type": "http.response.body", "body": body})
 
 
-class _AppFactory:
-    """Builds the gateway app in the process that serves it (picklable for spawned workers)."""
-
-    def __init__(self, settings: GatewaySettings, log_level: int) -> None:
-        self.settings = settings
-        self.log_level = log_level
-
-    def __call__(self) -> Any:
-        from .._app import create_app
-
-        root = logging.getLogger()
-        if not root.handlers:  # a spawned worker: log as the parent was told to
-            logging.basicConfig(level=self.log_level, format="%(message)s")
-            logging.getLogger("httpx").setLevel(logging.WARNING)
-        return create_app(self.settings)
-
-
-def edge_config(settings: GatewaySettings, host: str, port: int) -> EdgeConfig:
+def edge_config(
+    settings: GatewaySettings,
+    host: str,
+    port: int,
+    app_factory: Callable[[GatewaySettings], Callable[[], Any]],
+) -> EdgeConfig:
     """The uvicorn config that serves the gateway with its edge limits.
 
-    The app is built in the serving process (``factory``), so the config can be handed to
-    spawned workers; with ``settings.workers`` above 1 each gets ``1/workers`` of the
-    memory budget.
+    The app is built in the serving process by what ``app_factory(settings)`` returns
+    (picklable), so the config can be handed to spawned workers; with ``settings.workers``
+    above 1 each gets ``1/workers`` of the memory budget.
     """
     workers = settings.workers
     if workers > 1:
@@ -219,7 +207,7 @@ def edge_config(settings: GatewaySettings, host: str, port: int) -> EdgeConfig:
             memory_budget_bytes=max(1, settings.memory_budget_bytes // workers)
         )
     config = EdgeConfig(
-        _AppFactory(settings, logging.getLogger().getEffectiveLevel()),
+        app_factory(settings),
         factory=True,
         host=host,
         port=port,

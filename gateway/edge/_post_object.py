@@ -18,6 +18,7 @@ from xml.sax.saxutils import escape
 
 import httpx
 
+from .._access import check_form_upload
 from .._errors import (
     EntityTooLarge,
     EntityTooSmall,
@@ -26,15 +27,14 @@ from .._errors import (
     ServiceUnavailable,
 )
 from .._identities import Caller, caller_of
+from .._operation import check_key, object_path
 from .._settings import GatewaySettings
+from .._signing import sign_request
 from .._types import ASGIReceive, ASGISend, Message, Scope, request_state
-from ._access import check_form_upload
-from ._addressing import Target, object_path
-from ._form import FilePart, FormReader, form_boundary
+from ._form import FilePart, FormReader
 from ._post_policy import AUTH_FIELDS, PostPolicy, verify_form
-from ._sigv4 import sign_request
 
-__all__ = ["PostObject", "form_upload_boundary"]
+__all__ = ["PostObject"]
 
 _MAX_FIELDS_BYTES = 1024 * 1024
 _MAX_TRAILING_BYTES = 64 * 1024
@@ -58,13 +58,6 @@ _KEEP_REPLY = frozenset({b"etag", b"x-amz-version-id", b"x-amz-server-side-encry
 _KEEP_ERROR = frozenset({b"content-type", b"x-amz-request-id"})
 
 Unsigned = Callable[[ASGIReceive], Awaitable[None]]
-
-
-def form_upload_boundary(method: str, target: Target, content_type: str) -> bytes | None:
-    """The multipart boundary of a POST Object request; None for any other request."""
-    if method != "POST" or not target.bucket or target.key:
-        return None
-    return form_boundary(content_type)
 
 
 class PostObject:
@@ -92,7 +85,7 @@ class PostObject:
         receive: ASGIReceive,
         send: ASGISend,
         *,
-        target: Target,
+        bucket: str,
         boundary: bytes,
         forward_unsigned: Unsigned,
     ) -> None:
@@ -100,7 +93,7 @@ class PostObject:
 
         Args:
             scope, receive, send: The ASGI request.
-            target: The bucket it was posted to.
+            bucket: The bucket it was posted to.
             boundary: The form's multipart boundary.
             forward_unsigned: Sends the request upstream unsigned with the given receive
                 (for a form without authentication fields) and relays the answer.
@@ -120,19 +113,18 @@ class PostObject:
             )
         if file is None:
             raise InvalidArgument("POST requires exactly one file upload per request.")
-        policy.check(fields, target.bucket)
+        policy.check(fields, bucket)
         settings = self._settings
         caller = caller_of(policy.access_key_id, settings.clients, settings.backend_credentials)
-        check_form_upload(caller, settings, target.bucket)
+        check_form_upload(caller, settings, bucket)
         key = key.replace("${filename}", file.filename)
-        status, headers, reply = await self._put(
-            caller, target.bucket, key, fields, file, form, policy
-        )
+        check_key(key)
+        status, headers, reply = await self._put(caller, bucket, key, fields, file, form, policy)
         await form.rest(_MAX_TRAILING_BYTES)
         if status != 200:  # the store's refusal, as it sent it
             await _send(send, status, headers, reply)
             return
-        await _answer(send, scope, fields, target.bucket, key, headers)
+        await _answer(send, scope, fields, bucket, key, headers)
 
     async def _put(
         self,

@@ -31,7 +31,7 @@ from .._errors import (
     MissingFields,
     SignatureDoesNotMatch,
 )
-from ._sigv4 import ALGORITHM, _signing_key
+from .._signing import ALGORITHM, signing_key
 
 __all__ = ["AUTH_FIELDS", "PostPolicy", "verify_form"]
 
@@ -128,7 +128,7 @@ def _verify_v4(policy: str, fields: Mapping[str, str], secrets: Mapping[str, str
     key_id, date, region = parts[0], parts[1], parts[2]
     secret = _secret(secrets, key_id)
     expected = hmac.new(
-        _signing_key(secret, date, region, "s3"), policy.encode(), hashlib.sha256
+        signing_key(secret, date, region, "s3"), policy.encode(), hashlib.sha256
     ).hexdigest()
     _compare(expected, fields.get("x-amz-signature", ""), policy)
     return key_id

@@ -8,27 +8,24 @@ chunk, with ASGI back-pressure bounding what is held in memory.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 
+from .._access import check_form_upload
 from .._errors import AccessDenied, InvalidRequest, ServiceUnavailable
 from .._identities import Caller, caller_of
+from .._operation import COPY_SOURCE, S3Operation
 from .._settings import GatewaySettings
+from .._signing import sign_request
 from .._types import ASGIReceive, ASGISend, Scope, request_state
-from ..pushdown._handler import Pushdown, parse_params
-from ._access import COPY_SOURCE, check_access, check_form_upload
-from ._addressing import Target, resolve
 from ._chunked import decode_body
-from ._operations import classify
-from ._post_object import PostObject, form_upload_boundary
-from ._sigv2 import QUERY_PARAMS as V2_PARAMS
+from ._form import form_boundary
+from ._post_object import PostObject
 from ._sigv2 import is_presigned_v2, verify_presigned_v2
-from ._sigv4 import Verified, canonical_query_string, sign_request, verify_request
+from ._sigv4 import Verified, verify_request
 
 # Never forwarded: hop-by-hop headers, the client's own signature, and the aws-chunked
 # framing headers (the upstream body is the decoded payload).
@@ -51,6 +48,7 @@ _DROP_REQUEST = frozenset(
         "x-amz-trailer",
         "x-amz-sdk-checksum-algorithm",
         "content-length",
+        COPY_SOURCE,  # sent as parsed, encoded anew
     }
 )
 _DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"})
@@ -67,7 +65,10 @@ _SIGNATURE_PARAMS = frozenset(
 
 
 class Proxy:
-    """ASGI handler for every S3 request that is not a pushdown.
+    """The S3 edge: verifies who sent an operation, and forwards it upstream as them.
+
+    The router (:mod:`hapi.gateway._router`) parses each request once, decides, and calls
+    in here; nothing here reads the raw request for its meaning again.
 
     Args:
         settings: The gateway's settings.
@@ -91,10 +92,9 @@ class Proxy:
             settings.read_timeout_s, connect=settings.connect_timeout_s
         ).as_dict()
         self._now = now
-        self.pushdown: Pushdown | None = None
         self._post_object = PostObject(settings, client, now)
 
-    def authenticate(self, scope: Scope, target: Target) -> Verified | None:
+    def authenticate(self, scope: Scope, operation: S3Operation) -> Verified | None:
         """Verify the client's signature; None for an unsigned request.
 
         SigV4 in any form, or a legacy V2 presigned URL (what boto3 and the AWS CLI still
@@ -104,81 +104,30 @@ class Proxy:
         Raises:
             S3Error: ``AccessDenied``, ``SignatureDoesNotMatch``, ... (see ``_sigv4``).
         """
-        headers = _decoded_headers(scope)
-        if is_unsigned(scope, headers):
+        headers = decoded_headers(scope)
+        if is_unsigned(operation):
             if not self._settings.allow_anonymous:
                 raise AccessDenied("Anonymous access is refused by this gateway; sign requests.")
             return None
-        raw_path = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
-        raw_query = scope["query_string"].decode("latin-1")
-        if is_presigned_v2(raw_query):
+        if is_presigned_v2(operation.raw_query):
             return verify_presigned_v2(
-                method=scope["method"],
-                resource_path=target.client_path,
-                raw_query=raw_query,
+                method=operation.method,
+                resource_path=operation.client_path,
+                raw_query=operation.raw_query,
                 headers=headers,
                 secrets=self._settings.client_secrets,
                 now=self._now(),
             )
         return verify_request(
-            method=scope["method"],
-            raw_path=raw_path,
-            raw_query=raw_query,
+            method=operation.method,
+            raw_path=operation.raw_path,
+            raw_query=operation.raw_query,
             headers=headers,
             secrets=self._settings.client_secrets,
             now=self._now(),
             max_skew=timedelta(seconds=self._settings.max_skew_s),
             region=self._settings.region,
         )
-
-    def target(self, scope: Scope) -> Target:
-        """The bucket and key of a request."""
-        host = ""
-        for name, value in scope["headers"]:
-            if name == b"host":
-                host = value.decode("latin-1")
-                break
-        raw_path = scope.get("raw_path") or scope["path"].encode()
-        return resolve(raw_path.decode("latin-1"), host, self._settings.virtual_host_domains)
-
-    async def __call__(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
-        try:
-            await self._serve(scope, receive, send)
-        except ConnectionAbortedError:
-            raise
-        except Exception:
-            if "status" not in request_state(scope):  # the error response is still to come
-                await _settle_body(scope, receive)
-            raise
-
-    async def _serve(self, scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
-        target = self.target(scope)
-        state = request_state(scope)
-        headers = _decoded_headers(scope)
-        names = {name for name, _ in headers}
-        query = scope["query_string"].decode("latin-1")
-        query_names = _query_names(query)
-        state["operation"] = classify(
-            scope["method"], target.bucket, target.key, query_names, names
-        )
-        state["resource"] = f"/{target.bucket}/{target.key}" if target.bucket else "/"
-        if await self._form_upload(scope, receive, send, target):
-            return
-        verified = self.authenticate(scope, target)
-        caller = self.caller(verified)
-        check_access(
-            caller,
-            self._settings,
-            method=scope["method"],
-            bucket=target.bucket,
-            query_names=query_names,
-            copy_source=dict(headers).get(COPY_SOURCE) if COPY_SOURCE in names else None,
-        )
-        if self.pushdown is not None and await self._pushdown(
-            scope, receive, send, target, verified, caller
-        ):
-            return
-        await self.forward(scope, receive, send, target=target, verified=verified, caller=caller)
 
     def caller(self, verified: Verified | None) -> Caller:
         """Who a request is: the key it was verified with, or the anonymous caller."""
@@ -187,84 +136,48 @@ class Proxy:
         settings = self._settings
         return caller_of(verified.access_key_id, settings.clients, settings.backend_credentials)
 
-    async def _form_upload(
-        self, scope: Scope, receive: ASGIReceive, send: ASGISend, target: Target
+    async def form_upload(
+        self, scope: Scope, receive: ASGIReceive, send: ASGISend, operation: S3Operation
     ) -> bool:
         """Serve a browser form upload (POST Object); False for any other request."""
-        if scope["method"] != "POST":
+        if operation.name != "PostObject" or not is_unsigned(operation):
             return False
-        headers = _decoded_headers(scope)
-        boundary = form_upload_boundary(
-            scope["method"], target, dict(headers).get("content-type", "")
-        )
-        if boundary is None or not is_unsigned(scope, headers):
+        boundary = form_boundary(operation.headers.get("content-type", ""))
+        if boundary is None:
             return False
 
         async def forward_unsigned(replay: ASGIReceive) -> None:
-            self.authenticate(scope, target)  # refuses it if anonymous requests are
+            self.authenticate(scope, operation)  # refuses it if anonymous requests are
             caller = Caller.anonymous()
-            check_form_upload(caller, self._settings, target.bucket)
-            await self.forward(scope, replay, send, target=target, verified=None, caller=caller)
+            check_form_upload(caller, self._settings, operation.bucket)
+            await self.forward(
+                scope, replay, send, operation=operation, verified=None, caller=caller
+            )
 
         await self._post_object(
             scope,
             receive,
             send,
-            target=target,
+            bucket=operation.bucket,
             boundary=boundary,
             forward_unsigned=forward_unsigned,
         )
         return True
 
-    async def _pushdown(
-        self,
-        scope: Scope,
-        receive: ASGIReceive,
-        send: ASGISend,
-        target: Target,
-        verified: Verified | None,
-        caller: Caller,
-    ) -> bool:
-        """Serve the request by pushdown if it asks for it; False for a plain request."""
-        assert self.pushdown is not None
-        state = request_state(scope)
-        method, query = scope["method"], scope["query_string"].decode("latin-1")
-        if method == "GET" and target.key:
-            params = parse_params(dict(_decoded_headers(scope)), query)
-            if params is None:
-                return False
-            state["operation"] = "GetFeatures"
-            params = dataclasses.replace(params, colocated=_loopback_client(scope))
-            pushdown = self.pushdown.acting_as(caller)
-            await pushdown.get(send, receive, target.bucket, target.key, params)
-            return True
-        if (
-            method == "POST"
-            and target.bucket
-            and not target.key
-            and "hapi-batch" in _query_names(query)
-        ):
-            body = await self._read_body(scope, receive, verified)
-            headers = dict(_decoded_headers(scope))
-            await self.pushdown.acting_as(caller).batch(
-                send,
-                receive,
-                target.bucket,
-                body,
-                headers=headers,
-                query=query,
-                colocated=_loopback_client(scope),
-            )
-            return True
-        return False
-
-    async def _read_body(
-        self, scope: Scope, receive: ASGIReceive, verified: Verified | None
+    async def read_body(
+        self, scope: Scope, receive: ASGIReceive, verified: Verified | None, *, max_bytes: int
     ) -> bytes:
-        headers = _decoded_headers(scope)
+        """The whole verified body of a small request (a pushdown batch).
+
+        Raises:
+            InvalidRequest: It has no Content-Length, or one over ``max_bytes``.
+        """
+        headers = decoded_headers(scope)
         length = _payload_length(headers, verified)
-        if length is None or length > 1024 * 1024:
-            raise InvalidRequest("a hapi-batch body needs a Content-Length of at most 1 MiB")
+        if length is None or length > max_bytes:
+            raise InvalidRequest(
+                f"a hapi-batch body needs a Content-Length of at most {max_bytes} bytes"
+            )
         parts = [
             piece
             async for piece in decode_body(
@@ -282,11 +195,11 @@ class Proxy:
         receive: ASGIReceive,
         send: ASGISend,
         *,
-        target: Target,
+        operation: S3Operation,
         verified: Verified | None,
         caller: Caller,
     ) -> None:
-        """Send the request upstream, as ``caller``'s store identity, and stream the
+        """Send the operation upstream, as ``caller``'s store identity, and stream the
         response back.
 
         Nothing goes upstream before the body's first verified piece is in hand (the whole
@@ -295,7 +208,7 @@ class Proxy:
         early must never have had its head sent.
         """
         length, content = await self._upstream_body(scope, receive, verified)
-        request = self._upstream_request(scope, target, verified, caller, length, content)
+        request = self._upstream_request(operation, caller, length, content)
         try:
             response = await self._send(request)
         except httpx.TransportError as exc:
@@ -318,7 +231,7 @@ class Proxy:
             S3Error: The body failed verification before its first piece was complete.
             ConnectionAbortedError: The client went away first.
         """
-        headers = _decoded_headers(scope)
+        headers = decoded_headers(scope)
         length = _payload_length(headers, verified)
         if length is None and not _has_body(headers):
             return None, None
@@ -336,25 +249,20 @@ class Proxy:
 
     def _upstream_request(
         self,
-        scope: Scope,
-        target: Target,
-        verified: Verified | None,
+        operation: S3Operation,
         caller: Caller,
         length: int | None,
         content: AsyncIterator[bytes] | None,
     ) -> httpx.Request:
-        method: str = scope["method"]
-        headers = _decoded_headers(scope)
-        raw_query = scope["query_string"].decode("latin-1")
-        if is_presigned_v2(raw_query):
-            raw_query = "&".join(
-                p for p in raw_query.split("&") if p.split("=", 1)[0] not in V2_PARAMS
-            )
-        query = canonical_query_string(raw_query)
-        url = self._settings.backend_url + target.upstream_path + ("?" + query if query else "")
+        """The upstream request, built from the parsed operation: its path, query and copy
+        source encoded anew, its headers the parsed ones (one value a name)."""
+        query = operation.upstream_query()
+        url = (
+            self._settings.backend_url + operation.upstream_path() + ("?" + query if query else "")
+        )
         to_sign: dict[str, str] = {}
         plain: dict[str, str] = {}
-        for name, value in headers:
+        for name, value in operation.headers.items():
             if name in _DROP_REQUEST:
                 continue
             if name == "content-encoding":
@@ -362,7 +270,9 @@ class Proxy:
                 if not value:
                     continue
             bucket = to_sign if name.startswith("x-amz-") or name in _SIGN_EXTRA else plain
-            bucket[name] = f"{bucket[name]},{value}" if name in bucket else value
+            bucket[name] = value
+        if operation.copy_source is not None:
+            to_sign[COPY_SOURCE] = operation.copy_source.header
         if length is not None:
             plain["content-length"] = str(length)
         # Signed as the caller's own store identity; an anonymous caller's request goes
@@ -371,7 +281,7 @@ class Proxy:
             to_sign
             if caller.upstream is None
             else sign_request(
-                method=method,
+                method=operation.method,
                 url=url,
                 headers=to_sign,
                 credentials=caller.upstream,
@@ -380,7 +290,7 @@ class Proxy:
             )
         )
         return httpx.Request(
-            method,
+            operation.method,
             url,
             headers=_latin1({**plain, **signed}),
             content=content,
@@ -405,17 +315,6 @@ async def _primed(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes] | None:
             yield piece
 
     return chained()
-
-
-def _loopback_client(scope: Scope) -> bool:
-    """Whether the client connected from this machine (then it shares our cores)."""
-    client = scope.get("client")
-    if not client:
-        return False
-    try:
-        return ipaddress.ip_address(str(client[0]).split("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 
 async def _relay(response: httpx.Response, send: ASGISend) -> None:
@@ -456,14 +355,14 @@ async def _receive_body(receive: ASGIReceive, state: dict[str, Any]) -> AsyncIte
             return
 
 
-async def _settle_body(scope: Scope, receive: ASGIReceive) -> None:
+async def settle_body(scope: Scope, receive: ASGIReceive) -> None:
     """Leave the connection ready for its next request before an error answers this one.
 
     A body left unread would be parsed as the next request: a small one is read and
     dropped, a large one (or one that does not come) makes the answer close the connection.
     """
     state = request_state(scope)
-    headers = _decoded_headers(scope)
+    headers = decoded_headers(scope)
     if state.get("body_done") or not _declares_body(headers):
         return
     left = _DRAIN_BYTES + 1
@@ -484,7 +383,7 @@ async def _settle_body(scope: Scope, receive: ASGIReceive) -> None:
         state["close_connection"] = True
 
 
-def _decoded_headers(scope: Scope) -> list[tuple[str, str]]:
+def decoded_headers(scope: Scope) -> list[tuple[str, str]]:
     state = request_state(scope)
     cached: list[tuple[str, str]] | None = state.get("headers")
     if cached is None:
@@ -493,21 +392,16 @@ def _decoded_headers(scope: Scope) -> list[tuple[str, str]]:
     return cached
 
 
-def is_unsigned(scope: Scope, headers: Sequence[tuple[str, str]]) -> bool:
+def is_unsigned(operation: S3Operation) -> bool:
     """Whether a request carries no signature at all: no Authorization, no presign query."""
-    if any(name == "authorization" for name, _ in headers):
+    if "authorization" in operation.headers:
         return False
-    names = _query_names(scope["query_string"].decode("latin-1"))
-    return not names & _SIGNATURE_PARAMS
+    return not operation.query_names() & _SIGNATURE_PARAMS
 
 
 def _latin1(headers: dict[str, str]) -> dict[bytes, bytes]:
     # Values hold the client's bytes decoded as latin-1; send those bytes back unchanged.
     return {name.encode(): value.encode("latin-1") for name, value in headers.items()}
-
-
-def _query_names(query: str) -> set[str]:
-    return {part.split("=", 1)[0] for part in query.split("&") if part}
 
 
 def without_aws_chunked(encoding: str) -> str:

@@ -21,7 +21,8 @@ from .._errors import (
     InvalidAccessKeyId,
     SignatureDoesNotMatch,
 )
-from ._sigv4 import ASCII_WHITESPACE, Verified
+from .._signing import ASCII_WHITESPACE
+from ._sigv4 import Verified
 
 QUERY_PARAMS = frozenset({"AWSAccessKeyId", "Signature", "Expires"})
 # Sub-resources that are part of the string to sign (the list botocore's HmacV1Auth uses).

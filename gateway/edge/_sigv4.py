@@ -7,8 +7,6 @@ https://docs.aws.amazon.com/AmazonS3/latest/API/sigv4-query-string-auth.html.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import hmac
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,9 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Literal, NamedTuple
-from urllib.parse import SplitResult, quote, unquote, unquote_to_bytes, urlsplit
-
-from hapi.protocol import Credentials
+from urllib.parse import unquote
 
 from .._errors import (
     AccessDenied,
@@ -30,15 +26,19 @@ from .._errors import (
     RequestTimeTooSkewed,
     SignatureDoesNotMatch,
 )
+from .._signing import (
+    ALGORITHM,
+    UNSIGNED_PAYLOAD,
+    canonical_path,
+    canonical_query,
+    sign,
+    signing_key,
+    split_query,
+    trim,
+    utc,
+)
 
-__all__ = [
-    "Credentials",
-    "PayloadMode",
-    "Verified",
-    "canonical_query_string",
-    "sign_request",
-    "verify_request",
-]
+__all__ = ["PayloadMode", "Verified", "verify_request"]
 
 PayloadMode = Literal[
     "sha256",
@@ -48,8 +48,6 @@ PayloadMode = Literal[
     "streaming-unsigned-trailer",
 ]
 
-ALGORITHM = "AWS4-HMAC-SHA256"
-UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 _PAYLOAD_MODES: dict[str, PayloadMode] = {
@@ -68,33 +66,11 @@ _PRESIGN_PARAMS = (
 )
 # What authenticates a presigned URL: meaningless in any other request.
 _PRESIGN_AUTH = frozenset({*_PRESIGN_PARAMS, "X-Amz-Security-Token", "X-Amz-Content-Sha256"})
-# The headers botocore never signs (botocore.auth.SIGNED_HEADERS_BLACKLIST): hop-by-hop ones
-# a proxy may rewrite, plus user-agent and the X-Ray trace id.
-_UNSIGNABLE = frozenset(
-    {
-        "authorization",
-        "connection",
-        "expect",
-        "keep-alive",
-        "proxy-authenticate",
-        "te",
-        "proxy-authorization",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "user-agent",
-        "x-amzn-trace-id",
-    }
-)
 _MAX_EXPIRES = 7 * 24 * 3600
 _AMZ_DATE = re.compile(r"\d{8}T\d{6}Z")
 _SCOPE_DATE = re.compile(r"\d{8}")
 _DIGITS = re.compile(r"[0-9]{1,19}")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
-ASCII_WHITESPACE = " \t\n\r\x0b\x0c"
-_ASCII_SPACES = re.compile(r"[ \t\n\r\x0b\x0c]+")
-_UNRESERVED = re.compile(r"[A-Za-z0-9\-_.~]*")
-_UNRESERVED_PATH = re.compile(r"[A-Za-z0-9\-_.~/]*")
 _MISMATCH = (
     "The request signature we calculated does not match the signature you provided. "
     "Check your key and signing method."
@@ -177,7 +153,7 @@ def verify_request(
         SignatureDoesNotMatch: The signature is wrong.
     """
     index = _index_headers(headers)
-    pairs = _split_query(raw_query)
+    pairs = split_query(raw_query)
     presign = {k: v for k, v in pairs if k.startswith("X-Amz-")}
     authorization = index.get("authorization")
     if authorization is not None:
@@ -199,12 +175,12 @@ def verify_request(
     mode, declared = _payload_mode(auth.payload)
     signed = tuple(auth.signed_headers.split(";"))
     _check_signed_headers(signed, index)
-    key = _signing_key(secret, auth.scope_date, auth.region, "s3")
+    key = signing_key(secret, auth.scope_date, auth.region, "s3")
     scope = f"{auth.scope_date}/{auth.region}/s3/aws4_request"
     tail = f"{_canonical_headers(signed, index)}\n{auth.signed_headers}\n{auth.payload}"
     for path, query in _canonical_candidates(raw_path, raw_query, pairs, auth.presigned):
         canonical = f"{method}\n{path}\n{query}\n{tail}"
-        if hmac.compare_digest(_sign(key, auth.amz_date, scope, canonical), auth.signature):
+        if hmac.compare_digest(sign(key, auth.amz_date, scope, canonical), auth.signature):
             break
     else:
         raise SignatureDoesNotMatch(_MISMATCH)
@@ -222,116 +198,12 @@ def verify_request(
     )
 
 
-def sign_request(
-    *,
-    method: str,
-    url: str,
-    headers: Mapping[str, str],
-    credentials: Credentials,
-    region: str = "us-east-1",
-    payload_sha256: str = UNSIGNED_PAYLOAD,
-    now: datetime | None = None,
-) -> dict[str, str]:
-    """Sign an upstream S3 request with SigV4 the way botocore's ``S3SigV4Auth`` does.
-
-    The path and query are signed in AWS's canonical encoding, which is the URL itself
-    whenever it was built the way botocore builds URLs (``quote(key, safe="/~")``).
-
-    Args:
-        method: The HTTP method.
-        url: The absolute URL the request goes to, path and query percent-encoded.
-        headers: The headers to forward; all are signed but the hop-by-hop ones,
-            ``user-agent`` and ``expect`` (as botocore does). Values are the bytes to send
-            decoded as latin-1, as ASGI headers are (UTF-8 in them passes unchanged).
-        credentials: The upstream key pair.
-        region: The region in the credential scope.
-        payload_sha256: The body's hex SHA-256, or ``UNSIGNED-PAYLOAD``.
-        now: The signing time (UTC; naive values are taken as UTC).
-
-    Returns:
-        The headers to send, lowercase: ``headers`` plus ``host``, ``x-amz-date``,
-        ``x-amz-content-sha256`` and ``authorization``.
-    """
-    parts = urlsplit(url)
-    when = _utc(now or datetime.now(UTC))
-    amz_date = f"{when:%Y%m%dT%H%M%SZ}"
-    out = {name.lower(): value for name, value in headers.items()}
-    out.pop("authorization", None)
-    out.setdefault("host", _host_from_url(parts))
-    out["x-amz-date"] = amz_date
-    out["x-amz-content-sha256"] = payload_sha256
-    names = sorted(name for name in out if name not in _UNSIGNABLE)
-    signed = ";".join(names)
-    canonical_headers = "".join(f"{name}:{_trim(out[name])}\n" for name in names)
-    query = _canonical_query(_split_query(parts.query), plus_is_space=True)
-    canonical = (
-        f"{method}\n{_canonical_path(parts.path)}\n{query}\n"
-        f"{canonical_headers}\n{signed}\n{payload_sha256}"
-    )
-    scope = f"{amz_date[:8]}/{region}/s3/aws4_request"
-    key = _signing_key(credentials.secret_access_key, amz_date[:8], region, "s3")
-    signature = _sign(key, amz_date, scope, canonical)
-    out["authorization"] = (
-        f"{ALGORITHM} Credential={credentials.access_key_id}/{scope}, "
-        f"SignedHeaders={signed}, Signature={signature}"
-    )
-    return out
-
-
-def canonical_query_string(raw_query: str) -> str:
-    """A query in AWS's canonical form, for a URL that :func:`sign_request` signs as sent.
-
-    Pairs are sorted and percent-encoded with the RFC 3986 unreserved set (``+`` read as a
-    space, as S3 does), and a presigned URL's authentication parameters are left out: they
-    authenticate the client's request, not the one the gateway makes of it.
-
-    Args:
-        raw_query: The query as received, without ``?``.
-
-    Returns:
-        The canonical query, ``""`` if nothing is left.
-    """
-    pairs = [(k, v) for k, v in _split_query(raw_query) if k not in _PRESIGN_AUTH]
-    return _canonical_query(pairs, plus_is_space=True)
-
-
-@functools.lru_cache(maxsize=256)
-def _signing_key(secret: str, date: str, region: str, service: str) -> bytes:
-    key = hmac.digest(f"AWS4{secret}".encode(), date.encode(), "sha256")
-    for part in (region, service, "aws4_request"):
-        key = hmac.digest(key, part.encode(), "sha256")
-    return key
-
-
-def _sign(key: bytes, amz_date: str, scope: str, canonical_request: str) -> str:
-    # Header values are the bytes as received, decoded as latin-1 (ASGI gives bytes): S3
-    # signs those bytes, so latin-1 turns them back; any UTF-8 in them is left as sent.
-    digest = hashlib.sha256(canonical_request.encode("latin-1")).hexdigest()
-    string_to_sign = f"{ALGORITHM}\n{amz_date}\n{scope}\n{digest}"
-    return hmac.new(key, string_to_sign.encode(), "sha256").hexdigest()
-
-
 def _index_headers(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
     index: dict[str, str] = {}
     for name, value in headers:
         previous = index.get(name)
-        index[name] = value if previous is None else f"{_trim(previous)},{_trim(value)}"
+        index[name] = value if previous is None else f"{trim(previous)},{trim(value)}"
     return index
-
-
-def _trim(value: str) -> str:
-    # ASCII whitespace only: values are latin-1 views of raw bytes, where str.split() would
-    # also cut at 0x85 and 0xA0, bytes inside UTF-8 characters (à is C3 A0).
-    return " ".join(_ASCII_SPACES.split(value.strip(ASCII_WHITESPACE)))
-
-
-def _split_query(raw_query: str) -> list[tuple[str, str]]:
-    pairs: list[tuple[str, str]] = []
-    if raw_query:
-        for token in raw_query.split("&"):
-            key, _, value = token.partition("=")
-            pairs.append((key, value))
-    return pairs
 
 
 def _header_auth(authorization: str, index: Mapping[str, str]) -> _Auth:
@@ -458,7 +330,7 @@ def _header_date(index: Mapping[str, str]) -> tuple[str, datetime]:
     if date is None:
         raise AccessDenied("AWS authentication requires a valid Date or x-amz-date header.")
     try:
-        when = _utc(parsedate_to_datetime(date))
+        when = utc(parsedate_to_datetime(date))
     except (TypeError, ValueError):
         raise AccessDenied(f"The Date header {date!r} is not an HTTP date.") from None
     return f"{when:%Y%m%dT%H%M%SZ}", when
@@ -474,14 +346,10 @@ def _parse_amz_date(value: str) -> datetime | None:
         return None
 
 
-def _utc(when: datetime) -> datetime:
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
-
-
 def _check_time(
     auth: _Auth, presign: Mapping[str, str], now: datetime, max_skew: timedelta
 ) -> None:
-    now = _utc(now)
+    now = utc(now)
     if auth.presigned:
         expires = unquote(presign["X-Amz-Expires"])
         if not _DIGITS.fullmatch(expires) or int(expires) > _MAX_EXPIRES:
@@ -545,7 +413,7 @@ def _canonical_headers(signed: tuple[str, ...], index: Mapping[str, str]) -> str
         value = index.get(name)
         if value is None:
             raise SignatureDoesNotMatch(f"The signed header {name!r} is not in the request.")
-        lines.append(f"{name}:{_trim(value)}\n")
+        lines.append(f"{name}:{trim(value)}\n")
     return "".join(lines)
 
 
@@ -563,51 +431,19 @@ def _canonical_candidates(
     if presigned:
         pairs = [(k, v) for k, v in pairs if k != "X-Amz-Signature"]
     path = raw_path or "/"
-    query = _canonical_query(pairs, plus_is_space=True)
+    query = canonical_query(pairs, plus_is_space=True)
     yield path, query
     tried = {(path, query)}
     alternatives = [(path, "&".join(f"{k}={v}" for k, v in sorted(pairs)))]
     if "+" in raw_query:
-        alternatives.append((path, _canonical_query(pairs, plus_is_space=False)))
-    alternatives.append((_canonical_path(path), query))
+        alternatives.append((path, canonical_query(pairs, plus_is_space=False)))
+    alternatives.append((canonical_path(path), query))
     if not presigned:  # curl --aws-sigv4 before 8.x signs the query as written, unsorted
         alternatives.append((path, raw_query))
     for candidate in alternatives:
         if candidate not in tried:
             tried.add(candidate)
             yield candidate
-
-
-def _canonical_query(pairs: list[tuple[str, str]], *, plus_is_space: bool) -> str:
-    encoded = sorted((_encode(k, plus_is_space), _encode(v, plus_is_space)) for k, v in pairs)
-    return "&".join(f"{k}={v}" for k, v in encoded)
-
-
-@functools.lru_cache(maxsize=4096)
-def _encode(token: str, plus_is_space: bool) -> str:
-    if _UNRESERVED.fullmatch(token):
-        return token
-    if plus_is_space:
-        token = token.replace("+", "%20")
-    return quote(unquote_to_bytes(token), safe="-_.~")
-
-
-def _canonical_path(path: str) -> str:
-    if not path:
-        return "/"
-    if _UNRESERVED_PATH.fullmatch(path):
-        return path
-    return quote(unquote_to_bytes(path), safe="/~")
-
-
-def _host_from_url(parts: SplitResult) -> str:
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    port = parts.port
-    if port is not None and port != {"http": 80, "https": 443}.get(parts.scheme):
-        host = f"{host}:{port}"
-    return host
 
 
 def _decoded_length(index: Mapping[str, str]) -> int | None:

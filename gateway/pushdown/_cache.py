@@ -66,6 +66,17 @@ class Cached:
     nbytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A write waiting in the queue: the model of an entry (None for a touch), the work,
+    its bytes and the identity it counts against."""
+
+    model: str | None
+    run: Callable[[], Any]
+    size: int = 0
+    owner: str = ""
+
+
 class FeatureCache:
     """Entries in the cache bucket, read and written through the upstream client.
 
@@ -85,10 +96,10 @@ class FeatureCache:
         self._store = store
         self._bucket = settings.cache_bucket
         self._metrics = metrics
-        # (the model of an entry write, None for a touch; the job)
-        self._queue: asyncio.Queue[tuple[str | None, Callable[[], Any]]] = asyncio.Queue(
-            maxsize=max(1, settings.cache_write_queue)
-        )
+        # (the model of an entry write, None for a touch; the job; its bytes; whose)
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=max(1, settings.cache_write_queue))
+        self.queued_bytes = 0  # of every write waiting, bounded by cache_write_queue_bytes
+        self._queued_by: dict[str, int] = {}  # per identity, bounded by its own share
         self._warned: set[str] = set()
         self._bucket_checked = False
         self.enabled = settings.cache_enabled
@@ -176,41 +187,66 @@ class FeatureCache:
         split: int,
         dtype: str,
         entry: bytes,
+        *,
+        owner: str = "",
     ) -> bool:
         """Queue ``entry`` (safetensors, see :func:`encode_entry`) for writing; ``False``
-        when the queue is full and the write was skipped."""
+        when the write was skipped: the queue is full (in entries or bytes), or ``owner``
+        (the identity whose request computed it) has its share of the bytes waiting."""
         if not self.enabled:
             return False
         path = entry_path(_key(identity, manifest, split, dtype))
         model = manifest.name
-        if not self._enqueue(model, lambda: self._put(path, entry, model)):
+        job = _Job(model, lambda: self._put(path, entry, model), len(entry), owner)
+        if not self._enqueue(job):
             self.skipped_writes += 1
             self._count_write(model, "skipped")
             return False
         return True
 
-    def _enqueue(self, model: str | None, job: Callable[[], Any]) -> bool:
+    def _enqueue(self, job: _Job) -> bool:
+        if self.queued_bytes + job.size > self._settings.cache_write_queue_bytes:
+            return False
+        share = self._settings.identity_cache_write_bytes
+        held = self._queued_by.get(job.owner, 0)
+        if job.size and share and held + job.size > share:
+            if self._metrics is not None:
+                self._metrics.identity_limited.labels(job.owner, "cache_write").inc()
+            return False
         try:
-            self._queue.put_nowait((model, job))
+            self._queue.put_nowait(job)
         except asyncio.QueueFull:
             return False
+        self.queued_bytes += job.size
+        if job.size:
+            self._queued_by[job.owner] = held + job.size
         if self._metrics is not None:
             self._metrics.cache_writes_pending.inc()
         return True
 
+    def _done(self, job: _Job) -> None:
+        self.queued_bytes -= job.size
+        if job.size:
+            left = self._queued_by[job.owner] - job.size
+            if left:
+                self._queued_by[job.owner] = left
+            else:
+                del self._queued_by[job.owner]
+        self._queue.task_done()
+        if self._metrics is not None:
+            self._metrics.cache_writes_pending.dec()
+
     async def _writer(self) -> None:
         while True:
-            model, job = await self._queue.get()
+            job = await self._queue.get()
             try:
-                await job()
+                await job.run()
             except Exception as exc:  # a failed write never reaches a request
-                if model is not None:
-                    self._count_write(model, "failed")
+                if job.model is not None:
+                    self._count_write(job.model, "failed")
                 self._warn("write", f"a feature cache write failed: {exc!r}")
             finally:
-                self._queue.task_done()
-                if self._metrics is not None:
-                    self._metrics.cache_writes_pending.dec()
+                self._done(job)
 
     async def _put(self, path: str, body: bytes, model: str) -> None:
         await self._ensure_bucket()
@@ -257,7 +293,7 @@ class FeatureCache:
             return
         if age < self._settings.cache_touch_s:
             return
-        self._enqueue(None, lambda: self._touch(path, mac))  # a full queue skips the record
+        self._enqueue(_Job(None, lambda: self._touch(path, mac)))  # a full queue skips it
 
     async def _touch(self, path: str, mac: str) -> None:
         source = f"/{self._bucket}/{path}"

@@ -105,6 +105,7 @@ class EntryWriter:
         owners: The object key of every sample of the answer, in order (``None`` for a
             cached sample).
         identities: The fetched objects' identities (from their GET's headers).
+        caller: The identity whose request computed the rows (its cache-write share).
         row_bytes: Bytes of one float32 row.
     """
 
@@ -117,8 +118,11 @@ class EntryWriter:
         owners: Sequence[str | None],
         identities: Mapping[str, ObjectIdentity],
         row_bytes: int,
+        *,
+        caller: str = "",
     ) -> None:
         self._cache, self._manifest, self._split, self._dtype = cache, manifest, split, dtype
+        self._caller = caller
         self._owners = owners
         self._identities = identities
         counts: dict[str, int] = {}
@@ -155,4 +159,11 @@ class EntryWriter:
         )
         meta = [s.meta for s in samples] if any(s.meta for s in samples) else None
         entry = encode_entry(np.stack(rows), self._dtype, labels, [s.key for s in samples], meta)
-        self._cache.store(self._identities[owner], self._manifest, self._split, self._dtype, entry)
+        self._cache.store(
+            self._identities[owner],
+            self._manifest,
+            self._split,
+            self._dtype,
+            entry,
+            owner=self._caller,
+        )

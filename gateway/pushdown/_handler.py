@@ -31,7 +31,7 @@ import contextlib
 import copy
 import threading
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -133,9 +133,22 @@ class Pushdown:
         return self.tenants.requests
 
     async def get(
-        self, send: ASGISend, receive: ASGIReceive, bucket: str, key: str, params: Params
+        self,
+        send: ASGISend,
+        receive: ASGIReceive,
+        bucket: str,
+        key: str,
+        given: Mapping[str, tuple[str, str]],
+        *,
+        colocated: bool = False,
     ) -> None:
-        """Features of one object (an image, or every sample of a shard)."""
+        """Features of one object (an image, or every sample of a shard).
+
+        Args:
+            given: The request's pushdown parameters, as the edge parsed them.
+            colocated: The client runs on the gateway's machine (for ``split=auto``).
+        """
+        params = replace(parse_params(given), colocated=colocated)
         await _cancel_on_disconnect(self._serve(send, bucket, [key], params, batch=False), receive)
 
     async def batch(
@@ -144,15 +157,12 @@ class Pushdown:
         receive: ASGIReceive,
         bucket: str,
         body: bytes,
+        given: Mapping[str, tuple[str, str]],
         *,
-        headers: dict[str, str] | None = None,
-        query: str = "",
         colocated: bool = False,
     ) -> None:
         """Features of several objects, stacked in key order; failures listed per key."""
-        keys, params = parse_batch(
-            body, headers or {}, query, max_keys=self._settings.max_batch_keys
-        )
+        keys, params = parse_batch(body, given, max_keys=self._settings.max_batch_keys)
         params = replace(params, colocated=colocated)
         await _cancel_on_disconnect(self._serve(send, bucket, keys, params, batch=True), receive)
 
@@ -236,7 +246,14 @@ class Pushdown:
         if cache is not None and missing:
             row_bytes = 4 * int(np.prod(answer.row_shape))
             writer = EntryWriter(
-                cache, manifest, split, params.dtype, owners, listing.identities, row_bytes
+                cache,
+                manifest,
+                split,
+                params.dtype,
+                owners,
+                listing.identities,
+                row_bytes,
+                caller=self.caller.name,
             )
         return answer, writer
 

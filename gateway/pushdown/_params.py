@@ -12,7 +12,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl
 
 from hapi import protocol
 from hapi.models import InvalidModelSpec, parse_ref
@@ -47,19 +46,15 @@ def known_parameters(names: tuple[str, ...] = PARAMETERS) -> str:
     return f"{headers} (or the query parameters {', '.join(f'hapi-{n}' for n in names)})"
 
 
-def parse_params(headers: Mapping[str, str], raw_query: str) -> Params | None:
-    """Pushdown parameters from ``x-hapi-*`` headers or ``hapi-*`` query parameters
-    (a header wins over the same query parameter).
-
-    Returns:
-        None when the request names no pushdown parameter at all (a plain read).
+def parse_params(given: Mapping[str, tuple[str, str]]) -> Params:
+    """Pushdown parameters of a GET, as the edge parsed them (:class:`S3Operation.hapi`:
+    short name to ``(name as spelled, value)``, from ``x-hapi-*`` headers or ``hapi-*``
+    query parameters).
 
     Raises:
         InvalidArgument: An unknown name, a parameter without a model, or a bad value.
     """
-    given = _given(headers, raw_query, PARAMETERS)
-    if not given:
-        return None
+    _known(given, PARAMETERS)
     model = given.get("model")
     if model is None or not model[1]:
         named = ", ".join(sorted(spelled for spelled, _ in given.values()))
@@ -81,31 +76,18 @@ def parse_params(headers: Mapping[str, str], raw_query: str) -> Params | None:
     )
 
 
-def _given(
-    headers: Mapping[str, str], raw_query: str, allowed: tuple[str, ...]
-) -> dict[str, tuple[str, str]]:
-    """``{short name: (name as spelled, value)}`` of every ``hapi`` parameter given.
+def _known(given: Mapping[str, tuple[str, str]], allowed: tuple[str, ...]) -> None:
+    """Refuse a parameter outside ``allowed``.
 
     Raises:
         InvalidArgument: A name outside ``allowed``.
     """
-    given: dict[str, tuple[str, str]] = {}
-    # Most requests are plain reads: a query without "hapi" in any spelling (even
-    # percent-encoded, "hapi%2D...") names no parameter and is not parsed at all.
-    named = "hapi" in raw_query.lower()
-    for name, value in parse_qsl(raw_query, keep_blank_values=True) if named else ():
-        if name.lower().startswith("hapi-"):
-            given[name.lower().removeprefix("hapi-")] = (name, value)
-    for name, value in headers.items():
-        if name.lower().startswith("x-hapi-"):
-            given[name.lower().removeprefix("x-hapi-")] = (name, value)
     unknown = sorted(spelled for short, (spelled, _) in given.items() if short not in allowed)
     if unknown:
         raise InvalidArgument(
             f"unknown pushdown parameter {', '.join(unknown)}; "
             f"known parameters: {known_parameters(allowed)}"
         )
-    return given
 
 
 def _text_split(text: str | None) -> int | str | None:
@@ -181,7 +163,7 @@ def _bandwidth(text: Any) -> float | None:
 
 
 def parse_batch(
-    body: bytes, headers: Mapping[str, str], raw_query: str, *, max_keys: int
+    body: bytes, given: Mapping[str, tuple[str, str]], *, max_keys: int
 ) -> tuple[list[str], Params]:
     """The keys and parameters of ``POST /{bucket}?hapi-batch``.
 
@@ -192,7 +174,7 @@ def parse_batch(
         InvalidArgument: Not such a JSON object, an unknown field, or a bad value.
         InvalidRequest: More than ``max_keys`` keys, or a body over 1 MiB.
     """
-    given = _given(headers, raw_query, _BATCH_QUERY)
+    _known(given, _BATCH_QUERY)
     spec = _batch_json(body)
     unknown = sorted(set(spec) - set(_BATCH_FIELDS))
     if unknown:

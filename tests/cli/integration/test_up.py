@@ -194,15 +194,30 @@ def test_up_gives_an_ordinary_client_key_and_an_admin_key(tmp_path):
             aws_secret_access_key=tenant["secret_access_key"],
         )
         direct.put_object(Bucket="data", Key="mine", Body=b"ok")  # its own data it may write
+        direct.create_bucket(Bucket="photos")  # and buckets of its own
+        # Not a store administrator: where the store skips bucket policies (a batch delete's
+        # keys, a copy's source), its own permissions still hold; the operators' buckets
+        # (hapi-*, the admin key's too) are out of its reach.
+        admin.create_bucket(Bucket="hapi-operators")
+        admin.put_object(Bucket="hapi-operators", Key="notes", Body=b"operators'")
+        admin.put_object(Bucket="hapi-cache", Key="entry", Body=b"features")
+        direct.delete_objects(
+            Bucket="hapi-models", Delete={"Objects": [{"Key": "models/x/latest"}]}
+        )
         for attempt in (
             lambda: direct.put_object(Bucket="hapi-models", Key="models/x/latest", Body=b"2"),
             lambda: direct.list_objects_v2(Bucket="hapi-cache"),
+            lambda: direct.copy_object(Bucket="data", Key="loot", CopySource="hapi-cache/entry"),
+            lambda: direct.create_bucket(Bucket="hapi-mine"),
+            lambda: direct.get_object(Bucket="hapi-operators", Key="notes"),
+            lambda: client.get_object(Bucket="hapi-operators", Key="notes"),
         ):
             with pytest.raises(ClientError) as caught:
                 attempt()
-            assert caught.value.response["Error"]["Code"] == "AccessDenied"
+            assert caught.value.response["Error"]["Code"] in ("AccessDenied", "NoSuchBucket")
         latest = admin.get_object(Bucket="hapi-models", Key="models/x/latest")["Body"].read()
         assert latest == b"1"
+        assert "loot" not in {o["Key"] for o in direct.list_objects_v2(Bucket="data")["Contents"]}
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)

@@ -49,7 +49,10 @@ RATE = 0.2  # requests per second per identity of the rate-limited gateway
 
 @contextlib.contextmanager
 def _gateway(store: Any, root: Any, env: dict[str, str]) -> Iterator[RunningGateway]:
-    keys = {c.access_key_id: {"secret": c.secret_access_key} for c in (FLOOD, LIGHT)}
+    keys = {
+        c.access_key_id: {"secret": c.secret_access_key, "upstream": "backend"}
+        for c in (FLOOD, LIGHT)
+    }
     with store_gateway(
         store,
         root,

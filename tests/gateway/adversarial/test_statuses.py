@@ -15,7 +15,7 @@ import httpx
 import pytest
 from botocore.config import Config
 
-from hapi.gateway.edge._sigv4 import sign_request
+from hapi.gateway import sign_request
 from hapi.protocol import Credentials
 from tests.gateway.adversarial._support import Reply, encode_request, exchange, exchange_at
 from tests.support import signed_headers

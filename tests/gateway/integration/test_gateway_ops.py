@@ -108,7 +108,7 @@ def test_unreachable_backend_is_503_with_retry_after(tmp_path):
     with gateway_process(
         backend_url=dead, backend_key="k", backend_secret="s", log_dir=tmp_path
     ) as gw:
-        url = _client(gw).generate_presigned_url("get_object", Params={"Bucket": "b", "Key": "k"})
+        url = _client(gw).generate_presigned_url("get_object", Params={"Bucket": "bkt", "Key": "k"})
         reply = httpx.get(url)
         assert reply.status_code == 503
         assert reply.headers["retry-after"] == "1"
@@ -145,7 +145,7 @@ def test_truncated_upstream_body_is_not_a_complete_response(tmp_path, truncating
     with gateway_process(
         backend_url=truncating_backend, backend_key="k", backend_secret="s", log_dir=tmp_path
     ) as gw:
-        url = _client(gw).generate_presigned_url("get_object", Params={"Bucket": "b", "Key": "k"})
+        url = _client(gw).generate_presigned_url("get_object", Params={"Bucket": "bkt", "Key": "k"})
         with pytest.raises(httpx.RemoteProtocolError), httpx.stream("GET", url) as reply:
             assert reply.headers["content-length"] == "1048576"
             reply.read()

@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 import httpx
 import pytest
 
-from hapi.gateway.edge._sigv4 import sign_request, verify_request
+from hapi.gateway import sign_request
+from hapi.gateway.edge._sigv4 import verify_request
 from hapi.protocol import Credentials
 from tests.gateway.support import botocore_chunked, encode_signed
 

@@ -38,6 +38,10 @@ def test_serve_logs_one_startup_block(store, tmp_path):
     assert "decoder:         auto (pil)" in log  # blocks on the CPU: Pillow
     assert "memory budget:   1.0 GiB" in log
     assert "limits:          objects up to 256.0 MiB for pushdown" in log
+    # HAPI_ACCESS_KEY_ID acts as the backend identity: said once, with the key it names.
+    backend_lines = [line for line in lines if "as backend:" in line]
+    assert len(backend_lines) == 1 and gw.access_key_id in backend_lines[0], log
+    assert gw.admin_access_key_id not in backend_lines[0]  # an admin is an operator, not named
     assert "Aborted" not in gw.log()
 
 

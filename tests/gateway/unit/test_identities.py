@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from hapi.gateway import Caller, ClientKey, GatewaySettings, read_credentials_file
-from hapi.gateway._identities import caller_of
-from hapi.gateway.edge._access import copy_source_bucket
+from hapi.gateway._errors import InvalidBucketName
+from hapi.gateway._identities import backend_actors, caller_of
+from hapi.gateway._operation import parse_operation
 from hapi.protocol import Credentials
 
 BACKEND = Credentials("BACKENDKEY", "backend-secret")
@@ -46,10 +47,22 @@ def test_each_key_has_a_role_and_an_upstream_identity(tmp_path: Path) -> None:
     assert "'c'" not in repr(clients["BOB"]) and "'d'" not in repr(clients["BOB"])
 
 
+def test_a_client_acts_as_the_backend_identity_only_when_it_says_so(tmp_path: Path) -> None:
+    keys = {
+        "SOLO": {"secret": "s", "upstream": "backend"},
+        "ALICE": {"secret": "b", "upstream": "self"},
+    }
+    clients = read_credentials_file(_file(tmp_path, {"keys": keys}))
+    assert clients["SOLO"] == ClientKey("s", "client", None)
+    assert caller_of("SOLO", clients, BACKEND).upstream == BACKEND
+    assert backend_actors(clients) == ["SOLO"]
+
+
 def test_the_flat_form_still_reads_as_clients_acting_as_the_backend(tmp_path: Path) -> None:
     clients = read_credentials_file(_file(tmp_path, {"K1": "s1", "K2": "s2"}))
     assert clients == {"K1": ClientKey("s1"), "K2": ClientKey("s2")}
     assert caller_of("K1", clients, BACKEND) == Caller("K1", "client", BACKEND)
+    assert backend_actors(clients) == ["K1", "K2"]
 
 
 @pytest.mark.parametrize(
@@ -59,6 +72,8 @@ def test_the_flat_form_still_reads_as_clients_acting_as_the_backend(tmp_path: Pa
         ({"keys": {"K": {"role": "admin"}}}, 'needs "secret"'),
         ({"keys": {"K": {"secret": "s", "upstream": "other"}}}, 'upstream must be "self"'),
         ({"keys": {"K": {"secret": "s", "upstream": {"access_key_id": "x"}}}}, "upstream must"),
+        ({"keys": {"K": {"secret": "s"}}}, "a client key says which store identity"),
+        ({"keys": {"K": {"secret": "s", "role": "client"}}}, 'or "backend"'),
         ({"keys": {"K": {"secret": "s", "rol": "admin"}}}, "unknown fields ['rol']"),
         ({"keys": {}, "extra": 1}, 'expected only "keys"'),
         ({"K": 1}, "flat JSON object"),
@@ -116,9 +131,17 @@ def test_the_cache_key_is_derived_from_the_backend_secret_unless_one_is_set(
         ("/hapi-cache/features/a", "hapi-cache"),
         ("hapi-cache/features/a?versionId=3", "hapi-cache"),
         ("%2Fhapi-cache%2Ffeatures%2Fa", "hapi-cache"),
-        ("//hapi-models/models/x/latest", "hapi-models"),
         ("data/a.jpg", "data"),
     ],
 )
 def test_a_copy_source_names_its_bucket_however_it_is_written(source: str, bucket: str) -> None:
-    assert copy_source_bucket(source) == bucket
+    headers = [("x-amz-copy-source", source)]
+    operation = parse_operation("PUT", "/mine/copy", "", headers, ())
+    assert operation.name == "CopyObject"
+    assert operation.copy_source is not None and operation.copy_source.bucket == bucket
+
+
+def test_a_copy_source_with_an_empty_bucket_is_refused() -> None:
+    headers = [("x-amz-copy-source", "//hapi-models/models/x/latest")]
+    with pytest.raises(InvalidBucketName):
+        parse_operation("PUT", "/mine/copy", "", headers, ())

@@ -10,7 +10,7 @@ import pytest
 
 from hapi.gateway import ClientKey, GatewaySettings, create_app
 from hapi.gateway._app import new_upstream_client
-from hapi.gateway.edge._addressing import object_path, resolve
+from hapi.gateway._operation import object_path, parse_operation
 from hapi.gateway.edge._sigv4 import verify_request
 from hapi.protocol import Credentials
 from tests.gateway.support import CLIENT, client_signed
@@ -126,8 +126,8 @@ async def test_upstream_client_adds_nothing_and_keeps_no_cookies():
     ],
 )
 def test_target_keeps_the_path_the_client_signed(raw_path, host, bucket, key, client_path):
-    target = resolve(raw_path, host, ("localhost",))
-    assert (target.bucket, target.key, target.client_path) == (bucket, key, client_path)
+    operation = parse_operation("GET", raw_path, "", [("host", host)], ("localhost",))
+    assert (operation.bucket, operation.key, operation.client_path) == (bucket, key, client_path)
 
 
 @pytest.mark.parametrize(

@@ -162,7 +162,7 @@ def test_one_gateway_process_runs_on_the_loop_that_accepts_a_burst_at_once() -> 
     from hapi.gateway.edge._http import edge_config
 
     settings = GatewaySettings.from_env(BASE_ENV)
-    factory = edge_config(settings, "127.0.0.1", 8080).get_loop_factory()
+    factory = edge_config(settings, "127.0.0.1", 8080, lambda s: lambda: None).get_loop_factory()
     assert factory is not None
     loop = factory()
     try:
@@ -172,7 +172,7 @@ def test_one_gateway_process_runs_on_the_loop_that_accepts_a_burst_at_once() -> 
     # worker processes sharing the socket: uvloop's own, one accept per turn spreads a
     # burst over them
     two = GatewaySettings.from_env({**BASE_ENV, "HAPI_WORKERS": "2"})
-    factory = edge_config(two, "127.0.0.1", 8080).get_loop_factory()
+    factory = edge_config(two, "127.0.0.1", 8080, lambda s: lambda: None).get_loop_factory()
     assert factory is not None
     loop = factory()
     try:

@@ -1,0 +1,147 @@
+"""Raw requests as a hostile client writes them: any path bytes, repeated headers, and the
+three ways of signing (SigV4 header, SigV4 presigned, V2 presigned), for the suites that try
+to make the gateway read a request two ways."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import quote, unquote_to_bytes
+
+from hapi.gateway import sign_request
+from hapi.protocol import Credentials
+from tests.gateway.adversarial._support import Reply, exchange_at
+
+Headers = Sequence[tuple[str, str]]
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+@dataclass(frozen=True)
+class Raw:
+    """One request exactly as it goes on the wire (path and query as written)."""
+
+    method: str
+    target: str  # path and query, as sent
+    headers: Headers = ()
+    body: bytes = b""
+
+    def encode(self) -> bytes:
+        lines = [f"{self.method} {self.target} HTTP/1.1", *(f"{n}: {v}" for n, v in self.headers)]
+        if not any(n.lower() == "content-length" for n, _ in self.headers):
+            lines.append(f"content-length: {len(self.body)}")
+        lines.append("connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + self.body
+
+
+def send(endpoint_url: str, raw: Raw) -> Reply:
+    return exchange_at(endpoint_url, raw.encode(), timeout=60)
+
+
+def signed_v4(
+    endpoint_url: str,
+    creds: Credentials,
+    method: str,
+    target: str,
+    headers: Headers = (),
+    body: bytes = b"",
+    *,
+    host: str | None = None,
+    repeat: Headers = (),
+) -> Raw:
+    """SigV4 in the Authorization header over ``target`` as written; ``repeat`` headers are
+    added after signing, so the request carries them twice."""
+    signed = dict(headers)
+    if host is not None:
+        signed["host"] = host
+    signed = sign_request(
+        method=method,
+        url=endpoint_url + target,
+        headers=signed,
+        credentials=creds,
+        region="us-east-1",
+        payload_sha256=hashlib.sha256(body).hexdigest(),
+    )
+    return Raw(method, target, [*signed.items(), *repeat], body)
+
+
+def presigned_v4(
+    endpoint_url: str, creds: Credentials, method: str, path: str, query: str = ""
+) -> Raw:
+    """A SigV4 presigned request (``X-Amz-*`` query), signed over ``path`` as written."""
+    now = dt.datetime.now(dt.UTC)
+    amz_date, day = f"{now:%Y%m%dT%H%M%SZ}", f"{now:%Y%m%d}"
+    scope = f"{day}/us-east-1/s3/aws4_request"
+    host = endpoint_url.split("//", 1)[1]
+    params = {
+        "X-Amz-Algorithm": "AWS4-HMAC-SHA256",
+        "X-Amz-Credential": f"{creds.access_key_id}/{scope}",
+        "X-Amz-Date": amz_date,
+        "X-Amz-Expires": "300",
+        "X-Amz-SignedHeaders": "host",
+    }
+    pairs = [tuple(p.partition("=")[::2]) for p in query.split("&") if p]
+    canonical_pairs = sorted(
+        [(_enc(k), _enc(v)) for k, v in params.items()]
+        + [(_enc(_dec(k)), _enc(_dec(v))) for k, v in pairs]
+    )
+    canonical_query = "&".join(f"{k}={v}" for k, v in canonical_pairs)
+    canonical_path = quote(_unquote_bytes(path), safe="/~")
+    canonical = (
+        f"{method}\n{canonical_path}\n{canonical_query}\nhost:{host}\n\nhost\nUNSIGNED-PAYLOAD"
+    )
+    to_sign = (
+        f"AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+    )
+    key = f"AWS4{creds.secret_access_key}".encode()
+    for part in (day, "us-east-1", "s3", "aws4_request"):
+        key = hmac.digest(key, part.encode(), "sha256")
+    signature = hmac.new(key, to_sign.encode(), "sha256").hexdigest()
+    full = "&".join(
+        [query, *(f"{k}={_enc(v)}" for k, v in params.items()), f"X-Amz-Signature={signature}"]
+    ).lstrip("&")
+    return Raw(method, f"{path}?{full}", [("host", host)])
+
+
+def presigned_v2(
+    endpoint_url: str, creds: Credentials, method: str, path: str, query: str = ""
+) -> Raw:
+    """A V2 presigned request over ``path`` as written (the resource V2 signs)."""
+    expires = str(int(dt.datetime.now(dt.UTC).timestamp()) + 300)
+    subresources = [p for p in query.split("&") if p and p.split("=")[0] in _V2_SUBRESOURCES]
+    resource = path + ("?" + "&".join(sorted(subresources)) if subresources else "")
+    to_sign = f"{method}\n\n\n{expires}\n{resource}"
+    digest = hmac.digest(creds.secret_access_key.encode(), to_sign.encode("latin-1"), "sha1")
+    signature = quote(base64.b64encode(digest).decode(), safe="")
+    auth = f"AWSAccessKeyId={creds.access_key_id}&Expires={expires}&Signature={signature}"
+    host = endpoint_url.split("//", 1)[1]
+    return Raw(method, f"{path}?{'&'.join(filter(None, [query, auth]))}", [("host", host)])
+
+
+_V2_SUBRESOURCES = frozenset(
+    {"acl", "delete", "tagging", "uploads", "uploadId", "partNumber", "versionId", "versioning"}
+)
+
+
+def _enc(text: str) -> str:
+    return quote(text, safe="-_.~")
+
+
+def _dec(text: str) -> str:
+    return _unquote_bytes(text.replace("+", " ")).decode("utf-8", "replace")
+
+
+def _unquote_bytes(text: str) -> bytes:
+    return unquote_to_bytes(text)
+
+
+def delete_body(keys: Sequence[str]) -> bytes:
+    objects = "".join(f"<Object><Key>{key}</Key></Object>" for key in keys)
+    return f"<Delete>{objects}</Delete>".encode()
+
+
+def content_md5(body: bytes) -> str:
+    return base64.b64encode(hashlib.md5(body).digest()).decode()
