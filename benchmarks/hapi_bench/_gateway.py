@@ -90,6 +90,10 @@ def gateway_subprocess(
         "HAPI_BACKEND_SECRET_ACCESS_KEY": secret,
         "HAPI_ACCESS_KEY_ID": client_key,
         "HAPI_SECRET_ACCESS_KEY": client_secret,
+        # One identity drives every load: its bounds (which keep one key of many from
+        # starving the others) would measure the bound, not the gateway.
+        "HAPI_IDENTITY_UPSTREAM_REQUESTS": "0",
+        "HAPI_IDENTITY_PUSHDOWN_REQUESTS": "0",
         **(extra_env or {}),
     }
     hapi = Path(sys.executable).parent / "hapi"

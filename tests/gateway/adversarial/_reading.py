@@ -1,6 +1,6 @@
-"""Raw requests as a hostile client writes them: any path bytes, repeated headers, and the
-three ways of signing (SigV4 header, SigV4 presigned, V2 presigned), for the suites that try
-to make the gateway read a request two ways."""
+"""Raw requests as a hostile client writes them: any path bytes, repeated headers, the three
+ways of signing (SigV4 header, SigV4 presigned, V2 presigned), aws-chunked bodies and form
+uploads, for the suites that try to make the gateway read a request two ways."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, unquote_to_bytes
 
+import boto3
+
 from hapi.gateway import sign_request
 from hapi.protocol import Credentials
 from tests.gateway.adversarial._support import Reply, exchange_at
+from tests.gateway.support import botocore_chunked
 
 Headers = Sequence[tuple[str, str]]
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -51,9 +54,11 @@ def signed_v4(
     *,
     host: str | None = None,
     repeat: Headers = (),
+    payload: str | None = None,
 ) -> Raw:
     """SigV4 in the Authorization header over ``target`` as written; ``repeat`` headers are
-    added after signing, so the request carries them twice."""
+    added after signing, so the request carries them twice. The payload is signed as its
+    SHA-256 unless ``payload`` names another mode (``STREAMING-UNSIGNED-PAYLOAD-TRAILER``)."""
     signed = dict(headers)
     if host is not None:
         signed["host"] = host
@@ -63,9 +68,54 @@ def signed_v4(
         headers=signed,
         credentials=creds,
         region="us-east-1",
-        payload_sha256=hashlib.sha256(body).hexdigest(),
+        payload_sha256=payload or hashlib.sha256(body).hexdigest(),
     )
     return Raw(method, target, [*signed.items(), *repeat], body)
+
+
+def aws_chunked(payload: bytes) -> tuple[list[tuple[str, str]], bytes]:
+    """Headers and body of ``payload`` sent as current SDKs send it: aws-chunked, unsigned
+    chunks, a CRC32 trailer (sign with ``payload=STREAMING_TRAILER``)."""
+    headers = [
+        ("content-encoding", "aws-chunked"),
+        ("x-amz-decoded-content-length", str(len(payload))),
+        ("x-amz-trailer", "x-amz-checksum-crc32"),
+    ]
+    return headers, botocore_chunked(payload)
+
+
+STREAMING_TRAILER = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+
+
+def form_upload(
+    endpoint_url: str, creds: Credentials | None, bucket: str, key: str, path: str
+) -> Raw:
+    """A browser form upload (POST Object) of ``key`` to ``bucket`` at ``path``: a V4
+    policy signed by ``creds`` (boto3's ``generate_presigned_post``), or unsigned."""
+    fields = {"key": key}
+    if creds is not None:
+        signer = boto3.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id=creds.access_key_id,
+            aws_secret_access_key=creds.secret_access_key,
+        )
+        fields = signer.generate_presigned_post(bucket, key, ExpiresIn=300)["fields"]
+    boundary = "hapiform" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    parts = [
+        f'--{boundary}\r\ncontent-disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+        for name, value in fields.items()
+    ]
+    parts.append(
+        f'--{boundary}\r\ncontent-disposition: form-data; name="file"; filename="f.bin"\r\n'
+        "content-type: application/octet-stream\r\n\r\nform-written\r\n"
+        f"--{boundary}--\r\n"
+    )
+    body = "".join(parts).encode()
+    host = endpoint_url.split("//", 1)[1]
+    headers = [("host", host), ("content-type", f"multipart/form-data; boundary={boundary}")]
+    return Raw("POST", path, headers, body)
 
 
 def presigned_v4(
