@@ -123,16 +123,19 @@ class Observe:
         status = state.get("status", 500)
         sent, received = state.get("sent", 0), state.get("received", 0)
         self._metrics.observe(operation, status, seconds, sent, received)
+        # The resource and caller as the request was parsed and verified (the one reading
+        # every decision used), else the path as received.
         log.info(
-            "%s %s %s %s status=%d sent=%d received=%d ms=%.2f%s",
+            "%s %s %s %s status=%d sent=%d received=%d ms=%.2f%s%s",
             state["request_id"],
             operation,
             scope["method"],
-            scope["path"],
+            state.get("resource", scope["path"]),
             status,
             sent,
             received,
             seconds * 1000,
+            f" caller={state['caller']}" if "caller" in state else "",
             f" error={state['error']}" if "error" in state else "",
         )
 

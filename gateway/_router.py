@@ -87,6 +87,7 @@ class Router:
             return
         verified = self.proxy.authenticate(scope, operation)
         caller = self.proxy.caller(verified)
+        state["caller"] = caller.name
         check_access(caller, self._settings, operation)
         if operation.is_pushdown:
             with self.pushdown_in_flight.hold(caller.name):
