@@ -19,7 +19,8 @@ from pathlib import Path
 
 import click
 
-from hapi.models import Manifest, NoSuchModel, Registry, cli_errors, open_registry
+from hapi.models import Manifest, NoSuchModel, Registry
+from hapi.models.cli import UserError, cli_errors, open_registry, store_options
 from hapi.planner import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_DATASET_SIZE,
@@ -35,7 +36,7 @@ from hapi.planner import (
     profile_from_manifest,
 )
 from hapi.planner import plan as compute_plan
-from hapi.protocol import InvalidValue, UserError, parse_bandwidth, parse_size, store_options
+from hapi.protocol import InvalidValue, parse_bandwidth, parse_size
 
 from ._errors import ProbeError
 from ._probe import fetch_gateway_profile, probe_bandwidth
