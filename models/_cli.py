@@ -22,7 +22,8 @@ from hapi.protocol import format_bytes
 
 from ._errors import InvalidModelSpec, NoSuchModel
 from ._manifest import Manifest
-from ._registry import Registry, check_name
+from ._names import check_name
+from ._registry import Registry
 from .cli import cli_errors, open_registry, store_options
 
 

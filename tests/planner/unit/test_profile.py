@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from hapi.models import get_preset
+from hapi.models.testing import get_preset
 from hapi.planner import (
     DEFAULT_DECODE_MS,
     DEFAULT_RAW_BYTES,
