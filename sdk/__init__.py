@@ -48,6 +48,7 @@ from ._errors import (
     StateMismatch,
     UnprocessableObject,
 )
+from ._measure import measure_client_blocks, measure_decode_ms, measure_request_ms
 from ._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
 from ._sources import LABEL_SOURCES
 from ._split import SplitChoice
@@ -83,6 +84,9 @@ __all__ = [
     "UnprocessableObject",
     "client",
     "fetch_gateway_profile",
+    "measure_client_blocks",
+    "measure_decode_ms",
+    "measure_request_ms",
     "probe_bandwidth",
 ]
 
