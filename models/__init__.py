@@ -44,7 +44,8 @@ from ._errors import (
     SessionError,
     VersionConflict,
 )
-from ._export import DEFAULT_MODEL, export_model, register_default_model, sample_images
+from ._export import DEFAULT_MODEL, export_model, register_default_model
+from ._exporting import sample_images
 from ._hub import export_hub
 from ._import import import_onnx
 from ._layout import assemble_blocks
