@@ -63,6 +63,7 @@ from ._units import format_bandwidth, format_bytes, parse_bandwidth, parse_size
 from ._wire import DTYPES as WIRE_DTYPES
 from ._wire import decode as decode_features
 from ._wire import encode as encode_features
+from ._wire import header as safetensors_header
 from ._wire import to_wire_dtype
 
 __all__ = [
@@ -113,5 +114,6 @@ __all__ = [
     "parse_list_page",
     "parse_manifest_key",
     "parse_size",
+    "safetensors_header",
     "to_wire_dtype",
 ]
