@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hapi.protocol import UserError
+from hapi.models.cli import UserError
 
 
 @click.command(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from hapi.protocol import UserError
+from hapi.models.cli import UserError
 
 from ._demo import demo
 from ._up import DEFAULT_STATE_DIR, up

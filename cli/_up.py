@@ -22,7 +22,8 @@ from rich.console import Console
 
 from hapi.gateway import ClientKey, GatewaySettings, listen, run_gateway
 from hapi.models import Manifest
-from hapi.protocol import Credentials, UserError
+from hapi.models.cli import UserError
+from hapi.protocol import Credentials
 
 from ._state import AlreadyRunning, RunLock, RunRecord, clean_stale
 

@@ -20,6 +20,7 @@ from ._store import StoreClient
 from ._types import ASGIReceive, ASGISend, Scope
 from .edge._proxy import Proxy
 from .edge._transport import UpstreamTransport
+from .pushdown._handler import Pushdown
 from .pushdown._registry import AsyncRegistry
 from .pushdown._resources import open_pushdown
 from .pushdown._tenants import SessionFactory
@@ -160,6 +161,11 @@ class Gateway:
             self.router.pushdown = pushdown
             yield
             self.router.pushdown = None
+
+    @property
+    def pushdown(self) -> Pushdown | None:
+        """Pushdown, while the lifespan runs."""
+        return self.router.pushdown
 
     def _queued_samples(self) -> float:
         pushdown = self.router.pushdown

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from hapi.protocol import UserError
+from hapi.models.cli import UserError
 
 from ._knobs import Knob
 from ._server import listen, print_startup_block, run_gateway

@@ -13,12 +13,13 @@ the data plane), unless the operator made it public (``public_control``,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import httpx
 from fastapi import FastAPI, Query, Request
@@ -37,14 +38,29 @@ from hapi.protocol import (
 )
 
 from ._errors import InvalidArgument, S3Error, ServiceUnavailable, SlowDown
-from ._metrics import ALL_IDENTITIES
+from ._metrics import ALL_IDENTITIES, Metrics
 from ._observe import s3_error_handler
 from ._types import ASGIReceive, ASGISend, Scope, request_state
 from .edge._sigv4 import verify_request
 
 if TYPE_CHECKING:
-    from ._app import Gateway
+    from ._settings import GatewaySettings
+    from ._store import StoreClient
     from .pushdown._handler import Pushdown
+
+
+class Gateway(Protocol):
+    """What the control plane reads of the app it serves (``_app.Gateway`` is one)."""
+
+    settings: GatewaySettings
+    metrics: Metrics
+    store: StoreClient
+
+    @property
+    def pushdown(self) -> Pushdown | None: ...
+
+    def lifespan(self, app: Any = None) -> contextlib.AbstractAsyncContextManager[None]: ...
+
 
 OPEN_PATHS = frozenset({"/_hapi/live", "/_hapi/health"})
 METRICS_PATH = "/metrics"
@@ -230,7 +246,7 @@ def _probe_route(app: FastAPI, gateway: Gateway, meter: ProbeMeter) -> None:
 
 
 def _pushdown(gateway: Gateway) -> Pushdown:
-    pushdown = gateway.router.pushdown
+    pushdown = gateway.pushdown
     if pushdown is None:
         raise ServiceUnavailable(
             "pushdown is not running (the gateway is starting or stopping)", retry_after=1

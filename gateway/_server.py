@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 
 from hapi.models import cuda_usable
-from hapi.protocol import UserError
+from hapi.models.cli import UserError
+from hapi.protocol import format_bytes
 
 from ._app import create_app
 from ._identities import backend_actors
@@ -139,7 +140,7 @@ def startup_block(settings: GatewaySettings, url: str) -> str:
     if device == "auto":
         device = "auto (cuda)" if cuda_usable() else "auto (cpu: no usable CUDA device)"
     limits = (
-        f"objects up to {_size(settings.max_object_bytes)} for pushdown, "
+        f"objects up to {format_bytes(settings.max_object_bytes, binary=True)} for pushdown, "
         f"{settings.max_image_pixels:,} pixels per image, "
         f"{settings.max_queue_samples} queued samples, "
         f"{settings.max_upstream_connections} upstream connections"
@@ -151,7 +152,7 @@ def startup_block(settings: GatewaySettings, url: str) -> str:
             f"  registry bucket: {settings.registry_bucket}",
             f"  device:          {device}",
             f"  decoder:         {_decoder(settings)}",
-            f"  memory budget:   {_size(settings.memory_budget_bytes)} (on CPU; GPU: free memory)",
+            f"  memory budget:   {format_bytes(settings.memory_budget_bytes, binary=True)} (on CPU; GPU: free memory)",
             f"  limits:          {limits}",
             f"  clients:         {_clients(settings)}",
             *_backend_actors(settings),
@@ -197,14 +198,6 @@ def _placement(settings: GatewaySettings) -> str:
     if not settings.node_address:
         return f"{settings.placement} (no node address: every fetch counts as unknown)"
     return f"{settings.placement} (this node: {settings.node_address})"
-
-
-def _size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    raise AssertionError("unreachable")
 
 
 class _AppFactory:

@@ -14,7 +14,8 @@ from types import MappingProxyType
 from typing import Any
 
 from hapi.models import DECODERS, Device
-from hapi.protocol import Credentials, parse_placement
+from hapi.protocol import Credentials
+from hapi.store import parse_placement
 
 from ._identities import ClientKey, read_credentials_file
 from ._knobs import Knob, from_environment, knob, knobs

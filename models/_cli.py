@@ -11,8 +11,6 @@ upload.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,44 +18,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from hapi.protocol import UserError, store_options
+from hapi.protocol import format_bytes
 
-from ._errors import ExportError, InvalidModelSpec, ModelError, NoSuchModel
+from ._errors import InvalidModelSpec, NoSuchModel
 from ._manifest import Manifest
-from ._registry import Registry, check_name
-
-
-@contextmanager
-def cli_errors() -> Iterator[None]:
-    """Turn the package's errors into one-line CLI errors (exit 2 for bad input)."""
-    try:
-        yield
-    except (InvalidModelSpec, NoSuchModel, ExportError) as exc:
-        raise UserError(_one_line(exc)) from exc
-    except ModelError as exc:
-        raise click.ClickException(_one_line(exc)) from exc
-
-
-def _one_line(exc: Exception) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def open_registry(endpoint: str | None, bucket: str) -> Registry:
-    """The registry in ``bucket`` at ``endpoint`` (boto3's own endpoint chain when ``None``)."""
-    import boto3
-    from botocore.config import Config
-
-    # Stores other than AWS (SeaweedFS, MinIO, the gateway) expect path-style requests.
-    config = Config(s3={"addressing_style": "path"}) if endpoint else None
-    return Registry(boto3.client("s3", endpoint_url=endpoint, config=config), bucket)
-
-
-def _size(count: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if count < 1000 or unit == "GB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
-    raise AssertionError("unreachable")
+from ._names import check_name
+from ._registry import Registry
+from .cli import cli_errors, open_registry, store_options
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -169,8 +136,8 @@ def _register(registry: Registry, name: str, exported: Any, parent: str | None) 
         click.echo(f"{manifest.ref} is already registered with identical blocks; nothing uploaded")
         return
     click.echo(
-        f"registered {manifest.ref}: {len(manifest.blocks)} blocks, {_size(manifest.size)}, "
-        f"freeze {manifest.freeze}; uploaded {len(new)} new blocks ({_size(sum(new.values()))})"
+        f"registered {manifest.ref}: {len(manifest.blocks)} blocks, {format_bytes(manifest.size)}, "
+        f"freeze {manifest.freeze}; uploaded {len(new)} new blocks ({format_bytes(sum(new.values()))})"
     )
 
 
@@ -277,7 +244,7 @@ def list_models(endpoint: str | None, bucket: str) -> None:
             manifest.family,
             str(len(manifest.blocks)),
             str(manifest.freeze),
-            _size(manifest.size),
+            format_bytes(manifest.size),
             _weights(manifest.weights),
             manifest.parent or "",
         )
@@ -301,8 +268,8 @@ def _blocks_table(manifest: Manifest) -> Table:
             str(index),
             block.name,
             "x".join(map(str, block.output_shape)),
-            _size(block.output_bytes),
-            _size(block.peak_activation_bytes),
+            format_bytes(block.output_bytes),
+            format_bytes(block.peak_activation_bytes),
             f"{block.params:,}",
             f"{block.cpu_ms:.2f}",
             block.hash[:12],
@@ -347,5 +314,5 @@ def rm(ref: str, endpoint: str | None, bucket: str) -> None:
         removal = open_registry(endpoint, bucket).remove(ref)
     click.echo(
         f"removed {', '.join(removal.removed)}; deleted {len(removal.deleted_blocks)} "
-        f"unshared blocks ({_size(removal.freed_bytes)})"
+        f"unshared blocks ({format_bytes(removal.freed_bytes)})"
     )

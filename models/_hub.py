@@ -25,7 +25,7 @@ from PIL import Image
 
 from ._cuts import MIN_BLOCK_SHARE
 from ._errors import ExportError, InvalidModelSpec
-from ._export import OPSET, _first_line, _import_torch, _to_onnx
+from ._exporting import OPSET, _first_line, _import_torch, _to_onnx
 from ._families import StateDict, WeightsArg, _load, _read_weights, _seeded, _weights_origin
 from ._import import blocks_from_onnx
 from ._manifest import ExportedModel

@@ -33,7 +33,7 @@ from ._cuts import (
     measure_shapes,
 )
 from ._errors import ExportError, InvalidModelSpec
-from ._export import _check, _first_line, _peak_bytes, _time_per_sample_ms, sample_images
+from ._exporting import _check, _first_line, _peak_bytes, _time_per_sample_ms, sample_images
 from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec
 from ._onnx import INPUT, canonical_bytes, compose, sha256
 from ._preprocess import Preset, get_preset, preprocess_batch

@@ -22,14 +22,13 @@ AWS S3, or the hapi gateway in front of any of them.
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import onnx
 from botocore.exceptions import BotoCoreError, ClientError
@@ -41,49 +40,20 @@ from hapi.protocol import (
     latest_key,
     manifest_key,
     model_names,
-    model_prefix,
-    parse_latest,
     parse_manifest_key,
 )
 
 from ._errors import InvalidModelSpec, NoSuchModel, RegistryError, VersionConflict
 from ._layout import assemble_blocks, check_block
 from ._manifest import ExportedBlock, ExportedModel, Manifest
+from ._names import check_name, parse_ref
 from ._onnx import sha256
+from ._reading import RegistryReads, Steps
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MISSING = {"404", "NoSuchKey", "NoSuchBucket", "NotFound"}
 _REGISTER_ATTEMPTS = 5
 _FETCH_THREADS = 4
-
-
-def check_name(name: str) -> str:
-    """Return ``name`` if it can name a model, else raise :class:`InvalidModelSpec`.
-
-    A name is 1 to 128 characters: letters, digits, ``.``, ``_`` and ``-``, starting
-    with a letter or digit, so that it is one plain S3 key segment.
-    """
-    if not _NAME.fullmatch(name):
-        raise InvalidModelSpec(
-            f"invalid model name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return name
-
-
-def parse_ref(ref: str) -> tuple[str, int | None]:
-    """Split ``NAME``, ``NAME@latest`` or ``NAME@VERSION`` into name and version (or None).
-
-    Raises:
-        InvalidModelSpec: Not a valid reference.
-    """
-    name, sep, version = ref.partition("@")
-    check_name(name)
-    if not sep or version == "latest":
-        return name, None
-    if not version.isdigit() or int(version) < 1:
-        raise InvalidModelSpec(f"invalid version in {ref!r}: use NAME@N with N >= 1")
-    return name, int(version)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -313,17 +283,7 @@ class Registry:
 
     def versions(self, name: str) -> list[int]:
         """The stored versions of ``name``, ascending (empty if none)."""
-        found = (parse_manifest_key(key) for key in self._keys(model_prefix(check_name(name))))
-        return sorted(parsed[1] for parsed in found if parsed and parsed[0] == name)
-
-    def _latest(self, name: str) -> int:
-        latest = parse_latest(self._get(latest_key(name)))
-        if latest is not None:
-            return latest
-        versions = self.versions(name)  # a writer died between manifest and pointer
-        if not versions:
-            raise NoSuchModel(name)
-        return versions[-1]
+        return self._read(RegistryReads.versions(name))
 
     def get_manifest(self, ref: str) -> Manifest:
         """The manifest of ``NAME`` (latest version) or ``NAME@VERSION``.
@@ -333,12 +293,10 @@ class Registry:
             InvalidModelSpec: ``ref`` is not a valid reference.
             RegistryError: The store failed or holds an unreadable manifest.
         """
-        name, version = parse_ref(ref)
-        version = self._latest(name) if version is None else version
-        data = self._get(manifest_key(name, version))
-        if data is None:
-            raise NoSuchModel(ref)
-        return Manifest.from_json(data)
+        return self._read(RegistryReads.manifest(ref))
+
+    def _read(self, steps: Steps[T]) -> T:
+        return RegistryReads.run(steps, self._get, self._keys)
 
     def list_models(self) -> list[Manifest]:
         """The latest manifest of every model, sorted by name."""
@@ -423,11 +381,7 @@ class Registry:
             CorruptBlock: A block fails verification; nothing is composed.
         """
         stop = len(manifest.blocks) if stop is None else stop
-        if not 0 <= start < stop <= len(manifest.blocks):
-            raise InvalidModelSpec(
-                f"block range [{start}, {stop}) is empty or outside {manifest.ref}, "
-                f"which has {len(manifest.blocks)} blocks"
-            )
+        RegistryReads.block_keys(manifest, start, stop)  # checks the range first
         indices = range(start, stop)
         with ThreadPoolExecutor(_FETCH_THREADS) as pool:
             blobs = list(pool.map(lambda i: self.fetch_block(manifest, i), indices))

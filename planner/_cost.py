@@ -39,20 +39,19 @@ Everything here is pure: measurements come in as a :class:`Profile` and a bandwi
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from dataclasses import dataclass, replace
 
 from hapi.models import Manifest
 from hapi.protocol import format_bytes
 
-from . import _explain
+from ._candidate import Candidate, Stage, fastest, split_label
 from ._errors import InvalidInput, NoFeasibleSplit
+from ._plan import DEFAULT_BYTE_MARGIN, Plan
+from ._profile import ITEMSIZE, Profile
 
-Stage = Literal["storage", "transfer", "client"]
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_DATASET_SIZE = 1_281_167  # ImageNet-1k's training set
 DEFAULT_REPLAN_THRESHOLD = 0.25
-DEFAULT_BYTE_MARGIN = 0.10
 SHARED_BYTE_MARGIN = 0.25
 """The byte margin on one machine (``shared_compute``): loopback makes extra bytes look
 free, and what the model leaves out there (the gateway's own work per object, on the same
@@ -61,268 +60,6 @@ cores) was measured at the size of a 10% margin: ``hapi demo`` in float32 predic
 DEFAULT_MIN_GAIN = 0.10
 DEFAULT_WINDOW = 2
 LOWER_PRECISION = "float16"
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Profile:
-    """What the cost model knows about a model on both sides; per-block tuples cover the
-    frozen blocks ``[0, freeze)``, times are milliseconds per sample, sizes are bytes.
-
-    Args:
-        storage_ms: Per-block compute time on the storage side, with the device idle.
-        client_ms: Per-block compute time on the client.
-        output_bytes: Per-block output bytes of one sample (what split ``k`` sends is
-            block ``k - 1``'s).
-        peak_activation_bytes: Per-block peak activation bytes of one sample.
-        weight_bytes: Per-block weight bytes (held once per side, whatever the batch).
-        input_bytes: Bytes of one preprocessed sample (what split 0 sends).
-        raw_bytes: Mean bytes of one raw object per sample (what no pushdown sends).
-        storage_decode_ms: Decode and preprocess time on the storage side.
-        client_decode_ms: Decode and preprocess time on the client.
-        head_ms: The trainable head's training step (forward, backward, update) on the client.
-        client_request_ms: The client's CPU time per HTTP request (signing, sending,
-            parsing the answer), whatever its size: no pushdown makes one GET per
-            object, pushdown one request per batch.
-        head_memory_bytes: Client memory the head's training needs beyond the frozen blocks.
-        storage_memory_bytes: The storage side's memory budget; ``None`` for unlimited.
-        client_memory_bytes: The client's memory budget; ``None`` for unlimited.
-        storage_load: Factor on the storage stage's time: 1 as profiled, ``n`` when its
-            device is time-shared in turn with ``n - 1`` busy tenants.
-        storage_available: The share of a core the storage side gets on its host
-            (``0 < available <= 1``; measured by the gateway): the storage stage is
-            divided by it, except with ``shared_compute``, where what takes the rest
-            of the core is largely the client itself, which pays the same.
-        storage_origin: Where the storage-side figures came from and how old they are,
-            in words (for the explanation); empty when not from a gateway.
-        storage_batch: The batch the storage side must fit at least. The gateway sizes
-            its batches to its memory, so 1 by default.
-        wire_dtype: The dtype the features travel in (what ``output_bytes`` and
-            ``input_bytes`` are counted in).
-        shared_compute: Both tiers run on one machine's cores (gateway and client on
-            the same host), so storage and client compute take turns instead of
-            overlapping.
-    """
-
-    storage_ms: tuple[float, ...]
-    client_ms: tuple[float, ...]
-    output_bytes: tuple[int, ...]
-    peak_activation_bytes: tuple[int, ...]
-    weight_bytes: tuple[int, ...]
-    input_bytes: int
-    raw_bytes: float
-    storage_decode_ms: float
-    client_decode_ms: float
-    head_ms: float = 0.0
-    client_request_ms: float = 0.0
-    head_memory_bytes: int = 0
-    storage_memory_bytes: int | None = None
-    client_memory_bytes: int | None = None
-    storage_load: float = 1.0
-    storage_available: float = 1.0
-    storage_batch: int = 1
-    wire_dtype: str = "float32"
-    shared_compute: bool = False
-    storage_origin: str = ""
-
-    def __post_init__(self) -> None:
-        blocks = (
-            self.storage_ms,
-            self.client_ms,
-            self.output_bytes,
-            self.peak_activation_bytes,
-            self.weight_bytes,
-        )
-        if len({len(values) for values in blocks}) != 1:
-            raise InvalidInput("profile: the per-block tuples must have one entry per block")
-        scalars = (
-            self.input_bytes,
-            self.raw_bytes,
-            self.storage_decode_ms,
-            self.client_decode_ms,
-            self.head_ms,
-            self.client_request_ms,
-            self.head_memory_bytes,
-        )
-        if min((*scalars, *(v for values in blocks for v in values))) < 0:
-            raise InvalidInput("profile: times and sizes must be >= 0")
-        if not 0 < self.storage_load < math.inf or self.storage_batch < 1:
-            raise InvalidInput("profile: storage_load must be > 0 and storage_batch >= 1")
-        if not 0 < self.storage_available <= 1:
-            raise InvalidInput("profile: storage_available must be in (0, 1]")
-        for budget in (self.storage_memory_bytes, self.client_memory_bytes):
-            if budget is not None and budget <= 0:
-                raise InvalidInput("profile: memory budgets must be positive (or None)")
-        if self.wire_dtype not in _ITEMSIZE:
-            raise InvalidInput(f"profile: unknown wire dtype {self.wire_dtype!r}")
-
-    def in_dtype(self, dtype: str) -> Profile:
-        """The same profile with features sent in ``dtype`` (their bytes rescaled)."""
-        scale = _ITEMSIZE[dtype] / _ITEMSIZE[self.wire_dtype]
-        return replace(
-            self,
-            output_bytes=tuple(math.ceil(b * scale) for b in self.output_bytes),
-            input_bytes=math.ceil(self.input_bytes * scale),
-            wire_dtype=dtype,
-        )
-
-    @property
-    def blocks(self) -> int:
-        """How many blocks the profile covers."""
-        return len(self.storage_ms)
-
-    def bytes_at(self, split: int | None) -> float:
-        """Bytes one sample sends over the network at ``split`` (``None``: no pushdown)."""
-        if split is None:
-            return self.raw_bytes
-        return self.input_bytes if split == 0 else self.output_bytes[split - 1]
-
-    def activation_bytes(self, start: int, stop: int) -> int:
-        """Memory one sample needs through blocks ``[start, stop)``: its input, or a block's
-        input and output alive together, or a block's own peak, whichever is largest
-        (the gateway's estimate, so both sides agree)."""
-        held = int(self.bytes_at(start))
-        need = held
-        for index in range(start, stop):
-            output = self.output_bytes[index]
-            need = max(need, held + output, self.peak_activation_bytes[index])
-            held = output
-        return need
-
-
-@dataclass(frozen=True, kw_only=True)
-class Candidate:
-    """One row of a plan. Stage times are milliseconds per training batch.
-
-    Args:
-        split: ``None`` for no pushdown, else ``0..freeze``.
-        bytes_per_sample: What one sample sends over the network.
-        storage_ms: The storage stage (decode and blocks ``[0, split)``, under load).
-        transfer_ms: The network stage.
-        client_ms: The client stage (decode without pushdown, blocks ``[split, freeze)``,
-            the head's training step).
-        bottleneck: The slowest stage.
-        epoch_s: Predicted epoch time in seconds (``inf`` when infeasible).
-        storage_memory_bytes: Memory the storage side needs.
-        client_memory_bytes: Memory the client needs.
-        infeasible: Why the candidate does not fit, or ``None`` when it does.
-        cycle_ms: Time per batch in the steady state: the slowest stage, or, with shared
-            compute, ``max(storage + client, transfer)``.
-    """
-
-    split: int | None
-    bytes_per_sample: float
-    storage_ms: float
-    transfer_ms: float
-    client_ms: float
-    bottleneck: Stage
-    epoch_s: float
-    storage_memory_bytes: int
-    client_memory_bytes: int
-    infeasible: str | None = None
-    cycle_ms: float = 0.0
-
-    @property
-    def feasible(self) -> bool:
-        """Whether both sides' memory holds this candidate."""
-        return self.infeasible is None
-
-    @property
-    def bottleneck_ms(self) -> float:
-        """Time per batch in the steady state (the slowest stage, unless compute is shared)."""
-        return max(self.cycle_ms, self.storage_ms, self.transfer_ms, self.client_ms)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields, ``feasible`` included (``inf`` becomes ``None``)."""
-        data = asdict(self)
-        data["feasible"] = self.feasible
-        return {k: None if isinstance(v, float) and math.isinf(v) else v for k, v in data.items()}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    """The chosen split, every candidate, and the inputs they were computed from.
-
-    Args:
-        model: ``NAME@VERSION`` of the manifest.
-        freeze: The manifest's freeze point.
-        block_names: Names of the frozen blocks.
-        split: The chosen split; ``None`` means no pushdown (read raw objects).
-        candidates: Every candidate in order: no pushdown, then splits ``0..freeze``.
-        bandwidth_bps: The bandwidth assumed, in bits per second.
-        batch_size: The training batch size.
-        dataset_size: Samples per epoch.
-        profile: The profile assumed (its ``wire_dtype`` is the plan's dtype).
-        byte_margin: The gain a candidate sending more bytes than the raw objects needs.
-        note: Why the choice is not simply the fastest row (a byte guard, or a split
-            kept by hysteresis); empty when it is.
-        alternative: The best candidate in the other wire dtype (float16 when the plan is
-            float32, or the reverse), for the explanation.
-        alternative_dtype: That candidate's dtype.
-    """
-
-    model: str
-    freeze: int
-    block_names: tuple[str, ...]
-    split: int | None
-    candidates: tuple[Candidate, ...]
-    bandwidth_bps: float
-    batch_size: int
-    dataset_size: int
-    profile: Profile
-    byte_margin: float = DEFAULT_BYTE_MARGIN
-    note: str = ""
-    alternative: Candidate | None = None
-    alternative_dtype: str | None = None
-
-    @property
-    def dtype(self) -> str:
-        """The wire dtype the plan's bytes are counted in."""
-        return self.profile.wire_dtype
-
-    @property
-    def chosen(self) -> Candidate:
-        """The chosen candidate's row."""
-        return self.candidate(self.split)
-
-    def candidate(self, split: int | None) -> Candidate:
-        """The row of ``split`` (``None`` for no pushdown)."""
-        return next(c for c in self.candidates if c.split == split)
-
-    @property
-    def batches(self) -> int:
-        """Training batches per epoch."""
-        return math.ceil(self.dataset_size / self.batch_size)
-
-    def reason(self) -> str:
-        """One sentence on why :attr:`split` was chosen."""
-        return _explain.reason(self)
-
-    def explain(self) -> str:
-        """The candidates as a plain-text table, followed by the choice and its reason."""
-        return _explain.explain(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the choice, its reason, the assumptions and every candidate."""
-        return {
-            "model": self.model,
-            "freeze": self.freeze,
-            "split": self.split,
-            "dtype": self.dtype,
-            "reason": self.reason(),
-            "note": self.note,
-            "shared_compute": self.profile.shared_compute,
-            "alternative": None
-            if self.alternative is None
-            else {"dtype": self.alternative_dtype, **self.alternative.to_dict()},
-            "bandwidth_bps": None if math.isinf(self.bandwidth_bps) else self.bandwidth_bps,
-            "batch_size": self.batch_size,
-            "dataset_size": self.dataset_size,
-            "batches": self.batches,
-            "block_names": list(self.block_names),
-            "candidates": [c.to_dict() for c in self.candidates],
-            "profile": asdict(self.profile),
-        }
 
 
 def plan(
@@ -367,7 +104,7 @@ def plan(
         byte_margin = max(byte_margin, SHARED_BYTE_MARGIN)
     sizes = (batch_size, dataset_size, byte_margin, features_only)
     main = _plan_in(manifest, profile, bandwidth_bps, *sizes)
-    if _ITEMSIZE[profile.wire_dtype] <= _ITEMSIZE[LOWER_PRECISION]:
+    if ITEMSIZE[profile.wire_dtype] <= ITEMSIZE[LOWER_PRECISION]:
         return main
     low = _plan_in(manifest, profile.in_dtype(LOWER_PRECISION), bandwidth_bps, *sizes)
     if allow_lower_precision and low.chosen.epoch_s < main.chosen.epoch_s:
@@ -412,35 +149,23 @@ def _plan_in(
     )
 
 
-def _fastest(candidates: list[Candidate]) -> Candidate:
-    return min(candidates, key=lambda c: (c.epoch_s, c.bytes_per_sample, _order(c.split)))
-
-
 def _guard_bytes(
     feasible: list[Candidate], raw_bytes: float, margin: float
 ) -> tuple[Candidate, str]:
     """The fastest candidate, unless it sends more than the raw objects for a small gain."""
-    best = _fastest(feasible)
+    best = fastest(feasible)
     lean = [c for c in feasible if c.bytes_per_sample <= raw_bytes]
     if best.bytes_per_sample <= raw_bytes or not lean:
         return best, ""
-    fallback = _fastest(lean)
+    fallback = fastest(lean)
     gain = fallback.epoch_s / best.epoch_s - 1.0
     if gain > margin:
         return best, ""
     return fallback, (
-        f"Split {_label(best.split)} would be only {gain:.0%} faster but sends "
+        f"Split {split_label(best.split)} would be only {gain:.0%} faster but sends "
         f"{best.bytes_per_sample / raw_bytes:.1f}x more bytes than the raw objects; "
         f"more bytes than raw must buy more than {margin:.0%}."
     )
-
-
-def _label(split: int | None) -> str:
-    return "none" if split is None else str(split)
-
-
-def _order(split: int | None) -> int:
-    return -1 if split is None else split
 
 
 def _check(
@@ -604,7 +329,7 @@ def replan(
     return replace(
         new,
         split=previous.split,
-        note=f"Kept split {_label(previous.split)}: split {_label(new.split)} would be "
+        note=f"Kept split {split_label(previous.split)}: split {split_label(new.split)} would be "
         f"only {gain:.0%} faster (a change needs more than {min_gain:.0%}).",
     )
 
@@ -645,13 +370,13 @@ class SplitKeeper:
         old = self.current.split
         if proposed.split == old:
             self.current, self._count, self._pending = proposed, 0, None
-            self.why = f"split {_label(old)} is still the best."
+            self.why = f"split {split_label(old)} is still the best."
             return self.current
         gain = gain_over(proposed, old)
         if gain <= self.min_gain:
             self._count, self._pending = 0, None
             self.why = (
-                f"kept split {_label(old)}: split {_label(proposed.split)} would be only "
+                f"kept split {split_label(old)}: split {split_label(proposed.split)} would be only "
                 f"{gain:.0%} faster (a change needs more than {self.min_gain:.0%})."
             )
             return self.current
@@ -659,13 +384,13 @@ class SplitKeeper:
         self._pending = proposed.split
         if self._count < self.window:
             self.why = (
-                f"split {_label(proposed.split)} predicted {gain:.0%} faster "
+                f"split {split_label(proposed.split)} predicted {gain:.0%} faster "
                 f"({self._count} of {self.window} epochs needed to change); kept split "
-                f"{_label(old)}."
+                f"{split_label(old)}."
             )
             return self.current
         self.why = (
-            f"changed split {_label(old)} -> {_label(proposed.split)}: predicted "
+            f"changed split {split_label(old)} -> {split_label(proposed.split)}: predicted "
             f"{gain:.0%} faster for {self._count} epochs in a row."
         )
         self.current, self._count, self._pending = proposed, 0, None

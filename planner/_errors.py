@@ -14,10 +14,8 @@ CLI translates both trees at its one boundary.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ._cost import Candidate
+from ._candidate import Candidate
 
 
 class PlannerError(Exception):

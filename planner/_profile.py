@@ -1,45 +1,154 @@
-"""Profiles: from a manifest's export-time figures, or measured on this machine.
+"""What the cost model knows of a model on both sides: a :class:`Profile`, from a manifest's
+export-time figures or from times measured elsewhere (the SDK measures the client side,
+the gateway its own); nothing here measures.
 
 A manifest records each block's output bytes, peak activation bytes, weights and CPU time
 per sample on the exporting machine; :func:`profile_from_manifest` assumes those times
-for both sides. :func:`measure_client_blocks` and :func:`measure_decode_ms` replace the
-client side's figures with what onnxruntime and Pillow take here, on real photos, and
-:func:`measure_request_ms` what one GET costs this process's CPU.
+for both sides unless measured ones are given.
 """
 
 from __future__ import annotations
 
-import functools
-import io
 import math
-import statistics
-import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
-import numpy as np
-from PIL import Image
+from hapi.models import Manifest
 
-from hapi.models import (
-    Manifest,
-    Preset,
-    Registry,
-    RuntimeSettings,
-    create_session,
-    preprocess,
-    preprocess_batch,
-    sample_images,
-)
-
-from ._cost import Profile
 from ._errors import InvalidInput
+
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 DEFAULT_RAW_BYTES = 110_000
 """Mean bytes of one ImageNet JPEG (they range over about 50-150 KB)."""
 DEFAULT_DECODE_MS = 10.0
 """Decoding and preprocessing one ImageNet-sized JPEG with Pillow on one CPU core."""
-DEFAULT_MEASURE_BATCH = 8
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """What the cost model knows about a model on both sides; per-block tuples cover the
+    frozen blocks ``[0, freeze)``, times are milliseconds per sample, sizes are bytes.
+
+    Args:
+        storage_ms: Per-block compute time on the storage side, with the device idle.
+        client_ms: Per-block compute time on the client.
+        output_bytes: Per-block output bytes of one sample (what split ``k`` sends is
+            block ``k - 1``'s).
+        peak_activation_bytes: Per-block peak activation bytes of one sample.
+        weight_bytes: Per-block weight bytes (held once per side, whatever the batch).
+        input_bytes: Bytes of one preprocessed sample (what split 0 sends).
+        raw_bytes: Mean bytes of one raw object per sample (what no pushdown sends).
+        storage_decode_ms: Decode and preprocess time on the storage side.
+        client_decode_ms: Decode and preprocess time on the client.
+        head_ms: The trainable head's training step (forward, backward, update) on the client.
+        client_request_ms: The client's CPU time per HTTP request (signing, sending,
+            parsing the answer), whatever its size: no pushdown makes one GET per
+            object, pushdown one request per batch.
+        head_memory_bytes: Client memory the head's training needs beyond the frozen blocks.
+        storage_memory_bytes: The storage side's memory budget; ``None`` for unlimited.
+        client_memory_bytes: The client's memory budget; ``None`` for unlimited.
+        storage_load: Factor on the storage stage's time: 1 as profiled, ``n`` when its
+            device is time-shared in turn with ``n - 1`` busy tenants.
+        storage_available: The share of a core the storage side gets on its host
+            (``0 < available <= 1``; measured by the gateway): the storage stage is
+            divided by it, except with ``shared_compute``, where what takes the rest
+            of the core is largely the client itself, which pays the same.
+        storage_origin: Where the storage-side figures came from and how old they are,
+            in words (for the explanation); empty when not from a gateway.
+        storage_batch: The batch the storage side must fit at least. The gateway sizes
+            its batches to its memory, so 1 by default.
+        wire_dtype: The dtype the features travel in (what ``output_bytes`` and
+            ``input_bytes`` are counted in).
+        shared_compute: Both tiers run on one machine's cores (gateway and client on
+            the same host), so storage and client compute take turns instead of
+            overlapping.
+    """
+
+    storage_ms: tuple[float, ...]
+    client_ms: tuple[float, ...]
+    output_bytes: tuple[int, ...]
+    peak_activation_bytes: tuple[int, ...]
+    weight_bytes: tuple[int, ...]
+    input_bytes: int
+    raw_bytes: float
+    storage_decode_ms: float
+    client_decode_ms: float
+    head_ms: float = 0.0
+    client_request_ms: float = 0.0
+    head_memory_bytes: int = 0
+    storage_memory_bytes: int | None = None
+    client_memory_bytes: int | None = None
+    storage_load: float = 1.0
+    storage_available: float = 1.0
+    storage_batch: int = 1
+    wire_dtype: str = "float32"
+    shared_compute: bool = False
+    storage_origin: str = ""
+
+    def __post_init__(self) -> None:
+        blocks = (
+            self.storage_ms,
+            self.client_ms,
+            self.output_bytes,
+            self.peak_activation_bytes,
+            self.weight_bytes,
+        )
+        if len({len(values) for values in blocks}) != 1:
+            raise InvalidInput("profile: the per-block tuples must have one entry per block")
+        scalars = (
+            self.input_bytes,
+            self.raw_bytes,
+            self.storage_decode_ms,
+            self.client_decode_ms,
+            self.head_ms,
+            self.client_request_ms,
+            self.head_memory_bytes,
+        )
+        if min((*scalars, *(v for values in blocks for v in values))) < 0:
+            raise InvalidInput("profile: times and sizes must be >= 0")
+        if not 0 < self.storage_load < math.inf or self.storage_batch < 1:
+            raise InvalidInput("profile: storage_load must be > 0 and storage_batch >= 1")
+        if not 0 < self.storage_available <= 1:
+            raise InvalidInput("profile: storage_available must be in (0, 1]")
+        for budget in (self.storage_memory_bytes, self.client_memory_bytes):
+            if budget is not None and budget <= 0:
+                raise InvalidInput("profile: memory budgets must be positive (or None)")
+        if self.wire_dtype not in ITEMSIZE:
+            raise InvalidInput(f"profile: unknown wire dtype {self.wire_dtype!r}")
+
+    def in_dtype(self, dtype: str) -> Profile:
+        """The same profile with features sent in ``dtype`` (their bytes rescaled)."""
+        scale = ITEMSIZE[dtype] / ITEMSIZE[self.wire_dtype]
+        return replace(
+            self,
+            output_bytes=tuple(math.ceil(b * scale) for b in self.output_bytes),
+            input_bytes=math.ceil(self.input_bytes * scale),
+            wire_dtype=dtype,
+        )
+
+    @property
+    def blocks(self) -> int:
+        """How many blocks the profile covers."""
+        return len(self.storage_ms)
+
+    def bytes_at(self, split: int | None) -> float:
+        """Bytes one sample sends over the network at ``split`` (``None``: no pushdown)."""
+        if split is None:
+            return self.raw_bytes
+        return self.input_bytes if split == 0 else self.output_bytes[split - 1]
+
+    def activation_bytes(self, start: int, stop: int) -> int:
+        """Memory one sample needs through blocks ``[start, stop)``: its input, or a block's
+        input and output alive together, or a block's own peak, whichever is largest
+        (the gateway's estimate, so both sides agree)."""
+        held = int(self.bytes_at(start))
+        need = held
+        for index in range(start, stop):
+            output = self.output_bytes[index]
+            need = max(need, held + output, self.peak_activation_bytes[index])
+            held = output
+        return need
 
 
 def profile_from_manifest(
@@ -122,9 +231,9 @@ def _per_block(values: Sequence[float] | None, manifest: Manifest, what: str) ->
 
 def _itemsize(dtype: str) -> int:
     try:
-        return _ITEMSIZE[dtype]
+        return ITEMSIZE[dtype]
     except KeyError:
-        raise InvalidInput(f"unknown dtype {dtype!r}; known: {', '.join(_ITEMSIZE)}") from None
+        raise InvalidInput(f"unknown dtype {dtype!r}; known: {', '.join(ITEMSIZE)}") from None
 
 
 def _input_bytes(manifest: Manifest) -> int:
@@ -135,124 +244,3 @@ def _wire_scale(manifest: Manifest, wire_dtype: str | None) -> float:
     if wire_dtype is None:
         return 1.0
     return _itemsize(wire_dtype) / _itemsize(manifest.input.dtype)
-
-
-def measure_client_blocks(
-    registry: Registry,
-    manifest: Manifest,
-    *,
-    batch_size: int = DEFAULT_MEASURE_BATCH,
-    runs: int = 3,
-    images: Sequence[Image.Image] | None = None,
-    settings: RuntimeSettings | None = None,
-    inputs: np.ndarray | None = None,
-) -> tuple[float, ...]:
-    """Time each frozen block here with onnxruntime, on real preprocessed photos.
-
-    Each block gets its own session and the previous block's real output as input; the
-    time is the best of ``runs`` (after one warm-up run), divided by the batch size.
-
-    Args:
-        registry: Where the blocks are.
-        manifest: The model.
-        batch_size: Samples per timed run (photos repeat to fill it).
-        runs: Timed runs per block.
-        images: Photos to use; scikit-image's sample photos if omitted.
-        settings: onnxruntime device and threads (``auto``: CUDA when usable).
-        inputs: Preprocessed samples ``[n, ...]`` to use instead of photos (e.g. a
-            dataset's own objects, decoded as the gateway decodes them).
-
-    Returns:
-        Milliseconds per sample for each block of ``[0, freeze)``.
-
-    Raises:
-        hapi.models.ModelError: A block cannot be fetched or run, or no photos (without
-            scikit-image installed, pass ``images``).
-    """
-    if batch_size < 1 or runs < 1:
-        raise InvalidInput("need a batch size >= 1 and runs >= 1")
-    if inputs is not None:
-        if not len(inputs):
-            raise InvalidInput("need at least one sample")
-        batch: np.ndarray = np.resize(inputs, (batch_size, *inputs.shape[1:])).astype(np.float32)
-    else:
-        photos = list(images) if images is not None else sample_images()
-        if not photos:
-            raise InvalidInput("need at least one image")
-        batch = preprocess_batch((photos * batch_size)[:batch_size], manifest.preprocess)
-    if manifest.input.dtype == "float16":
-        batch = batch.astype(np.float16)
-    times = []
-    for index in range(manifest.freeze):
-        session = create_session(registry.load_blocks(manifest, index, index + 1), settings)
-        feed = {session.get_inputs()[0].name: batch}
-        batch = np.asarray(session.run(None, feed)[0])  # a warm-up; feeds the next block
-        times.append(_best_ms(functools.partial(session.run, None, feed), runs) / batch_size)
-    return tuple(times)
-
-
-def _best_ms(call: Callable[[], Any], runs: int) -> float:
-    best = math.inf
-    for _ in range(runs):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best * 1000.0
-
-
-def measure_request_ms(s3: Any, bucket: str, key: str, *, runs: int = 8) -> float:
-    """The CPU time this thread spends on one GET of ``s3://bucket/key`` with ``s3`` (a
-    boto3 client): signing, sending, reading and parsing, the median of ``runs`` after
-    one warm-up. CPU time, not wall time: waiting for the network costs no CPU, and
-    the network is priced apart.
-
-    Raises:
-        InvalidInput: ``runs`` < 1.
-    """
-    if runs < 1:
-        raise InvalidInput("runs must be >= 1")
-
-    def get() -> None:
-        s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-
-    get()  # the connection and the client's lazy set-up
-    times = []
-    for _ in range(runs):
-        started = time.thread_time()
-        get()
-        times.append(time.thread_time() - started)
-    return 1000.0 * statistics.median(times)
-
-
-def measure_decode_ms(
-    preset: Preset,
-    *,
-    images: Sequence[Image.Image] | None = None,
-    runs: int = 3,
-    quality: int = 90,
-) -> float:
-    """Time decoding and preprocessing JPEGs here with Pillow, ms per sample.
-
-    The photos are encoded as JPEG once (``quality``), then decoded and preprocessed with
-    ``preset`` as the gateway and the SDK do; the best of ``runs`` passes counts.
-
-    Raises:
-        hapi.models.ModelError: No photos (without scikit-image installed, pass ``images``).
-    """
-    photos = list(images) if images is not None else sample_images()
-    if not photos or runs < 1:
-        raise InvalidInput("need at least one image and runs >= 1")
-    blobs = [_jpeg(photo, quality) for photo in photos]
-
-    def decode_all() -> None:
-        for blob in blobs:
-            with Image.open(io.BytesIO(blob)) as image:
-                preprocess(image, preset)
-
-    return _best_ms(decode_all, runs) / len(blobs)
-
-
-def _jpeg(image: Image.Image, quality: int) -> bytes:
-    buffer = io.BytesIO()
-    image.convert("RGB").save(buffer, format="JPEG", quality=quality)
-    return buffer.getvalue()

@@ -16,34 +16,10 @@ never tries a candidate sending more bytes than the pick or the raw objects.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
-from ._cost import Candidate, Plan, _fastest, _label
-
-NEAR_TIE = 0.05
-"""Candidates predicted within 5% of the pick are too close for the profile to call."""
-
-
-def near_rival(plan: Plan, margin: float | None = None) -> Candidate | None:
-    """The candidate the plan cannot tell from its pick: the fastest other feasible one
-    predicted within ``margin`` (default :data:`NEAR_TIE`) of the pick's epoch, sending no
-    more bytes per sample than the pick or the raw objects. ``None`` when the pick stands
-    clear."""
-    margin = NEAR_TIE if margin is None else margin
-    chosen = plan.chosen
-    if not math.isfinite(chosen.epoch_s):
-        return None
-    most_bytes = max(chosen.bytes_per_sample, plan.profile.raw_bytes)
-    close = [
-        c
-        for c in plan.candidates
-        if c.split != plan.split
-        and c.feasible
-        and c.bytes_per_sample <= most_bytes
-        and c.epoch_s <= chosen.epoch_s * (1.0 + margin)
-    ]
-    return _fastest(close) if close else None
+from ._candidate import Candidate, split_label
+from ._plan import Plan, near_rival
 
 
 @dataclass
@@ -95,7 +71,7 @@ class Trial:
         expected = self.schedule[len(self.seconds_per_sample)]
         if split != expected:
             raise ValueError(
-                f"the trial's epoch runs split {_label(expected)}, not {_label(split)}"
+                f"the trial's epoch runs split {split_label(expected)}, not {split_label(split)}"
             )
         if samples < 1 or not seconds > 0:
             raise ValueError("a trial epoch needs samples and time")
@@ -116,7 +92,7 @@ class Trial:
 
     def why(self) -> str:
         """What the trial found (or what it will do, before it is over)."""
-        pick, other = _label(self.plan.split), _label(self.rival.split)
+        pick, other = split_label(self.plan.split), split_label(self.rival.split)
         if not self.done:
             predicted = self.rival.epoch_s / self.plan.chosen.epoch_s - 1.0
             steps = (

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from hapi.protocol import Figure, GatewayStats, ModelProfile, StorageLoad, StorageProfile
 
-from ._cost import Profile
+from ._profile import Profile
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,9 +4,13 @@ The wire format of pushdown answers (:func:`encode_features`, :func:`decode_feat
 the control plane's typed schema (:class:`GatewayStats`, :class:`ModelProfile`, ...), where
 the registry and the feature cache keep what (:func:`manifest_key`, :func:`cache_key`, ...),
 S3's XML (:func:`parse_error`, :func:`parse_list_page`), sizes and bandwidths
-(:func:`parse_size`, :func:`parse_bandwidth`), :class:`Credentials`, a store's placement
-lookup (:class:`Placement`, :func:`parse_placement`), and the command line's shared pieces
-(:class:`UserError`, :func:`store_options`).
+(:func:`parse_size`, :func:`parse_bandwidth`), :class:`Credentials`, and the interface of
+a store's placement lookup (:class:`Placement`).
+
+Data, formats and pure functions only: no I/O, and no HTTP, S3 or CLI library (an
+import-linter contract keeps it so). The placement lookups live in :mod:`hapi.store`, the
+command line's shared pieces in :mod:`hapi.models.cli`, and listing the cache with
+``hapi cache``.
 
 The gateway, the SDK, the planner, the registry and the CLI all import from here, so a
 change to the contract between them is a change in one place.
@@ -23,9 +27,8 @@ from ._cache import (
     entry_path,
     eviction_order,
     is_entry,
-    list_entries,
+    listed_entries,
 )
-from ._cli import UserError, store_options
 from ._credentials import Credentials
 from ._errors import InvalidValue, ProtocolError
 from ._layout import (
@@ -39,7 +42,7 @@ from ._layout import (
     parse_latest,
     parse_manifest_key,
 )
-from ._placement import Placement, SeaweedPlacement, parse_placement
+from ._placement import Placement
 from ._s3xml import ErrorReply, ListedObject, ListPage, parse_error, parse_list_page
 from ._schema import (
     BlockProfile,
@@ -60,6 +63,7 @@ from ._units import format_bandwidth, format_bytes, parse_bandwidth, parse_size
 from ._wire import DTYPES as WIRE_DTYPES
 from ._wire import decode as decode_features
 from ._wire import encode as encode_features
+from ._wire import header as safetensors_header
 from ._wire import to_wire_dtype
 
 __all__ = [
@@ -85,13 +89,11 @@ __all__ = [
     "Placement",
     "ProtocolError",
     "RequestCounters",
-    "SeaweedPlacement",
     "ServedSplit",
     "Source",
     "StorageLoad",
     "StorageProfile",
     "TenantStats",
-    "UserError",
     "block_key",
     "cache_key",
     "decode_features",
@@ -102,7 +104,7 @@ __all__ = [
     "format_bytes",
     "is_entry",
     "latest_key",
-    "list_entries",
+    "listed_entries",
     "manifest_key",
     "model_names",
     "model_prefix",
@@ -111,8 +113,7 @@ __all__ = [
     "parse_latest",
     "parse_list_page",
     "parse_manifest_key",
-    "parse_placement",
     "parse_size",
-    "store_options",
+    "safetensors_header",
     "to_wire_dtype",
 ]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -106,17 +106,16 @@ class CacheEntry:
     last_used: datetime
 
 
-def list_entries(s3: Any, bucket: str = DEFAULT_CACHE_BUCKET) -> Iterator[CacheEntry]:
-    """Every entry in ``bucket`` (a boto3 S3 client), in key order.
+def listed_entries(contents: Iterable[Mapping[str, Any]]) -> Iterator[CacheEntry]:
+    """The entries among one page of an S3 listing of the cache bucket (``Contents``, as
+    boto3's ``list_objects_v2`` gives it), in its order; other objects are left out.
 
-    Raises:
-        botocore.exceptions.ClientError: The bucket cannot be listed (e.g. NoSuchBucket).
+    The listing itself is the caller's (``hapi cache``, the benchmarks): this layer does
+    no I/O. List with ``Prefix=ENTRY_PREFIX``.
     """
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=ENTRY_PREFIX)
-    for page in pages:
-        for item in page.get("Contents", []):
-            if is_entry(item["Key"]):
-                yield CacheEntry(item["Key"], int(item["Size"]), item["LastModified"])
+    for item in contents:
+        if is_entry(item["Key"]):
+            yield CacheEntry(item["Key"], int(item["Size"]), item["LastModified"])
 
 
 def eviction_order(entries: Sequence[CacheEntry], max_bytes: int) -> list[CacheEntry]:

@@ -94,10 +94,12 @@ def format_bandwidth(bits_per_second: float) -> str:
     return f"{bits_per_second:.3g} bit/s"
 
 
-def format_bytes(count: float) -> str:
-    """``802816`` -> ``"802.8 KB"`` (decimal units, like ``hapi models show``)."""
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(count) < 1000 or unit == "GB":
+def format_bytes(count: float, *, binary: bool = False) -> str:
+    """``802816`` -> ``"802.8 KB"`` (decimal units, like ``hapi models show``), or with
+    ``binary`` -> ``"784.0 KiB"`` (powers of 1024, like ``hapi serve``'s memory figures)."""
+    base, units = (1024, ("B", "KiB", "MiB", "GiB")) if binary else (1000, ("B", "KB", "MB", "GB"))
+    for unit in units:
+        if abs(count) < base or unit == units[-1]:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1000
+        count /= base
     raise AssertionError("unreachable")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,18 +62,34 @@ def encode(
         tensors.append(
             ("labels", "I64", tuple(labels.shape), np.ascontiguousarray(labels, "<i8").tobytes())
         )
-    header: dict[str, Any] = {"__metadata__": dict(metadata or {})}
+    layout = [(name, code, shape, len(data)) for name, code, shape, data in tensors]
+    return header(layout, metadata) + b"".join(t[3] for t in tensors)
+
+
+def header(
+    tensors: Sequence[tuple[str, str, Sequence[int], int]], metadata: Mapping[str, str] | None
+) -> bytes:
+    """The safetensors header, length prefix included, of tensors laid out in order.
+
+    Written once for :func:`encode` and for a gateway that streams the data after it.
+
+    Args:
+        tensors: ``(name, safetensors dtype code, shape, byte length)`` of each tensor, in
+            the order their bytes follow the header.
+        metadata: String-to-string ``__metadata__``.
+    """
+    fields: dict[str, Any] = {"__metadata__": dict(metadata or {})}
     offset = 0
-    for name, code, shape, data in tensors:
-        header[name] = {
+    for name, code, shape, size in tensors:
+        fields[name] = {
             "dtype": code,
             "shape": list(shape),
-            "data_offsets": [offset, offset + len(data)],
+            "data_offsets": [offset, offset + size],
         }
-        offset += len(data)
-    raw = json.dumps(header, separators=(",", ":")).encode()
+        offset += size
+    raw = json.dumps(fields, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does
-    return struct.pack("<Q", len(raw)) + raw + b"".join(t[3] for t in tensors)
+    return struct.pack("<Q", len(raw)) + raw
 
 
 def decode(body: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._client import Features, client
+from ._client import client
 from ._compute import FallbackWarning
 from ._constructors import DatasetOptions
 from ._errors import (
@@ -48,6 +48,8 @@ from ._errors import (
     StateMismatch,
     UnprocessableObject,
 )
+from ._features import Features
+from ._measure import measure_client_blocks, measure_decode_ms, measure_request_ms
 from ._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
 from ._sources import LABEL_SOURCES
 from ._split import SplitChoice
@@ -83,6 +85,9 @@ __all__ = [
     "UnprocessableObject",
     "client",
     "fetch_gateway_profile",
+    "measure_client_blocks",
+    "measure_decode_ms",
+    "measure_request_ms",
     "probe_bandwidth",
 ]
 

@@ -10,6 +10,7 @@ cache bucket directly (the store, or the gateway as a plain S3 endpoint);
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +20,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 from tqdm import tqdm
 
 from hapi import protocol
-from hapi.protocol import DEFAULT_CACHE_BUCKET, CacheEntry, UserError, eviction_order, list_entries
+from hapi.models.cli import UserError
+from hapi.protocol import (
+    DEFAULT_CACHE_BUCKET,
+    ENTRY_PREFIX,
+    CacheEntry,
+    eviction_order,
+    listed_entries,
+)
 
 from ._client import client
 from ._errors import SDKError
@@ -47,10 +55,21 @@ def _bucket_option(command: Any) -> Any:
     )(command)
 
 
+def _list_entries(s3: Any, bucket: str) -> Iterator[CacheEntry]:
+    """Every entry in ``bucket`` (a boto3 S3 client), in key order.
+
+    Raises:
+        botocore.exceptions.ClientError: The bucket cannot be listed (e.g. NoSuchBucket).
+    """
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=ENTRY_PREFIX)
+    for page in pages:
+        yield from listed_entries(page.get("Contents", []))
+
+
 def _entries(endpoint: str | None, bucket: str) -> tuple[Any, list[CacheEntry]]:
     s3 = client(endpoint)
     try:
-        return s3, list(list_entries(s3, bucket))
+        return s3, list(_list_entries(s3, bucket))
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") == "NoSuchBucket":
             return s3, []

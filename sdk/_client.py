@@ -33,12 +33,10 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 import boto3
-import numpy as np
 from botocore.awsrequest import AWSRequest, AWSResponse
 from botocore.config import Config
 from botocore.exceptions import (
@@ -61,6 +59,7 @@ from ._errors import (
     SDKError,
     request_error,
 )
+from ._features import Features
 from ._parts import merge
 from ._placement import Locality, resolve_placement
 
@@ -205,44 +204,6 @@ def _observe(
             pool.mark_up(endpoint)
         return None
     return 0 if attempts < len(pool) and pool.any_up() else None
-
-
-@dataclass(frozen=True)
-class Features:
-    """What a gateway sent back for one object or a batch of objects.
-
-    Args:
-        features: ``float32`` array ``[N, ...]``: the output of blocks ``[0, split)`` for
-            every sample (a shard contributes one row per sample), read-only.
-        labels: ``int64`` array ``[N]`` (``-1`` where a sample has none), or ``None``.
-        keys: The sample keys in row order: the object key, or ``key#member`` for a
-            sample of a shard.
-        errors: Per-object failures of a batch, by key.
-        model: ``NAME@VERSION`` the gateway used.
-        split: The split the gateway ran.
-        dtype: The wire dtype (features are widened to float32 on arrival).
-        nbytes: Bytes of the response body.
-        server_timing: The gateway's ``Server-Timing`` entries, in milliseconds.
-        endpoint: The endpoint that answered.
-        cache: The gateway's feature cache answer: ``hit``, ``miss`` or ``bypass``.
-    """
-
-    features: np.ndarray
-    labels: np.ndarray | None
-    keys: tuple[str, ...]
-    errors: Mapping[str, RequestError] = field(default_factory=dict)
-    model: str = ""
-    split: int = 0
-    dtype: str = "float32"
-    nbytes: int = 0
-    server_timing: Mapping[str, float] = field(default_factory=dict)
-    endpoint: str = ""
-    cache: str = ""
-
-    def raise_for_errors(self) -> None:
-        """Raise the first per-object error of a batch, if any."""
-        for error in self.errors.values():
-            raise error
 
 
 def _check(model: str, split: int, dtype: str) -> None:

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._errors import RequestError
-
-if TYPE_CHECKING:
-    from ._client import Features
+from ._features import Features
 
 
 def merge(keys: list[str], parts: list[list[str]], replies: list[Features]) -> Features:

@@ -7,7 +7,7 @@ lookup (:class:`hapi.protocol.Placement`) says which hosts hold an object's byte
 beside a storage node when its host is the node's). A store without a placement lookup
 (AWS S3, MinIO's erasure sets) gets none, and requests are spread over the endpoints as
 before. The lookup is chosen by a spec string (``client(placement=...)`` or
-``HAPI_PLACEMENT``, see :func:`hapi.protocol.parse_placement`); a failed lookup never fails
+``HAPI_PLACEMENT``, see :func:`hapi.store.parse_placement`); a failed lookup never fails
 a request: the object is then unplaced.
 """
 
@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
-from hapi.protocol import Placement, parse_placement
+from hapi.protocol import Placement
+from hapi.store import parse_placement
 
 PLACEMENT_VARIABLE = "HAPI_PLACEMENT"
 

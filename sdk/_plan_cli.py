@@ -19,7 +19,8 @@ from pathlib import Path
 
 import click
 
-from hapi.models import Manifest, NoSuchModel, Registry, cli_errors, open_registry
+from hapi.models import Manifest, NoSuchModel, Registry
+from hapi.models.cli import UserError, cli_errors, open_registry, store_options
 from hapi.planner import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_DATASET_SIZE,
@@ -28,16 +29,14 @@ from hapi.planner import (
     Plan,
     PlannerError,
     Profile,
-    measure_client_blocks,
-    measure_decode_ms,
-    plot_plan,
-    print_plan,
     profile_from_manifest,
 )
 from hapi.planner import plan as compute_plan
-from hapi.protocol import InvalidValue, UserError, parse_bandwidth, parse_size, store_options
+from hapi.protocol import InvalidValue, parse_bandwidth, parse_size
 
 from ._errors import ProbeError
+from ._measure import measure_client_blocks, measure_decode_ms
+from ._plan_view import plot_plan, print_plan
 from ._probe import fetch_gateway_profile, probe_bandwidth
 
 _BARE_NUMBER = re.compile(r"\s*(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*")

@@ -43,6 +43,7 @@ from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, decode_
 
 from ._errors import ProbeError
 from ._host import same_host
+from ._measure import measure_client_blocks, measure_request_ms
 from ._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
 from ._stats import EpochStats
 
@@ -119,7 +120,7 @@ def measure_client(
         planner.PlannerError: The object could not be read, decoded or run.
     """
     try:
-        request_ms = planner.measure_request_ms(s3, bucket, key, runs=4)
+        request_ms = measure_request_ms(s3, bucket, key, runs=4)
         if not blocks:
             return ClientTimes(request_ms)
         data = bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
@@ -129,7 +130,7 @@ def measure_client(
             samples = decode_object(data, manifest.preprocess, key=key)
             decode_s = min(decode_s, (time.thread_time() - started) / max(1, len(samples)))
         inputs = np.stack([sample.array for sample in samples[:MEASURE_SAMPLES]])
-        block_ms = planner.measure_client_blocks(
+        block_ms = measure_client_blocks(
             registry, manifest, batch_size=MEASURE_SAMPLES, runs=2, settings=runtime, inputs=inputs
         )
     except (ClientError, BotoCoreError, ModelError, ValueError) as exc:

@@ -56,3 +56,34 @@ def test_the_check_sees_a_change() -> None:
     page = "## `hapi.protocol`\n\nShared.\n\n- `parse_size`: sizes\n- `UserError`\n"
     assert documented(page) == {"hapi.protocol": ["parse_size", "UserError"]}
     assert documented(page.replace("- `UserError`\n", "")) != documented(page)
+
+
+DESIGN = API.parent / "design.md"
+_ROW = re.compile(r"^\| `(hapi\.[a-z]+)` \(`[a-z]+/`\) \|.*\| (\d+)(?: \(\d+ before\))? \|$", re.M)
+
+
+def design_counts(text: str | None = None) -> dict[str, int]:
+    """The public-name counts design.md's package table states, per package."""
+    text = DESIGN.read_text(encoding="utf-8") if text is None else text
+    return {name: int(count) for name, count in _ROW.findall(text)}
+
+
+def test_the_design_pages_counts_are_the_packages_own() -> None:
+    counts = design_counts()
+    assert sorted(counts) == sorted(PACKAGES)
+    for package, count in counts.items():
+        assert len(importlib.import_module(package).__all__) == count, package
+
+
+def test_the_design_page_says_truly_how_the_stream_writes_safetensors() -> None:
+    stream = (API.parents[1] / "gateway" / "pushdown" / "_stream.py").read_text()
+    text = " ".join(DESIGN.read_text(encoding="utf-8").split())
+    assert "header from `hapi.protocol.safetensors_header`" in text
+    assert "safetensors_header" in stream
+    assert "encoded by `hapi.protocol.encode_features`" not in text
+
+
+def test_the_count_check_sees_a_change() -> None:
+    row = "| `hapi.sdk` (`sdk/`) | owns | below | 29 (20 before) |\n"
+    assert design_counts(row) == {"hapi.sdk": 29}
+    assert design_counts(row.replace("29", "30")) != design_counts(row)

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from hapi.protocol import UserError
+from hapi.models.cli import UserError
 
 from ._config import REGIMES, BenchConfig
 from ._errors import BenchError, TestbedUnavailable

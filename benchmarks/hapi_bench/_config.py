@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from hapi.models import FAMILIES
+from hapi.models.testing import FAMILIES
 
 REGIMES: dict[str, float] = {
     "network-bound": 4.0,

@@ -35,7 +35,7 @@ import onnx
 import onnxruntime as ort
 
 from hapi import models
-from hapi.models import Device, RuntimeSettings, block_times, create_session, cuda_usable
+from hapi.models import Device, RuntimeSettings, block_times, create_session, cuda_usable, testing
 
 BATCHES = (1, 8, 32, 128)
 _CPU = RuntimeSettings(device="cpu", intra_op_threads=1, inter_op_threads=1)
@@ -47,7 +47,7 @@ def _batch(manifest_preset: models.Preset, size: int) -> np.ndarray:
 
 
 def _graph(exported: models.ExportedModel, start: int, stop: int) -> onnx.ModelProto:
-    return models.compose([onnx.load_from_string(b.data) for b in exported.blocks[start:stop]])
+    return testing.compose([onnx.load_from_string(b.data) for b in exported.blocks[start:stop]])
 
 
 def _session(graph: onnx.ModelProto, device: Device, *, tf32: bool = False) -> ort.InferenceSession:

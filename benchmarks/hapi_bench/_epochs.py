@@ -30,7 +30,7 @@ import httpx
 from botocore.exceptions import ClientError
 
 from hapi.models import Manifest, Registry
-from hapi.protocol import DEFAULT_CACHE_BUCKET, list_entries
+from hapi.protocol import DEFAULT_CACHE_BUCKET, ENTRY_PREFIX, listed_entries
 
 from ._client import (
     BUCKET,
@@ -150,7 +150,12 @@ class CacheClient:
         """Empty both caches: every entry of the cache bucket, the local directory."""
         self.drain()
         try:
-            keys = [entry.key for entry in list_entries(self._store, DEFAULT_CACHE_BUCKET)]
+            pages = self._store.get_paginator("list_objects_v2").paginate(
+                Bucket=DEFAULT_CACHE_BUCKET, Prefix=ENTRY_PREFIX
+            )
+            keys = [
+                entry.key for page in pages for entry in listed_entries(page.get("Contents", []))
+            ]
         except ClientError as exc:  # no bucket yet: nothing was cached
             if exc.response.get("Error", {}).get("Code") != "NoSuchBucket":
                 raise

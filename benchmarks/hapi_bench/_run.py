@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hapi import planner
+from hapi import sdk
 from hapi.models import Manifest, Registry
 
 from ._client import BUCKET, ClientSettings, ModelClient
@@ -210,7 +210,7 @@ def _model_cells(
     client = ModelClient(settings, manifest, link, tier)
     try:
         with link.unshaped():  # CPU time of a GET: the link's rate does not enter it
-            request_ms = planner.measure_request_ms(client.s3(), BUCKET, settings.keys[0])
+            request_ms = sdk.measure_request_ms(client.s3(), BUCKET, settings.keys[0])
         profile = dataclasses.replace(measured.profile, client_request_ms=request_ms)
         measured = dataclasses.replace(measured, profile=profile)
         progress.log(f"{manifest.name}: a GET costs the client {request_ms:.1f} ms of CPU")

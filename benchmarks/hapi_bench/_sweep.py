@@ -102,8 +102,8 @@ def measure_profile(
     """Time the client's blocks and decoding here (one thread) and size the epoch;
     ``sizes`` are the object sizes in dataset order."""
     runtime = RuntimeSettings(device="cpu", intra_op_threads=1, inter_op_threads=1)
-    client_ms = planner.measure_client_blocks(registry, manifest, settings=runtime)
-    decode_ms = planner.measure_decode_ms(manifest.preprocess, images=photos)
+    client_ms = sdk.measure_client_blocks(registry, manifest, settings=runtime)
+    decode_ms = sdk.measure_decode_ms(manifest.preprocess, images=photos)
     rate = 1000.0 / (decode_ms + sum(client_ms))
     samples, batch = config.sizing(rate)
     raw_bytes = sum(sizes[:samples]) / len(sizes[:samples])

@@ -23,7 +23,8 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Literal
 from urllib.parse import urlsplit
 
-from hapi.protocol import Placement, parse_placement
+from hapi.protocol import Placement
+from hapi.store import parse_placement
 
 from .._knobs import parse_list
 from .._metrics import Metrics

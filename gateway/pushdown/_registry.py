@@ -2,8 +2,9 @@
 
 Manifests and blocks are GETs on the registry bucket through the gateway's one store
 client (:class:`hapi.gateway._store.StoreClient`), so no thread waits on a blocking client.
-The layout is ``hapi.protocol``'s contract; this module does only the I/O, and reports
-failures as ``hapi.models``' errors (``NoSuchModel``, ``RegistryError``) exactly as
+The layout is ``hapi.protocol``'s contract, and the reads' steps (parsing, validation)
+are :class:`hapi.models.RegistryReads`, shared with the blocking registry; this module does
+only the I/O, and reports failures as ``hapi.models``' errors (``NoSuchModel``, ``RegistryError``) exactly as
 :class:`hapi.models.Registry` does.
 """
 
@@ -11,29 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Generator, Iterator
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from hapi.models import (
-    InvalidModelSpec,
-    Manifest,
-    NoSuchModel,
-    RegistryError,
-    check_name,
-    parse_ref,
-)
-from hapi.protocol import (
-    MODELS_PREFIX,
-    block_key,
-    latest_key,
-    manifest_key,
-    model_names,
-    model_prefix,
-    parse_latest,
-    parse_manifest_key,
-)
+from hapi.models import Manifest, NoSuchModel, RegistryError, RegistryReads
+from hapi.protocol import MODELS_PREFIX, model_names
 
 from .._errors import BackendError
 from .._store import StoreClient, backend_error
@@ -41,6 +26,7 @@ from .._store import StoreClient, backend_error
 __all__ = ["AsyncRegistry", "StoreRegistry"]
 
 _LIST_CONCURRENCY = 8  # manifests read at once when listing every model
+T = TypeVar("T")
 
 
 class AsyncRegistry(Protocol):
@@ -80,12 +66,7 @@ class StoreRegistry:
             InvalidModelSpec: ``ref`` is not a valid reference.
             RegistryError: The store failed or holds an unreadable manifest.
         """
-        name, version = parse_ref(ref)
-        version = await self._latest(name) if version is None else version
-        data = await self._get(manifest_key(name, version))
-        if data is None:
-            raise NoSuchModel(ref)
-        return Manifest.from_json(data)
+        return await self._read(RegistryReads.manifest(ref))
 
     async def list_models(self) -> list[Manifest]:
         """The latest manifest of every model, sorted by name."""
@@ -112,29 +93,15 @@ class StoreRegistry:
             InvalidModelSpec: The range is empty or outside the model.
             RegistryError: The store failed.
         """
-        if not 0 <= start < stop <= len(manifest.blocks):
-            raise InvalidModelSpec(
-                f"block range [{start}, {stop}) is empty or outside {manifest.ref}, "
-                f"which has {len(manifest.blocks)} blocks"
-            )
-        keys = [block_key(block.hash) for block in manifest.blocks[start:stop]]
+        keys = RegistryReads.block_keys(manifest, start, stop)
         return list(await asyncio.gather(*(self._get(key) for key in keys)))
 
     async def versions(self, name: str) -> list[int]:
         """The stored versions of ``name``, ascending (empty if none)."""
-        found = (
-            parse_manifest_key(key) for key in await self._keys(model_prefix(check_name(name)))
-        )
-        return sorted(parsed[1] for parsed in found if parsed and parsed[0] == name)
+        return await self._read(RegistryReads.versions(name))
 
-    async def _latest(self, name: str) -> int:
-        latest = parse_latest(await self._get(latest_key(name)))
-        if latest is not None:
-            return latest
-        versions = await self.versions(name)  # a writer died between manifest and pointer
-        if not versions:
-            raise NoSuchModel(name)
-        return versions[-1]
+    async def _read(self, steps: Generator[Any, Any, T]) -> T:
+        return await RegistryReads.arun(steps, self._get, self._keys)
 
     # -- store primitives: every HTTP failure becomes a RegistryError here --------------
 

@@ -10,7 +10,6 @@ keeps running figures instead of the rows and is sent whole at the end.
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hapi.models import Manifest
-from hapi.protocol import to_wire_dtype
+from hapi.protocol import safetensors_header, to_wire_dtype
 
 from .._types import ASGISend
 from ._params import Params
@@ -65,22 +64,11 @@ class Answer:
         """The safetensors header (length prefix included) and the whole payload's size."""
         code, itemsize = _CODES[self.params.dtype]
         features = itemsize * int(np.prod(self.shape))
-        header: dict[str, Any] = {
-            "__metadata__": self.metadata(),
-            "features": {"dtype": code, "shape": list(self.shape), "data_offsets": [0, features]},
-        }
+        tensors = [("features", code, self.shape, features)]
         if self.labels() is not None:
-            size = 8 * len(self.samples)
-            header["labels"] = {
-                "dtype": "I64",
-                "shape": [len(self.samples)],
-                "data_offsets": [features, features + size],
-            }
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does
-        head = struct.pack("<Q", len(raw)) + raw
-        total = len(head) + features + (8 * len(self.samples) if "labels" in header else 0)
-        return head, total
+            tensors.append(("labels", "I64", (len(self.samples),), 8 * len(self.samples)))
+        head = safetensors_header(tensors, self.metadata())
+        return head, len(head) + sum(size for *_, size in tensors)
 
     def response_headers(self, content_type: bytes, length: int) -> list[tuple[bytes, bytes]]:
         timing = ", ".join(f"{name};dur={ms:.2f}" for name, ms in self.timings.items())

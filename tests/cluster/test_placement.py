@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hapi.protocol import SeaweedPlacement
+from hapi.store import SeaweedPlacement
 from hapi_bench._cluster import Objects
 
 pytestmark = pytest.mark.cluster

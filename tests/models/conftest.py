@@ -9,15 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hapi.models import (
-    Decomposition,
-    ExportedModel,
-    Registry,
-    build,
-    export_model,
-    preprocess_batch,
-    sample_images,
-)
+from hapi.models import ExportedModel, Registry, export_model, preprocess_batch, sample_images
+from hapi.models.testing import Decomposition, build
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hapi.models import BlockInfo, InputSpec, Manifest, get_preset
+from hapi.models import Manifest
+from hapi.models.testing import BlockInfo, InputSpec, get_preset
 from hapi.planner import Profile, profile_from_manifest
 
 # ResNet18 at 224x224, float32, per sample (REFERENCES.md): stem, 8 residual blocks, pool.

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hapi.protocol import InvalidValue, format_bandwidth, parse_bandwidth, parse_size
+from hapi.protocol import InvalidValue, format_bandwidth, format_bytes, parse_bandwidth, parse_size
 
 
 @pytest.mark.parametrize(
@@ -73,3 +73,11 @@ def test_parse_size(text: str, size: int) -> None:
 def test_bad_size(text: str) -> None:
     with pytest.raises(InvalidValue, match="invalid size"):
         parse_size(text)
+
+
+def test_byte_sizes_are_written_one_way_in_decimal_or_binary_units() -> None:
+    assert format_bytes(999) == "999 B"
+    assert format_bytes(802_816) == "802.8 KB"
+    assert format_bytes(802_816, binary=True) == "784.0 KiB"
+    assert format_bytes(4 * 2**30, binary=True) == "4.0 GiB"
+    assert format_bytes(5e12) == "5000.0 GB"

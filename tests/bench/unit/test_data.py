@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from hapi import models
+from hapi.models import testing
 from hapi.models._decode import decode_object
 from hapi_bench import _data
 
@@ -64,7 +65,7 @@ def test_shards_follow_the_webdataset_convention(samples: list[_data.Sample]) ->
 def test_the_gateways_decoder_reads_a_shard_with_its_labels(samples: list[_data.Sample]) -> None:
     key, data = _data.shards(samples, per_shard=8)[0]
 
-    decoded = decode_object(data, models.get_preset("imagenet"), key=key)
+    decoded = decode_object(data, testing.get_preset("imagenet"), key=key)
 
     assert [s.label for s in decoded] == [s.label for s in samples[:8]]
     assert decoded[0].array.shape == (3, 224, 224)

@@ -16,6 +16,7 @@ from PIL import Image
 from skimage import data as samples
 
 from hapi import models
+from hapi.models import testing
 from hapi.protocol import decode_features as decode
 from tests.support import control_get, encode_image, signed_headers
 
@@ -65,7 +66,7 @@ def _get(gateway, bucket: str, key: str, **params: object) -> httpx.Response:
 def _torch_features(
     family: str, manifest, blob: bytes, split: int, freeze: int | None = None
 ) -> np.ndarray:
-    decomposition = models.build(family)
+    decomposition = testing.build(family)
     x = torch.from_numpy(models.preprocess(Image.open(io.BytesIO(blob)), manifest.preprocess)[None])
     with torch.no_grad():
         for block in decomposition.blocks[:split]:

@@ -15,7 +15,8 @@ from hapi.gateway.pushdown._profiles import (
     TimedRun,
     batch_bucket,
 )
-from hapi.models import RuntimeSettings, compose, create_session
+from hapi.models import RuntimeSettings, create_session
+from hapi.models.testing import compose
 from tests.gateway.support import ManualClock, fake_probes
 from tests.models.unit.test_block_times import _block
 from tests.planner.synthetic import manifest

@@ -15,10 +15,10 @@ import onnx
 import pytest
 
 from hapi import models
-from hapi.models import DaliDecoder, InvalidModelSpec, UndecodableObject, cuda_usable
+from hapi.models import DaliDecoder, InvalidModelSpec, UndecodableObject, cuda_usable, testing
 from hapi.models._dali import FEATURE_P99, INPUT_P99, SAMPLE_MEAN
 
-PRESET = models.get_preset("imagenet")
+PRESET = testing.get_preset("imagenet")
 
 
 def _photos() -> list[bytes]:
@@ -60,7 +60,7 @@ def test_dali_cpu_inputs_match_pillow_within_tolerance() -> None:
 
 def test_features_from_dali_inputs_match_within_tolerance(effnet_export) -> None:
     blobs = _photos()
-    graph = models.compose([onnx.load_from_string(b.data) for b in effnet_export.blocks[:4]])
+    graph = testing.compose([onnx.load_from_string(b.data) for b in effnet_export.blocks[:4]])
     session = models.create_session(graph, models.RuntimeSettings(device="cpu"))
     reference = session.run(None, {"input": _pillow(blobs)})[0]
     features = session.run(None, {"input": _dali(blobs, "cpu")})[0]

@@ -12,14 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from hapi.models import (
-    Decomposition,
-    ExportedModel,
-    ExportError,
-    compose,
-    create_session,
-    export_model,
-)
+from hapi.models import ExportedModel, ExportError, create_session, export_model
+from hapi.models.testing import Decomposition, compose
 
 
 def _run(graph: onnx.ModelProto | bytes, batch: np.ndarray) -> np.ndarray:
@@ -146,7 +140,8 @@ def test_modules_that_do_not_export(module: nn.Module, message: str) -> None:
 def test_hashes_repeat_in_a_fresh_process(resnet18_export: ExportedModel) -> None:
     """Seeded weights plus canonical bytes: another process exports the same blocks."""
     code = (
-        "from hapi.models import Decomposition, build, export_model\n"
+        "from hapi.models import export_model\n"
+        "from hapi.models.testing import Decomposition, build\n"
         "d = build('resnet18')\n"
         "print(export_model(Decomposition.custom(d.blocks[:2])).blocks[1].info.hash)\n"
     )

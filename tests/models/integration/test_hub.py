@@ -10,16 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hapi.models import (
-    InvalidModelSpec,
-    RandomWeightsWarning,
-    Registry,
-    build_hub,
-    compose,
-    create_session,
-    export_model,
-    preprocess_batch,
-)
+from hapi.models import InvalidModelSpec, Registry, create_session, export_model, preprocess_batch
+from hapi.models.testing import RandomWeightsWarning, build_hub, compose
 
 
 def _trained_like(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -21,13 +21,12 @@ from hapi.models import (
     InvalidModelSpec,
     Preset,
     Registry,
-    compose,
     create_session,
-    cut_points,
     import_onnx,
     preprocess_batch,
 )
 from hapi.models._cli import models
+from hapi.models.testing import compose, cut_points
 
 # A small input keeps these tests quick; the graphs take any spatial size.
 SMALL = Preset(

@@ -12,7 +12,8 @@ def test_serving_path_imports_without_torch_or_other_layers() -> None:
 import sys
 sys.modules["torch"] = None  # any import of torch now fails
 import hapi.models, hapi.models._cli
-from hapi.models import Registry, create_session, preprocess, compose
+from hapi.models import Registry, create_session, preprocess
+from hapi.models.testing import compose
 layers = [m for m in sys.modules if m.startswith(("hapi.gateway", "hapi.planner", "hapi.sdk"))]
 web = [m for m in ("starlette", "fastapi", "uvicorn", "httpx") if m in sys.modules]
 print(layers, web)

@@ -17,11 +17,11 @@ from hapi.models import (
     Manifest,
     NoSuchModel,
     Registry,
-    build,
     create_session,
     preprocess_batch,
     register_default_model,
 )
+from hapi.models.testing import build
 from tests.models.support import RecordingClient
 
 

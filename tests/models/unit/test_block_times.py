@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from hapi.models import RuntimeSettings, block_times, compose, create_session
+from hapi.models import RuntimeSettings, block_times, create_session
+from hapi.models.testing import compose
 
 
 def _block(size: int, repeats: int) -> onnx.ModelProto:

@@ -10,7 +10,8 @@ import torchvision
 from safetensors.torch import save_file
 from torch import nn
 
-from hapi.models import FAMILIES, Decomposition, InvalidModelSpec, build
+from hapi.models import InvalidModelSpec
+from hapi.models.testing import FAMILIES, Decomposition, build
 
 
 def _reference(family: str) -> nn.Module:

@@ -10,7 +10,8 @@ import torch
 from PIL import Image, ImageOps
 from torchvision import transforms
 
-from hapi.models import PRESETS, InvalidModelSpec, Preset, get_preset, preprocess, preprocess_batch
+from hapi.models import InvalidModelSpec, Preset, preprocess, preprocess_batch
+from hapi.models.testing import PRESETS, get_preset
 
 
 def _torchvision_pipeline(preset: Preset) -> transforms.Compose:

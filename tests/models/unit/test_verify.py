@@ -8,13 +8,13 @@ import torch
 from torch import nn
 
 from hapi.models import (
-    Decomposition,
     ExportError,
     InvalidModelSpec,
     create_session,
     export_model,
     preprocess_batch,
 )
+from hapi.models.testing import Decomposition
 from tests.models.support import calibrated_net
 
 

@@ -1,16 +1,13 @@
-"""Profiles from manifests, and local timing of decoding."""
+"""Profiles from manifests."""
 
 from __future__ import annotations
 
 import pytest
-from PIL import Image
 
-from hapi.models import get_preset
 from hapi.planner import (
     DEFAULT_DECODE_MS,
     DEFAULT_RAW_BYTES,
     InvalidInput,
-    measure_decode_ms,
     profile_from_manifest,
 )
 from tests.planner.synthetic import INPUT_BYTES, R18_CPU_MS, R18_OUTPUTS, R18_WEIGHTS, manifest
@@ -47,14 +44,3 @@ def test_activation_bytes_match_the_gateways_estimate() -> None:
     assert profile.activation_bytes(9, 10) == R18_OUTPUTS[8] + R18_OUTPUTS[9]
     assert profile.activation_bytes(10, 10) == R18_OUTPUTS[9]  # the client holds features
     assert profile.activation_bytes(0, 0) == INPUT_BYTES
-
-
-def test_measure_decode_ms_times_real_jpeg_decoding() -> None:
-    gradient = Image.linear_gradient("L").resize((640, 480)).convert("RGB")
-    tiny = Image.new("RGB", (32, 32), "red")
-    preset = get_preset("imagenet")
-    big = measure_decode_ms(preset, images=[gradient, gradient], runs=2)
-    small = measure_decode_ms(preset, images=[tiny], runs=2)
-    assert 0 < small < big < 1000
-    with pytest.raises(InvalidInput):
-        measure_decode_ms(preset, images=[])

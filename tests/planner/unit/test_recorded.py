@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from hapi.models import BlockInfo, InputSpec, Manifest, get_preset
+from hapi.models import Manifest
+from hapi.models.testing import BlockInfo, InputSpec, get_preset
 from hapi.planner import Plan, Profile, Trial, plan
 from tests.planner.recorded import TOLERANCE, best, configurations, regret, regret_of
 

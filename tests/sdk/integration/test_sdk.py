@@ -528,7 +528,7 @@ def test_a_near_tie_is_timed_in_the_first_epochs_and_the_features_do_not_change(
     # Every candidate within 1000% counts as a near tie here, so the real plan on this
     # gateway has a rival: the trial must run it for one epoch, come back to the pick for
     # one, then keep the faster, and the training loop must see the same features.
-    monkeypatch.setattr("hapi.planner._trial.NEAR_TIE", 10.0)
+    monkeypatch.setattr("hapi.planner._plan.NEAR_TIE", 10.0)
     dataset = sdk.IterableFeatureDataset.from_prefix(
         f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
     )

@@ -7,11 +7,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hapi.protocol import SeaweedPlacement
-from hapi.sdk._client import Features
+from hapi.sdk import Features
 from hapi.sdk._endpoints import EndpointPool, failover
 from hapi.sdk._parts import merge, rows_of
 from hapi.sdk._placement import Locality, resolve_placement
+from hapi.store import SeaweedPlacement
 
 FILER, MASTER = "http://filer:8888", "http://master:9333"
 

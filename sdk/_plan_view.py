@@ -1,4 +1,5 @@
-"""A plan as a figure: what each split sends and computes, and each candidate's epoch time.
+"""A plan for people: its table printed with rich (:func:`print_plan`), and as a figure
+(:func:`plot_plan`): what each split sends and computes, and each candidate's epoch time.
 
 matplotlib is imported only here, and only its object-oriented API with the Agg canvas:
 no pyplot state, no GUI backend, nothing changed for the rest of the process.
@@ -10,15 +11,39 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
+from hapi.planner import InvalidInput, format_duration, split_label
 from hapi.protocol import format_bandwidth
 
-from ._errors import InvalidInput
-from ._explain import format_duration, split_label
-
 if TYPE_CHECKING:
-    from ._cost import Plan
+    from hapi.planner import Plan
 
 _CHOSEN, _OTHER, _INFEASIBLE = "#d62728", "#1f77b4", "#bbbbbb"
+
+
+def print_plan(chosen: Plan, *, bandwidth_source: str) -> None:
+    """Print ``chosen``'s candidate table, the bandwidth and where it came from, the choice
+    and why, where the storage-side figures came from, and a near tie (with rich)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    headers, rows = chosen.table()
+    table = Table(*headers, title=Text(chosen.title()), title_justify="left")
+    for candidate, cells in zip(chosen.candidates, rows, strict=True):
+        style = "bold green" if candidate.split == chosen.split else None
+        table.add_row(*(Text(cell) for cell in cells), style=style if candidate.feasible else "dim")
+    console = Console(soft_wrap=True, width=max(160, Console().width))
+    console.print(table)
+    console.print(
+        f"bandwidth {format_bandwidth(chosen.bandwidth_bps)} ({bandwidth_source})", style="dim"
+    )
+    choice = Text.assemble((f"chosen: split {split_label(chosen.split)}", "bold"), ". ")
+    console.print(choice + Text(chosen.reason()))
+    if chosen.profile.storage_origin:
+        console.print(chosen.profile.storage_origin, style="dim")
+    tie = chosen.near_tie()
+    if tie:
+        console.print(tie)
 
 
 def plot_plan(plan: Plan, path: str | os.PathLike[str]) -> None:

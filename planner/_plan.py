@@ -1,14 +1,142 @@
-"""Plans in words: the candidate table (plain text here, rich in the CLI) and the reason."""
+"""A plan (the chosen split, every candidate, what they were computed from) and the plan
+in words: the candidate table as text and data, the reason, a near tie. Printing it (with
+rich) and plotting it are the CLI's (``hapi plan``); nothing here prints.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from hapi.protocol import format_bandwidth, format_bytes
 
-if TYPE_CHECKING:
-    from ._cost import Candidate, Plan
+from ._candidate import Candidate, fastest, split_label
+from ._profile import Profile
+
+DEFAULT_BYTE_MARGIN = 0.10
+NEAR_TIE = 0.05
+"""Candidates predicted within 5% of the pick are too close for the profile to call."""
+
+
+def near_rival(plan: Plan, margin: float | None = None) -> Candidate | None:
+    """The candidate the plan cannot tell from its pick: the fastest other feasible one
+    predicted within ``margin`` (default :data:`NEAR_TIE`) of the pick's epoch, sending no
+    more bytes per sample than the pick or the raw objects. ``None`` when the pick stands
+    clear."""
+    margin = NEAR_TIE if margin is None else margin
+    chosen = plan.chosen
+    if not math.isfinite(chosen.epoch_s):
+        return None
+    most_bytes = max(chosen.bytes_per_sample, plan.profile.raw_bytes)
+    close = [
+        c
+        for c in plan.candidates
+        if c.split != plan.split
+        and c.feasible
+        and c.bytes_per_sample <= most_bytes
+        and c.epoch_s <= chosen.epoch_s * (1.0 + margin)
+    ]
+    return fastest(close) if close else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """The chosen split, every candidate, and the inputs they were computed from.
+
+    Args:
+        model: ``NAME@VERSION`` of the manifest.
+        freeze: The manifest's freeze point.
+        block_names: Names of the frozen blocks.
+        split: The chosen split; ``None`` means no pushdown (read raw objects).
+        candidates: Every candidate in order: no pushdown, then splits ``0..freeze``.
+        bandwidth_bps: The bandwidth assumed, in bits per second.
+        batch_size: The training batch size.
+        dataset_size: Samples per epoch.
+        profile: The profile assumed (its ``wire_dtype`` is the plan's dtype).
+        byte_margin: The gain a candidate sending more bytes than the raw objects needs.
+        note: Why the choice is not simply the fastest row (a byte guard, or a split
+            kept by hysteresis); empty when it is.
+        alternative: The best candidate in the other wire dtype (float16 when the plan is
+            float32, or the reverse), for the explanation.
+        alternative_dtype: That candidate's dtype.
+    """
+
+    model: str
+    freeze: int
+    block_names: tuple[str, ...]
+    split: int | None
+    candidates: tuple[Candidate, ...]
+    bandwidth_bps: float
+    batch_size: int
+    dataset_size: int
+    profile: Profile
+    byte_margin: float = DEFAULT_BYTE_MARGIN
+    note: str = ""
+    alternative: Candidate | None = None
+    alternative_dtype: str | None = None
+
+    @property
+    def dtype(self) -> str:
+        """The wire dtype the plan's bytes are counted in."""
+        return self.profile.wire_dtype
+
+    @property
+    def chosen(self) -> Candidate:
+        """The chosen candidate's row."""
+        return self.candidate(self.split)
+
+    def candidate(self, split: int | None) -> Candidate:
+        """The row of ``split`` (``None`` for no pushdown)."""
+        return next(c for c in self.candidates if c.split == split)
+
+    @property
+    def batches(self) -> int:
+        """Training batches per epoch."""
+        return math.ceil(self.dataset_size / self.batch_size)
+
+    def reason(self) -> str:
+        """One sentence on why :attr:`split` was chosen."""
+        return reason(self)
+
+    def explain(self) -> str:
+        """The candidates as a plain-text table, followed by the choice and its reason."""
+        return explain(self)
+
+    def title(self) -> str:
+        """The assumptions the plan was made under, on one line."""
+        return title(self)
+
+    def table(self) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+        """The candidate table as data: the column headers, and each candidate's cells."""
+        return HEADERS, [row(self, candidate) for candidate in self.candidates]
+
+    def near_tie(self) -> str:
+        """One line on the candidate predicted too close to the pick to call, if any."""
+        return near_tie(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the choice, its reason, the assumptions and every candidate."""
+        return {
+            "model": self.model,
+            "freeze": self.freeze,
+            "split": self.split,
+            "dtype": self.dtype,
+            "reason": self.reason(),
+            "note": self.note,
+            "shared_compute": self.profile.shared_compute,
+            "alternative": None
+            if self.alternative is None
+            else {"dtype": self.alternative_dtype, **self.alternative.to_dict()},
+            "bandwidth_bps": None if math.isinf(self.bandwidth_bps) else self.bandwidth_bps,
+            "batch_size": self.batch_size,
+            "dataset_size": self.dataset_size,
+            "batches": self.batches,
+            "block_names": list(self.block_names),
+            "candidates": [c.to_dict() for c in self.candidates],
+            "profile": asdict(self.profile),
+        }
+
 
 STAGE_WORDS = {"storage": "storage side", "transfer": "network", "client": "client"}
 HEADERS = (
@@ -21,11 +149,6 @@ HEADERS = (
     "bottleneck",
     "epoch",
 )
-
-
-def split_label(split: int | None) -> str:
-    """``none``, ``0``, ``1``... as the table and the CLI write a split."""
-    return "none" if split is None else str(split)
 
 
 def storage_runs(plan: Plan, split: int | None) -> str:
@@ -100,8 +223,6 @@ def explain(plan: Plan) -> str:
 
 def near_tie(plan: Plan) -> str:
     """One line on the candidate predicted too close to the pick to call, if any."""
-    from ._trial import near_rival  # it plans on ._cost, which imports this module
-
     rival = near_rival(plan)
     if rival is None:
         return ""
@@ -177,29 +298,3 @@ def _fastest_reason(plan: Plan) -> str:
 
 def _ratio(value: float) -> str:
     return f"{value:.2f}x" if value < 10 else f"{value:.0f}x"
-
-
-def print_plan(chosen: Plan, *, bandwidth_source: str) -> None:
-    """Print ``chosen``'s candidate table, the bandwidth and where it came from, the choice
-    and why, where the storage-side figures came from, and a near tie (with rich)."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(*HEADERS, title=Text(title(chosen)), title_justify="left")
-    for candidate in chosen.candidates:
-        style = "bold green" if candidate.split == chosen.split else None
-        cells = (Text(cell) for cell in row(chosen, candidate))
-        table.add_row(*cells, style=style if candidate.feasible else "dim")
-    console = Console(soft_wrap=True, width=max(160, Console().width))
-    console.print(table)
-    console.print(
-        f"bandwidth {format_bandwidth(chosen.bandwidth_bps)} ({bandwidth_source})", style="dim"
-    )
-    choice = Text.assemble((f"chosen: split {split_label(chosen.split)}", "bold"), ". ")
-    console.print(choice + Text(chosen.reason()))
-    if chosen.profile.storage_origin:
-        console.print(chosen.profile.storage_origin, style="dim")
-    tie = near_tie(chosen)
-    if tie:
-        console.print(tie)

@@ -1,4 +1,5 @@
-"""What one GET costs the client's CPU, measured against the real store."""
+"""hapi.sdk measures for the planner: what one GET costs the client's CPU, and the frozen
+blocks' time here, against the real store."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hapi import planner
+from hapi import planner, sdk
 
 
 class _Counting:
@@ -25,14 +26,14 @@ class _Counting:
 def test_a_get_costs_cpu_time_and_the_runs_are_counted(backend_s3: Any, bucket: str) -> None:
     backend_s3.put_object(Bucket=bucket, Key="object.bin", Body=b"x" * 30_000)
     counting = _Counting(backend_s3)
-    ms = planner.measure_request_ms(counting, bucket, "object.bin", runs=5)
+    ms = sdk.measure_request_ms(counting, bucket, "object.bin", runs=5)
     assert counting.gets == 6  # one warm-up, five timed
     assert 0 < ms < 1000  # signing and parsing take CPU; a second would be absurd
 
 
 def test_runs_must_be_positive(backend_s3: Any, bucket: str) -> None:
     with pytest.raises(planner.InvalidInput, match="runs"):
-        planner.measure_request_ms(backend_s3, bucket, "object.bin", runs=0)
+        sdk.measure_request_ms(backend_s3, bucket, "object.bin", runs=0)
 
 
 def test_client_blocks_are_timed_on_given_samples(backend_s3: Any, registered: Any) -> None:
@@ -40,9 +41,9 @@ def test_client_blocks_are_timed_on_given_samples(backend_s3: Any, registered: A
 
     manifest = registered["r18"]
     samples = np.random.default_rng(0).standard_normal((1, *manifest.input.shape), np.float32)
-    times = planner.measure_client_blocks(
+    times = sdk.measure_client_blocks(
         models.Registry(backend_s3), manifest, batch_size=2, runs=1, inputs=samples
     )
     assert len(times) == manifest.freeze and all(ms > 0 for ms in times)
     with pytest.raises(planner.InvalidInput, match="at least one sample"):
-        planner.measure_client_blocks(models.Registry(backend_s3), manifest, inputs=samples[:0])
+        sdk.measure_client_blocks(models.Registry(backend_s3), manifest, inputs=samples[:0])

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from hapi.protocol import SeaweedPlacement, parse_placement
+from hapi.store import SeaweedPlacement, parse_placement
 
 FILER, MASTER = "http://filer:8888", "http://master:9333"
 
@@ -110,7 +110,7 @@ def test_an_unreachable_store_places_nothing_and_warns_once(
     placement = SeaweedPlacement(
         filer_url=FILER, master_url=MASTER, transport=httpx.MockTransport(refuse)
     )
-    with caplog.at_level(logging.WARNING, logger="hapi.protocol"):
+    with caplog.at_level(logging.WARNING, logger="hapi.store"):
         assert placement.locate("data", "a.jpg") == ()
         placement.retry_s = 0  # ask again at once: still one warning
         assert placement.locate("data", "b.jpg") == ()
