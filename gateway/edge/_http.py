@@ -9,18 +9,17 @@ S3 XML, so every S3 client backs off and retries.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .._errors import RequestHeaderSectionTooLarge, SlowDown
-from .._observe import error_body
+from .._observe import RequestIds, error_body
 from .._settings import GatewaySettings
-from .._types import ASGIReceive, ASGISend, Scope
+from .._types import ASGIApp, ASGIReceive, ASGISend, Scope
 
 _WORKER_STARTUP_S = 120
 _SHUTDOWN_GRACE_S = 5
@@ -35,6 +34,8 @@ class EdgeLimits:
     max_header_bytes: int = 64 * 1024
     header_timeout_s: float = 30.0
     max_connections: int = 1024
+    # The ids of the answers the edge gives itself, in the scheme of every other answer.
+    request_ids: RequestIds = field(default_factory=RequestIds, compare=False)
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> EdgeLimits:
@@ -61,6 +62,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._reading_head = True
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        self._slow_down = _slow_down(self._limits.request_ids)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         # uvicorn writes a response's head and body apart: sent as one, small answers
@@ -96,7 +98,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._reading_head, self._head_bytes = False, 0
         self._disarm_head_timer()
         busy = len(self.connections) > self._limits.max_connections
-        self.app = _slow_down if busy else self._gateway_app
+        self.app = self._slow_down if busy else self._gateway_app
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -108,7 +110,7 @@ class EdgeProtocol(HttpToolsProtocol):
             f"The request head exceeds the {self._limits.max_header_bytes} bytes this "
             "gateway accepts."
         )
-        body = error_body(error, uuid.uuid4().hex[:20].upper())
+        body = error_body(error, self._limits.request_ids.next())
         head = (
             f"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/xml\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
@@ -175,18 +177,22 @@ class _CoalescedWrites:
         return getattr(self._transport, name)
 
 
-async def _slow_down(scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
+def _slow_down(ids: RequestIds) -> ASGIApp:
     """The answer beyond the connection limit: 503 SlowDown, which S3 clients retry."""
-    error = SlowDown("The gateway is serving as many connections as it may; retry later.")
-    body = error_body(error, uuid.uuid4().hex[:20].upper())
-    headers = [
-        (b"content-type", b"application/xml"),
-        (b"content-length", str(len(body)).encode()),
-        (b"retry-after", b"1"),
-        (b"connection", b"close"),
-    ]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+
+    async def answer(scope: Scope, receive: ASGIReceive, send: ASGISend) -> None:
+        error = SlowDown("The gateway is serving as many connections as it may; retry later.")
+        body = error_body(error, ids.next())
+        headers = [
+            (b"content-type", b"application/xml"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", b"1"),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return answer
 
 
 def edge_config(

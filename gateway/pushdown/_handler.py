@@ -39,7 +39,7 @@ import numpy as np
 
 from hapi.models import Manifest, PendingSample, UndecodableObject
 
-from .._errors import BackendError, InvalidArgument, S3Error, SlowDown, UnprocessableObject
+from .._errors import BackendError, S3Error, SlowDown, UnprocessableObject
 from .._identities import Caller
 from .._metrics import Metrics
 from .._settings import GatewaySettings
@@ -52,7 +52,7 @@ from ._decoders import Decoding
 from ._fairness import FairPool, RequestRate
 from ._fetch import Listing, ObjectLister
 from ._locality import FetchMeter
-from ._params import Params, parse_batch, parse_params
+from ._params import Params, check_split, parse_batch, parse_params
 from ._plan import choose_split
 from ._stream import Answer, open_stream
 from ._tenants import RequestStats, Tenants, per_sample_bytes
@@ -282,10 +282,7 @@ class Pushdown:
             split = choose_split(manifest, params, self.tenants.budget, assumed, storage)
             params = replace(params, split=split)
         assert params.split is not None
-        if params.split > manifest.freeze:
-            raise InvalidArgument(
-                f"x-hapi-split must be in 0..{manifest.freeze} for {manifest.ref}, not {params.split}"
-            )
+        check_split(manifest, params.split)
         return manifest, params
 
     # -- step 2: decode, run and send in windows -----------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hapi import protocol
-from hapi.models import InvalidModelSpec, parse_ref
+from hapi.models import InvalidModelSpec, Manifest, parse_ref
 from hapi.protocol import WIRE_DTYPES as DTYPES
 
 from .._errors import InvalidArgument, InvalidRequest
@@ -215,3 +215,15 @@ def _batch_json(body: bytes) -> dict[str, Any]:
             'a batch body is {"keys": [...], "model": ..., "split": ..., "dtype": ...}'
         )
     return spec
+
+
+def check_split(manifest: Manifest, split: int) -> None:
+    """Refuse a split the model does not have.
+
+    Raises:
+        InvalidArgument: ``split`` is outside ``0..freeze`` of ``manifest``.
+    """
+    if not 0 <= split <= manifest.freeze:
+        raise InvalidArgument(
+            f"x-hapi-split must be in 0..{manifest.freeze} for {manifest.ref}, not {split}"
+        )

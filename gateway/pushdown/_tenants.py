@@ -37,6 +37,7 @@ from hapi.protocol import GatewayStats, MemoryBudgetStats, RequestCounters, Serv
 
 from .._errors import InvalidArgument, NoSuchModel, ServiceUnavailable
 from ._batcher import Batcher, MemoryBudget, Meter, Observer, OutOfMemory
+from ._params import check_split
 from ._profiles import ChainedRun, ProfiledRun, StorageProfiler, TimedRun
 from ._registry import AsyncRegistry
 
@@ -221,12 +222,12 @@ class Tenants:
         """The batcher running blocks ``[0, split)`` of ``manifest`` (shared by prefix).
 
         Raises:
-            InvalidArgument: ``split`` is outside ``1..freeze``.
+            InvalidArgument: ``split`` is outside ``0..freeze``.
+            ValueError: ``split`` is 0, which runs no block (its callers decode only).
         """
-        if not 1 <= split <= manifest.freeze:
-            raise InvalidArgument(
-                f"split must be in 0..{manifest.freeze} for {manifest.ref}, not {split}"
-            )
+        check_split(manifest, split)
+        if split == 0:
+            raise ValueError("split 0 runs no block: it has no batcher")
         key = manifest.hashes[:split]
         tenant = self._tenants.get(key)
         if tenant is None:

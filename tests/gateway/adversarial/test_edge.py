@@ -7,6 +7,7 @@ connections), so exhausting them leaves the session's gateway alone.
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import time
 import xml.etree.ElementTree as ET
@@ -52,6 +53,10 @@ def test_huge_head_is_refused_without_buffering_it(edge_gateway, bucket):
             reply = read_reply(sock)
             status = reply.status
             assert ET.fromstring(reply.body).findtext("Code") == "RequestHeaderSectionTooLarge"
+            # the same request-id scheme as every other answer (20 upper-case hex digits)
+            assert re.fullmatch(
+                r"[0-9A-F]{20}", ET.fromstring(reply.body).findtext("RequestId") or ""
+            )
     assert status in (431, None)  # None: the connection was closed before we could read
     assert edge_gateway.peak_rss_bytes() - before < 32 * MiB
     _healthy(edge_gateway, bucket)
