@@ -32,10 +32,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidths", help=f"comma-separated, of {', '.join(BANDWIDTHS)}")
     p.add_argument("--loads", help=f"comma-separated, of {', '.join(LOADS)}")
     p.add_argument("--samples", type=int, help="training objects [default: 192]")
+    p.add_argument("--held-out", type=int, help="objects the heads are scored on [default: 64]")
     p.add_argument("--epochs", type=int, help="epochs per configuration and cell [default: 3]")
     p.add_argument("--batch-size", type=int, help="training batch [default: 16]")
     p.add_argument("--workers", type=int, help="DataLoader workers [default: 2]")
+    p.add_argument("--prefetch-factor", type=int, help="batches per worker ahead [default: 4]")
+    p.add_argument("--seed", type=int, help="dataset, sampler and head seed [default: 0]")
     p.add_argument("--nice", type=int, help="niceness of both tiers [default: 0]")
+    p.add_argument(
+        "--cache-split",
+        choices=("freeze", "auto"),
+        help="split of the cached configuration: the freeze point, or the planner's pick "
+        "[default: freeze]",
+    )
     return p
 
 
@@ -55,10 +64,14 @@ def config_from(args: argparse.Namespace) -> HeadToHeadConfig:
         "bandwidths": _csv(args.bandwidths),
         "loads": _csv(args.loads),
         "samples": args.samples,
+        "held_out": args.held_out,
         "epochs": args.epochs,
         "batch_size": args.batch_size,
         "workers": args.workers,
+        "prefetch_factor": args.prefetch_factor,
+        "seed": args.seed,
         "niceness": args.nice,
+        "cache_split": args.cache_split,
     }
     return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
 

@@ -37,6 +37,9 @@ class HeadToHeadConfig:
         prefetch_factor: Batches each worker keeps ahead.
         seed: Dataset, sampler and head seed.
         niceness: Scheduling niceness of both tiers.
+        cache_split: The split of the cached configuration: ``freeze`` (the features the
+            head trains on, kept whole by the cache) or ``auto`` (the planner's pick,
+            which prices a cold epoch).
     """
 
     out: Path
@@ -51,6 +54,7 @@ class HeadToHeadConfig:
     prefetch_factor: int = 4
     seed: int = 0
     niceness: int = 0
+    cache_split: str = "freeze"
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.models if m not in FAMILIES]
@@ -63,6 +67,8 @@ class HeadToHeadConfig:
             )
         if not self.loads or any(load not in LOADS for load in self.loads):
             raise ValueError(f"loads must be among {', '.join(LOADS)}")
+        if self.cache_split not in ("freeze", "auto"):
+            raise ValueError(f"cache_split must be freeze or auto, not {self.cache_split!r}")
         if self.samples < self.batch_size or self.held_out < 4 or self.epochs < 2:
             raise ValueError("need samples >= batch_size, held_out >= 4 and epochs >= 2")
 

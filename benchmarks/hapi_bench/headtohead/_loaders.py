@@ -9,7 +9,11 @@
 - ``s3torch-gateway``: the same loader through hapi's gateway in pass-through.
 - ``hapi``: ``hapi.sdk.FeatureDataset(split="auto")`` against the gateway without the
   feature cache.
-- ``hapi-cache``: the same against the gateway with the feature cache.
+- ``hapi-cache``: the same against the gateway with the feature cache, at the freeze point
+  by default (``cache_split="auto"`` for the planner's pick): the planner prices a cold
+  epoch and does not count the cache, so its pick (often raw objects) leaves the cache
+  nothing to keep, while a job that means to run several epochs asks for the features it
+  trains on, which the cache then keeps whole.
 
 Every loader has the same batch size, workers, prefetch and sampler: a seeded permutation
 per epoch (:class:`EpochSampler`), so for one seed and epoch all four read the same
@@ -25,7 +29,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -254,15 +258,16 @@ def hapi_loader(
     settings: LoaderSettings,
     manifest: Manifest,
     bandwidth: float | None,
+    split: int | Literal["auto"] = "auto",
 ) -> Loader:
-    """``FeatureDataset(split="auto")`` at the gateway ``endpoint``; ``bandwidth`` is the
-    link's rate when known (else the gateway's probe measures it)."""
+    """``FeatureDataset(split=split)`` at the gateway ``endpoint``; ``bandwidth`` is the
+    link's rate when known (else the gateway's probe measures it, for ``"auto"``)."""
     from hapi import sdk
 
     dataset = sdk.FeatureDataset.from_objects(
         [f"s3://{settings.bucket}/{key}" for key in settings.keys],
         model=manifest.name,
-        split="auto",
+        split=split,
         labels="folder",
         endpoint_url=endpoint,
         client_options=client_options,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from botocore.exceptions import ClientError
@@ -278,11 +278,19 @@ class ModelRun:
             "aws_secret_access_key": spec.client_secret,
             "region_name": REGION,
         }
-        endpoints = {HAPI: spec.uncached_url, HAPI_CACHE: spec.gateway_url}
+        cache_split: int | Literal["auto"] = "auto"
+        if self.config.cache_split == "freeze":
+            cache_split = self.manifest.freeze
+        endpoints: dict[str, tuple[str | None, int | Literal["auto"]]] = {
+            HAPI: (spec.uncached_url, "auto"),
+            HAPI_CACHE: (spec.gateway_url, cache_split),
+        }
         out = {}
-        for name, url in endpoints.items():
+        for name, (url, split) in endpoints.items():
             assert url is not None
-            out[name] = hapi_loader(name, url, options, self.settings, self.manifest, rate)
+            out[name] = hapi_loader(
+                name, url, options, self.settings, self.manifest, rate, split=split
+            )
             choice = out[name].dataset.split_choice
             self.log(f"  {name}: split {choice.split} ({choice.reason})")
         return out
