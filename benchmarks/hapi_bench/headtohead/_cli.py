@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .._errors import BenchError, TestbedUnavailable
 from ._config import BANDWIDTHS, LOADS, HeadToHeadConfig
@@ -39,6 +41,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch-factor", type=int, help="batches per worker ahead [default: 4]")
     p.add_argument("--seed", type=int, help="dataset, sampler and head seed [default: 0]")
     p.add_argument("--nice", type=int, help="niceness of both tiers [default: 0]")
+    p.add_argument(
+        "--device-json",
+        type=Path,
+        help="make bench-device's bench-device.json: its blocks rate replaces the published "
+        "one in the GPU node's projection",
+    )
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        help="render headtohead.md and .png again from a headtohead.json, without running",
+    )
     p.add_argument(
         "--cache-split",
         choices=("freeze", "auto"),
@@ -86,20 +99,30 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2) from exc
     from ._plot import plot
     from ._report import write_markdown
-    from ._results import write_json
+    from ._results import read_json, write_json
+
+    device = None if args.device_json is None else json.loads(args.device_json.read_text())
+    if args.from_json is not None:
+        cells, meta = read_json(args.from_json)
+        written = []
+    else:
+        cells, meta = _run(config)
+        written = [write_json(config.out / "headtohead.json", cells, meta)]
+    written += [
+        write_markdown(config.out / "headtohead.md", cells, meta, device),
+        plot(config.out / "headtohead.png", cells),
+    ]
+    print(f"{meta['total_s']:.0f} s in all; wrote " + ", ".join(str(p) for p in written))
+
+
+def _run(config: HeadToHeadConfig) -> tuple[list[Any], dict[str, Any]]:
     from ._run import run_headtohead
 
     try:
-        cells, meta = run_headtohead(config, lambda line: print(line, flush=True))
+        return run_headtohead(config, lambda line: print(line, flush=True))
     except TestbedUnavailable as exc:
         print(f"hapi-bench headtohead: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     except BenchError as exc:
         print(f"hapi-bench headtohead: {exc}", file=sys.stderr)
         raise SystemExit(1) from exc
-    written = [
-        write_json(config.out / "headtohead.json", cells, meta),
-        write_markdown(config.out / "headtohead.md", cells, meta),
-        plot(config.out / "headtohead.png", cells),
-    ]
-    print(f"{meta['total_s']:.0f} s in all; wrote " + ", ".join(str(p) for p in written))

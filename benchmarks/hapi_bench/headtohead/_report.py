@@ -144,12 +144,21 @@ def reference_cell(cells: Sequence[Cell], name: str) -> Cell | None:
     return max(quiet, key=lambda c: float("inf") if c.bandwidth_bps is None else c.bandwidth_bps)
 
 
-def projection_text(cells: Sequence[Cell]) -> str:
-    """The projection table per model, and the model's check against every cell."""
+def _nodes(name: str, device: dict[str, Any] | None) -> tuple[model.StorageNode, ...]:
+    if device is None or name not in device.get("models", {}):
+        return (model.CPU_NODE, model.GPU_NODE)
+    return (model.CPU_NODE, model.gpu_node_from_device(device, name))
+
+
+def projection_text(cells: Sequence[Cell], device: dict[str, Any] | None = None) -> str:
+    """The projection table per model, and the model's check against every cell;
+    ``device``: ``make bench-device``'s results, whose blocks rate replaces the published
+    one where they hold the model."""
+    gpu = sorted({node.source for c in cells for node in _nodes(c.model, device)[1:]})
     lines = [
         "Epoch of ImageNet-1k (1,281,167 samples) read by N clients sharing one storage node; "
         "per-sample costs from each model's quiet cell at the fastest link measured. "
-        f"GPU node: {model.GPU_NODE.source}. hapi: the faster of its split and raw objects "
+        f"GPU node: {'; '.join(gpu)}. hapi: the faster of its split and raw objects "
         "(the planner's choice); warm: the feature cache.",
         "",
         "| model | node | link | N | s3torch s | hapi s | hapi warm s | x | bottlenecks |",
@@ -165,6 +174,7 @@ def projection_text(cells: Sequence[Cell]) -> str:
             costs[S3TORCH],
             [costs[HAPI], costs[S3TORCH_GATEWAY]],
             warm=costs[HAPI_CACHE],
+            nodes=_nodes(name, device),
         ):
             warm = "" if row.hapi_warm_s is None else f"{row.hapi_warm_s:.0f}"
             lines.append(
@@ -189,24 +199,38 @@ def projection_text(cells: Sequence[Cell]) -> str:
     return "\n".join(lines)
 
 
-def render(cells: Sequence[Cell], meta: dict[str, Any]) -> str:
-    """The whole report."""
+READING = (
+    "Cold: epoch 1; warm: the median of epochs 2 onward (each configuration trains one head "
+    "through its epochs, scored on held-out objects after them). KB/sample: bytes over the "
+    "link. Client CPU: the training process and its DataLoader workers; storage CPU: the "
+    "store and both gateways (in a loaded cell, the second job's share too). "
+    "x s3torch: s3torchconnector's epoch time (from the store) over this configuration's."
+)
+
+
+def render(
+    cells: Sequence[Cell], meta: dict[str, Any], device: dict[str, Any] | None = None
+) -> str:
+    """The whole report (``device``: ``make bench-device``'s results, if any)."""
     return (
         "\n\n".join(
             [
                 "# Head to head: s3torchconnector and hapi",
                 str(meta.get("description", "")),
+                READING,
                 table(cells),
                 "## Goals, split and same samples\n\n" + goals_text(cells),
-                "## Past this machine, on paper\n\n" + projection_text(cells),
+                "## Past this machine, on paper\n\n" + projection_text(cells, device),
             ]
         )
         + "\n"
     )
 
 
-def write_markdown(path: Path, cells: Sequence[Cell], meta: dict[str, Any]) -> Path:
+def write_markdown(
+    path: Path, cells: Sequence[Cell], meta: dict[str, Any], device: dict[str, Any] | None = None
+) -> Path:
     """Write :func:`render` to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(cells, meta))
+    path.write_text(render(cells, meta, device))
     return path

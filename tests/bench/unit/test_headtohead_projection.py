@@ -110,3 +110,24 @@ def test_bad_inputs_are_refused() -> None:
         model.stages(RAW, CPU4, clients=0, bandwidth_bps=1e9)
     with pytest.raises(ValueError):
         model.project("m", RAW, [])
+
+
+def test_bench_device_figures_replace_the_published_blocks_rate() -> None:
+    results = {
+        "device": "cuda",
+        "models": {
+            "resnet18": {
+                "splits": [
+                    {"split": 3, "samples_per_s": {"1": 900.0, "64": 50_000.0}},
+                    {"split": 10, "samples_per_s": {"1": 500.0, "64": 12_000.0}},
+                ]
+            }
+        },
+    }
+    node = model.gpu_node_from_device(results, "resnet18")
+    # The deepest split's best batch: 12,000/s, under DALI's 19,000/s decode.
+    assert node.device_rate == 12_000.0
+    assert node.cores == model.GPU_NODE.cores
+    assert "split 10" in node.source
+    results["models"]["resnet18"]["splits"][1]["samples_per_s"]["64"] = 40_000.0
+    assert model.gpu_node_from_device(results, "resnet18").device_rate == model.DALI_DECODE_RATE

@@ -91,3 +91,19 @@ def test_results_survive_json(tmp_path: Path) -> None:
     again, meta = read_json(path)
     assert again == cells
     assert meta == {"date": "now"}
+
+
+def test_the_command_renders_a_results_file_again_with_device_figures(tmp_path: Path) -> None:
+    import json
+
+    from hapi_bench.headtohead._cli import main
+
+    results = write_json(tmp_path / "in.json", [_cell("unshaped", None, 3.0, 0.5)], {"total_s": 1})
+    device = tmp_path / "bench-device.json"
+    rows = [{"split": 10, "samples_per_s": {"64": 7_000.0}}]
+    device.write_text(json.dumps({"device": "cuda", "models": {"resnet18": {"splits": rows}}}))
+    main(["--from-json", str(results), "--device-json", str(device), "--out", str(tmp_path / "o")])
+    text = (tmp_path / "o" / "headtohead.md").read_text()
+    assert "blocks 7,000/s (make bench-device, split 10)" in text
+    assert (tmp_path / "o" / "headtohead.png").stat().st_size > 0
+    assert not (tmp_path / "o" / "headtohead.json").exists()
