@@ -16,6 +16,7 @@ def plot(path: Path, cells: Sequence[Cell]) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     models = list(dict.fromkeys(c.model for c in cells))
     fig, axes = plt.subplots(len(models), 1, figsize=(11, 3.6 * len(models)), squeeze=False)
@@ -29,9 +30,11 @@ def plot(path: Path, cells: Sequence[Cell]) -> Path:
             ax.plot(xs, [r.cold_s for r in results], "o", color=bars[0].get_facecolor(), ms=4)
         ax.set_xticks(range(len(mine)), [f"{c.bandwidth}\n{c.load}" for c in mine])
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.set_ylabel("epoch s (dot: cold)")
         ax.set_title(f"{name}: {mine[0].samples} samples per epoch")
-        ax.legend(fontsize=7, ncols=2)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -11,9 +11,12 @@ take ``S / N`` of them, passes three stages that work at once (requests are pref
   runs on the same cores and on a GPU node runs on the device at the lesser of its decode
   and blocks rates (a pipeline of two engines: nvJPEG/DALI and the SMs).
 
-The epoch takes as long as its slowest stage: ``max(client, link, storage)``. Nothing else
-is charged (start-up, the last batch's drain, scheduling noise): :func:`check` says how far
-that leaves the model from each cell the testbed measured.
+The epoch takes as long as its slowest stage, ``max(client, link, storage)``, plus the
+pipeline's fill when it has few batches (the first batch passes every stage before the
+slowest has work: ``n`` batches take ``(n - 1) / n`` of the slowest stage plus ``1 / n`` of
+all three). Nothing else is charged (start-up, scheduling), and CPU seconds are charged as
+wall seconds, so on cores shared with other work the model is optimistic by their share:
+:func:`check` says how far it is from each cell the testbed measured.
 
 A second job on the storage node (the testbed's loaded cells) takes a max-min fair share of
 what it shares: it leaves ``capacity - min(its demand, capacity / 2)`` of the link and of
@@ -133,16 +136,23 @@ QUIET = Background()
 
 @dataclass(frozen=True)
 class Stages:
-    """Seconds each stage needs for one epoch; the epoch takes the longest."""
+    """Seconds each stage needs for one epoch, which passes it in ``batches`` batches."""
 
     client_s: float
     link_s: float
     storage_s: float
+    batches: int = 0
 
     @property
     def epoch_s(self) -> float:
-        """The pipeline bound."""
-        return max(self.client_s, self.link_s, self.storage_s)
+        """The slowest stage; with ``batches``, plus the pipeline's fill: the first batch
+        passes every other stage before the slowest has work, so ``n`` batches take
+        ``(n - 1)`` of the slowest stage's batch times plus one batch through all three."""
+        slowest = max(self.client_s, self.link_s, self.storage_s)
+        if self.batches < 1:
+            return slowest
+        total = self.client_s + self.link_s + self.storage_s
+        return slowest * (self.batches - 1) / self.batches + total / self.batches
 
     @property
     def bottleneck(self) -> str:
@@ -164,8 +174,10 @@ def stages(
     bandwidth_bps: float,
     samples: int = IMAGENET_TRAIN,
     background: Background = QUIET,
+    batches: int = 0,
 ) -> Stages:
-    """Each stage's seconds for an epoch of ``samples`` read by ``clients`` clients.
+    """Each stage's seconds for an epoch of ``samples`` read by ``clients`` clients, in
+    ``batches`` batches per client (0: so many that the pipeline's fill does not count).
 
     ``bandwidth_bps`` is the storage node's link, shared by every client (``math.inf``:
     the link is never the bottleneck).
@@ -180,7 +192,7 @@ def stages(
     else:
         device_s = samples / node.device_rate if costs.compute_s > 0 else 0.0
         storage_s = max(samples * costs.serve_s / cores, device_s)
-    return Stages(samples / clients * costs.client_s, link_s, storage_s)
+    return Stages(samples / clients * costs.client_s, link_s, storage_s, batches)
 
 
 def epoch_s(
@@ -191,6 +203,7 @@ def epoch_s(
     bandwidth_bps: float,
     samples: int = IMAGENET_TRAIN,
     background: Background = QUIET,
+    batches: int = 0,
 ) -> float:
     """The projected epoch time (seconds); see :func:`stages`."""
     return stages(
@@ -200,6 +213,7 @@ def epoch_s(
         bandwidth_bps=bandwidth_bps,
         samples=samples,
         background=background,
+        batches=batches,
     ).epoch_s
 
 
@@ -304,6 +318,7 @@ class MeasuredCell:
     bandwidth_bps: float | None  # None: unshaped
     epoch_s: float
     background: Background = QUIET
+    batches: int = 0
 
 
 TESTBED_NODE = StorageNode(name="the testbed's storage tier: one core", cores=1)
@@ -321,6 +336,7 @@ def check(cells: Sequence[MeasuredCell], node: StorageNode = TESTBED_NODE) -> li
             bandwidth_bps=math.inf if cell.bandwidth_bps is None else cell.bandwidth_bps,
             samples=cell.samples,
             background=cell.background,
+            batches=cell.batches,
         )
         out.append(Deviation(cell.label, cell.epoch_s, predicted))
     return out

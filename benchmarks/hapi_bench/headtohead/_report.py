@@ -131,6 +131,7 @@ def measured_cells(cells: Sequence[Cell]) -> list[model.MeasuredCell]:
                     bandwidth_bps=cell.bandwidth_bps,
                     epoch_s=result.warm_s if warm else result.cold_s,
                     background=background,
+                    batches=-(-result.epochs[0].samples // cell.batch_size),
                 )
             )
     return out
@@ -203,7 +204,8 @@ READING = (
     "Cold: epoch 1; warm: the median of epochs 2 onward (each configuration trains one head "
     "through its epochs, scored on held-out objects after them). KB/sample: bytes over the "
     "link. Client CPU: the training process and its DataLoader workers; storage CPU: the "
-    "store and both gateways (in a loaded cell, the second job's share too). "
+    "store and both gateways. In a loaded cell the link's bytes and the storage CPU include "
+    "the second job's share. "
     "x s3torch: s3torchconnector's epoch time (from the store) over this configuration's."
 )
 

@@ -131,3 +131,15 @@ def test_bench_device_figures_replace_the_published_blocks_rate() -> None:
     assert "split 10" in node.source
     results["models"]["resnet18"]["splits"][1]["samples_per_s"]["64"] = 40_000.0
     assert model.gpu_node_from_device(results, "resnet18").device_rate == model.DALI_DECODE_RATE
+
+
+def test_few_batches_pay_the_pipelines_fill() -> None:
+    # 1000 samples, 4 cores, 1 Gbit/s: client 20 s, link 0.8 s, storage 0.25 s. In 10
+    # batches: 9 batches of the client's 2 s, plus one through all three stages
+    # (2 + 0.08 + 0.025 s) = 18 + 2.105 s.
+    stages = model.stages(RAW, CPU4, clients=1, bandwidth_bps=1e9, samples=1000, batches=10)
+    assert stages.epoch_s == pytest.approx(20.105)
+    # Without batches (or in one batch per stage's worth), the pure bound / the sum.
+    assert model.stages(RAW, CPU4, clients=1, bandwidth_bps=1e9, samples=1000).epoch_s == 20.0
+    one = model.stages(RAW, CPU4, clients=1, bandwidth_bps=1e9, samples=1000, batches=1)
+    assert one.epoch_s == pytest.approx(21.05)
