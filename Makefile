@@ -100,6 +100,6 @@ bench: $(STAMP)
 	$(VENV)/bin/hapi-bench testbed $(if $(QUICK),--quick) --out bench-results/testbed
 
 # The same training job through s3torchconnector and hapi (root: the testbed), every cell
-# (about 40 minutes); `make bench-headtohead QUICK=1` for --quick (about 3 minutes).
+# (20-40 minutes: quiet or shared cores); `make bench-headtohead QUICK=1` for --quick (3-6).
 bench-headtohead: $(STAMP)
 	$(VENV)/bin/hapi-bench headtohead $(if $(QUICK),--quick) --out bench-results/headtohead $(HEADTOHEAD_ARGS)
