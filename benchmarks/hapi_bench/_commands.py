@@ -23,6 +23,7 @@ MICRO_BENCHMARKS = {
     "device": ("_device", "The storage side's blocks on an accelerator, checked and timed."),
     "load": ("_load", "A bounded load run through the gateway, nginx and the store."),
     "cluster": ("_cluster_cli", "The multi-node store: up, down, and scaling over 1-3 nodes."),
+    "headtohead": ("headtohead._cli", "The same training job through s3torchconnector and hapi."),
 }
 
 # Options pass through untouched to the benchmark's own parser (``--help`` included).

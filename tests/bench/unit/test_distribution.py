@@ -30,7 +30,9 @@ def test_hapi_bench_depends_on_hapi_and_registers_its_commands() -> None:
     assert any(dep.startswith("matplotlib") for dep in project["dependencies"])
     assert project["entry-points"]["hapi.commands"] == {"bench": "hapi_bench:bench"}
     assert project["scripts"] == {"hapi-bench": "hapi_bench:main"}
-    assert HAPI_BENCH["tool"]["setuptools"]["packages"] == ["hapi_bench"]
+    assert HAPI_BENCH["tool"]["setuptools"]["packages"] == ["hapi_bench", "hapi_bench.headtohead"]
+    # the head-to-head's contender, AWS's loader
+    assert "s3torchconnector==1.5.0" in project["dependencies"]
 
 
 def test_hapi_bench_has_the_testbed_and_the_micro_benchmarks() -> None:
@@ -42,6 +44,7 @@ def test_hapi_bench_has_the_testbed_and_the_micro_benchmarks() -> None:
         "device",
         "load",
         "cluster",
+        "headtohead",
     }
     assert main.commands["testbed"] is bench
 
@@ -61,6 +64,6 @@ def test_the_make_targets_call_the_public_commands() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert "hapi_bench._" not in makefile
     assert "hapi.bench" not in makefile
-    for name in ("proxy", "pushdown", "device", "load"):
+    for name in ("proxy", "pushdown", "device", "load", "headtohead"):
         assert re.search(rf"^bench-{name}:.*\n(?:\t.*\n)*?\t\S*hapi-bench {name} ", makefile, re.M)
     assert re.search(r"^bench:.*\n\t\S*hapi-bench testbed ", makefile, re.M)
