@@ -149,22 +149,7 @@ class CacheClient:
     def empty(self) -> None:
         """Empty both caches: every entry of the cache bucket, the local directory."""
         self.drain()
-        try:
-            pages = self._store.get_paginator("list_objects_v2").paginate(
-                Bucket=DEFAULT_CACHE_BUCKET, Prefix=ENTRY_PREFIX
-            )
-            keys = [
-                entry.key for page in pages for entry in listed_entries(page.get("Contents", []))
-            ]
-        except ClientError as exc:  # no bucket yet: nothing was cached
-            if exc.response.get("Error", {}).get("Code") != "NoSuchBucket":
-                raise
-            keys = []
-        for start in range(0, len(keys), _DELETE_CHUNK):
-            chunk = [{"Key": key} for key in keys[start : start + _DELETE_CHUNK]]
-            self._store.delete_objects(
-                Bucket=DEFAULT_CACHE_BUCKET, Delete={"Objects": chunk, "Quiet": True}
-            )
+        empty_cache_bucket(self._store)
         # Empty the directory, keep it: the dataset's local cache writes under it.
         for child in self.local_dir.iterdir():
             shutil.rmtree(child, ignore_errors=True)
@@ -422,3 +407,19 @@ def _model_cells(
     finally:
         client.close()
         link.unshape()
+
+
+def empty_cache_bucket(store: Any) -> None:
+    """Delete every entry of the feature cache bucket (``store``: boto3 at the store)."""
+    try:
+        pages = store.get_paginator("list_objects_v2").paginate(
+            Bucket=DEFAULT_CACHE_BUCKET, Prefix=ENTRY_PREFIX
+        )
+        keys = [entry.key for page in pages for entry in listed_entries(page.get("Contents", []))]
+    except ClientError as exc:  # no bucket yet: nothing was cached
+        if exc.response.get("Error", {}).get("Code") != "NoSuchBucket":
+            raise
+        keys = []
+    for start in range(0, len(keys), _DELETE_CHUNK):
+        chunk = [{"Key": key} for key in keys[start : start + _DELETE_CHUNK]]
+        store.delete_objects(Bucket=DEFAULT_CACHE_BUCKET, Delete={"Objects": chunk, "Quiet": True})

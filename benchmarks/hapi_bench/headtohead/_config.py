@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hapi.models import FAMILIES
+from hapi.models.testing import FAMILIES
 
 from ._results import LOADED, QUIET
 

@@ -25,15 +25,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from botocore.exceptions import ClientError
 
 from hapi.models import Manifest, Registry
-from hapi.protocol import DEFAULT_CACHE_BUCKET, list_entries
 
 from .._client import BUCKET
 from .._config import BenchConfig
 from .._data import Sample
-from .._epochs import pending_writes
+from .._epochs import empty_cache_bucket, pending_writes
 from .._errors import BenchError
 from .._host import cpu_model
 from .._netns import Link
@@ -156,17 +154,7 @@ class CacheControl:
     def empty(self) -> None:
         """Delete every entry of the cache bucket (after the pending writes)."""
         self.drain()
-        try:
-            keys = [e.key for e in list_entries(self.store, DEFAULT_CACHE_BUCKET)]
-        except ClientError as exc:  # no bucket yet: nothing was cached
-            if exc.response.get("Error", {}).get("Code") != "NoSuchBucket":
-                raise
-            keys = []
-        for start in range(0, len(keys), 1000):
-            chunk = [{"Key": key} for key in keys[start : start + 1000]]
-            self.store.delete_objects(
-                Bucket=DEFAULT_CACHE_BUCKET, Delete={"Objects": chunk, "Quiet": True}
-            )
+        empty_cache_bucket(self.store)
 
 
 class ModelRun:
