@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._errors import BenchError, TestbedUnavailable
+from hapi_bench.core._errors import BenchError, TestbedUnavailable
+
 from ._config import BANDWIDTHS, LOADS, HeadToHeadConfig
 
 DEFAULT_OUT = Path("bench-results") / "headtohead"

@@ -34,8 +34,7 @@ from typing import Any, Literal
 import numpy as np
 
 from hapi.models import Manifest, Preset, Registry, RuntimeSettings, create_session
-
-from .._data import CLASSES
+from hapi_bench.testbed._data import CLASSES
 
 S3TORCH = "s3torch"
 S3TORCH_GATEWAY = "s3torch-gateway"

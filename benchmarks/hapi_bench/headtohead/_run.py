@@ -27,18 +27,18 @@ from typing import Any, Literal
 import httpx
 
 from hapi.models import Manifest, Registry
+from hapi_bench.core._errors import BenchError
+from hapi_bench.core._host import cpu_model
+from hapi_bench.epochs._epochs import empty_cache_bucket, pending_writes
+from hapi_bench.reports._results import RunResult
+from hapi_bench.testbed._client import BUCKET
+from hapi_bench.testbed._config import BenchConfig
+from hapi_bench.testbed._data import Sample
+from hapi_bench.testbed._netns import Link
+from hapi_bench.testbed._preflight import check_environment
+from hapi_bench.testbed._run import _setup, _store_client, pin_process, testbed
+from hapi_bench.testbed._tier import StorageTier, cpu_seconds
 
-from .._client import BUCKET
-from .._config import BenchConfig
-from .._data import Sample
-from .._epochs import empty_cache_bucket, pending_writes
-from .._errors import BenchError
-from .._host import cpu_model
-from .._netns import Link
-from .._preflight import check_environment
-from .._results import RunResult
-from .._run import _setup, _store_client, pin_process, testbed
-from .._tier import StorageTier, cpu_seconds
 from ._config import BANDWIDTHS, HeadToHeadConfig
 from ._loaders import (
     CONFIGS,

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from hapi_bench import bench
-from hapi_bench._errors import TestbedUnavailable
-from hapi_bench._preflight import check_environment
+from hapi_bench.core._errors import TestbedUnavailable
+from hapi_bench.testbed._preflight import check_environment
 
 MODULE = [sys.executable, "-m", "hapi_bench"]
 NOT_ROOT = (

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from hapi import models
-from hapi_bench._data import generate
 from hapi_bench.headtohead._loaders import (
     Endpoint,
     FrozenBlocks,
@@ -20,6 +19,7 @@ from hapi_bench.headtohead._loaders import (
     s3torch_loader,
 )
 from hapi_bench.headtohead._same import Trace, check, compare
+from hapi_bench.testbed._data import generate
 
 SAMPLES = 24
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi_bench._netns import Link, tbf_limit
+from hapi_bench.testbed._netns import Link, tbf_limit
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc")),

@@ -32,11 +32,10 @@ from typing import Any, Protocol
 
 from hapi import planner, sdk
 from hapi.models import Manifest, Registry, RuntimeSettings
-
-from ._client import ModelClient
-from ._config import REGIMES, BenchConfig, bandwidth_for
-from ._report import undecided
-from ._results import CellResult, RunResult, split_label
+from hapi_bench.reports._report import undecided
+from hapi_bench.reports._results import CellResult, RunResult, split_label
+from hapi_bench.testbed._client import ModelClient
+from hapi_bench.testbed._config import REGIMES, BenchConfig, bandwidth_for
 
 PROBE_SECONDS = 2.0
 CONTENDER_MARGIN = 0.15

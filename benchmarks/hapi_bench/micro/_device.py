@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.pipeline != "skip":
-        from ._device_pipeline import run_pipeline
+        from hapi_bench.micro._device_pipeline import run_pipeline
 
         run_pipeline(args.out, args.device)
     if args.pipeline != "only":

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ._epochs_results import (
+from hapi_bench.epochs._epochs_results import (
     BASELINE,
     CLIENT,
     CONFIGS,
@@ -207,7 +207,7 @@ _STYLE = {
 def plot_epochs(path: Path, cells: Sequence[CacheCell]) -> Path:
     """Epoch seconds per epoch, one panel per cell, one line per configuration, and the
     client cache's head-training time."""
-    from ._plot import _figure, _save
+    from hapi_bench.reports._plot import _figure, _save
 
     fig, axes = _figure(len(cells))
     for ax, cell in zip(axes, cells, strict=True):

@@ -38,12 +38,11 @@ import numpy as np
 from hapi import models
 from hapi.gateway import sign_request
 from hapi.protocol import Credentials
-
-from ._errors import BenchError
-from ._gateway import BenchGateway, bench_store
-from ._host import busy_seconds, cpu_model
-from ._pushdown import make_images
-from ._wrk import WrkRequest, cpu_seconds, run_wrk, wrk_binary
+from hapi_bench.core._errors import BenchError
+from hapi_bench.core._host import busy_seconds, cpu_model
+from hapi_bench.micro._gateway import BenchGateway, bench_store
+from hapi_bench.micro._pushdown import make_images
+from hapi_bench.micro._wrk import WrkRequest, cpu_seconds, run_wrk, wrk_binary
 
 BATCH = 32
 BATCH_CLIENTS = 2

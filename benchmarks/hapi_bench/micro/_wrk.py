@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._errors import BenchError
+from hapi_bench.core._errors import BenchError
 
 _CLOCK_TICKS = 100  # USER_HZ: /proc/PID/stat times are in these (100 on Linux)
 _UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}

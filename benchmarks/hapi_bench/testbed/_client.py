@@ -22,12 +22,11 @@ from typing import Any
 from botocore.config import Config
 
 from hapi.models import Manifest, Registry, RuntimeSettings, create_session
-
-from ._baseline import FETCH_THREADS, RawLoader
-from ._errors import BenchError
-from ._netns import Link
-from ._results import RunResult
-from ._tier import StorageTier, steal_seconds
+from hapi_bench.core._errors import BenchError
+from hapi_bench.reports._results import RunResult
+from hapi_bench.testbed._baseline import FETCH_THREADS, RawLoader
+from hapi_bench.testbed._netns import Link
+from hapi_bench.testbed._tier import StorageTier, steal_seconds
 
 BUCKET = "bench-data"
 PREFETCH = 4

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ._results import CellResult, RunResult, split_label
+from hapi_bench.reports._results import CellResult, RunResult, split_label
 
 TOLERANCE = 0.05
 SPEEDUP_TARGET = 2.5

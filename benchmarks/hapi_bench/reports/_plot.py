@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._results import CellResult
+from hapi_bench.reports._results import CellResult
 
 
 def _figure(count: int) -> tuple[Any, list[Any]]:

@@ -24,8 +24,7 @@ from PIL import Image
 from hapi import models
 from hapi.gateway import sign_request
 from hapi.protocol import Credentials
-
-from ._gateway import bench_store
+from hapi_bench.micro._gateway import bench_store
 
 POLICIES: dict[str, dict[str, str]] = {
     "adaptive": {},

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from hapi import models
-
-from ._ceiling import _BUCKET, BareLoop, GatewayDriver, Run
-from ._gateway import bench_store
-from ._pushdown import make_images
-from ._wrk import wrk_binary
+from hapi_bench.micro._ceiling import _BUCKET, BareLoop, GatewayDriver, Run
+from hapi_bench.micro._gateway import bench_store
+from hapi_bench.micro._pushdown import make_images
+from hapi_bench.micro._wrk import wrk_binary
 
 CELLS = (("resnet18", 5), ("resnet50", 9))
 BATCH = 64

@@ -32,8 +32,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._errors import BenchError, TestbedUnavailable
-from ._netns import PREFIX, _end, namespaces, run, tbf_burst, tbf_limit
+from hapi_bench.core._errors import BenchError, TestbedUnavailable
+from hapi_bench.testbed._netns import PREFIX, _end, namespaces, run, tbf_burst, tbf_limit
 
 RANGE = ipaddress.IPv4Network("10.231.0.0/16")
 _BLACKHOLE_METRIC = "4294967295"  # the least preferred route: any real route wins

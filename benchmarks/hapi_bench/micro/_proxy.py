@@ -27,10 +27,9 @@ from botocore.config import Config
 from tqdm import tqdm
 
 from hapi.store import free_port
-
-from ._gateway import BenchGateway, bench_store
-from ._host import cpu_model
-from ._wrk import WrkResult, run_wrk, wrk_binary
+from hapi_bench.core._host import cpu_model
+from hapi_bench.micro._gateway import BenchGateway, bench_store
+from hapi_bench.micro._wrk import WrkResult, run_wrk, wrk_binary
 
 MiB = 1024 * 1024
 _NGINX_CONF = """

@@ -36,9 +36,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hapi import sdk
 from hapi.store import ClusterNode, ClusterPorts, ClusterSettings, SeaweedCluster, StoreError
-
-from ._cluster_net import Counters, Network, node_role, sweep
-from ._errors import BenchError
+from hapi_bench.cluster._cluster_net import Counters, Network, node_role, sweep
+from hapi_bench.core._errors import BenchError
 
 GATEWAY_PORT = 8080
 CLIENT_ENV = "HAPI_BENCH_CLUSTER_CLIENT"
@@ -285,8 +284,7 @@ class Testbed:
         """Pin ``nI/`` to node I, upload ``count`` JPEGs round-robin over the nodes
         (``nI/00012.jpg``), register ResNet18 up to ``freeze`` as ``r18``."""
         from hapi import models
-
-        from ._data import generate
+        from hapi_bench.testbed._data import generate
 
         s3 = self.cluster.s3_client(self.roles[0])
         s3.create_bucket(Bucket=BUCKET)
@@ -324,7 +322,7 @@ class Testbed:
         log = self.spec.workdir / "client.log"
         with log.open("ab") as errors:
             process = subprocess.Popen(
-                [*command, "-m", "hapi_bench._cluster_client"],
+                [*command, "-m", "hapi_bench.cluster._cluster_client"],
                 env=env,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

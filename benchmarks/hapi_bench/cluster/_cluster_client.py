@@ -20,8 +20,7 @@ from collections import Counter
 from typing import Any
 
 from hapi import sdk
-
-from ._cluster import CLIENT_ENV
+from hapi_bench.cluster._cluster import CLIENT_ENV
 
 
 def object_number(key: str) -> int:

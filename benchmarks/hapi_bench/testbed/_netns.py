@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ._errors import BenchError, TestbedUnavailable
+from hapi_bench.core._errors import BenchError, TestbedUnavailable
 
 PREFIX = "hapi-bench-"
 _SUBNET = ipaddress.IPv4Network("10.203.0.0/16")

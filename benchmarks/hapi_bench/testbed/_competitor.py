@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ._tier import cpu_seconds
+from hapi_bench.testbed._tier import cpu_seconds
 
 BUSY_LOOP = "while True: pass"
 

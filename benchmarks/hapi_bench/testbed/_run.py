@@ -24,17 +24,16 @@ from typing import Any
 
 from hapi import sdk
 from hapi.models import Manifest, Registry
-
-from ._client import BUCKET, ClientSettings, ModelClient
-from ._competitor import storage_competitor
-from ._config import REGIMES, BenchConfig
-from ._data import Sample, generate, upload
-from ._host import cpu_model
-from ._netns import Link
-from ._preflight import check_environment
-from ._results import CellResult
-from ._sweep import Progress, measure_profile, sweep_cell
-from ._tier import StorageTier
+from hapi_bench.core._host import cpu_model
+from hapi_bench.reports._results import CellResult
+from hapi_bench.testbed._client import BUCKET, ClientSettings, ModelClient
+from hapi_bench.testbed._competitor import storage_competitor
+from hapi_bench.testbed._config import REGIMES, BenchConfig
+from hapi_bench.testbed._data import Sample, generate, upload
+from hapi_bench.testbed._netns import Link
+from hapi_bench.testbed._preflight import check_environment
+from hapi_bench.testbed._sweep import Progress, measure_profile, sweep_cell
+from hapi_bench.testbed._tier import StorageTier
 
 DESCRIPTION = (
     "Storage tier (SeaweedFS + hapi gateway) in a network namespace pinned to one CPU core; "

@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from hapi.models import Manifest, decode_object
-
-from ._data import CLASSES
+from hapi_bench.testbed._data import CLASSES
 
 FETCH_THREADS = 4
 

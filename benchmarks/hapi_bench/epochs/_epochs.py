@@ -31,8 +31,18 @@ from botocore.exceptions import ClientError
 
 from hapi.models import Manifest, Registry
 from hapi.protocol import DEFAULT_CACHE_BUCKET, ENTRY_PREFIX, listed_entries
-
-from ._client import (
+from hapi_bench.core._errors import BenchError
+from hapi_bench.epochs._epochs_results import (
+    BASELINE,
+    CLIENT,
+    GATEWAY,
+    UNCACHED,
+    CacheCell,
+    EpochRun,
+    SweepResult,
+)
+from hapi_bench.reports._results import RunResult
+from hapi_bench.testbed._client import (
     BUCKET,
     PREFETCH,
     RUNTIME,
@@ -43,15 +53,12 @@ from ._client import (
     _closing,
     run_result,
 )
-from ._config import REGIMES, BenchConfig, bandwidth_for
-from ._epochs_results import BASELINE, CLIENT, GATEWAY, UNCACHED, CacheCell, EpochRun, SweepResult
-from ._errors import BenchError
-from ._netns import Link
-from ._preflight import check_environment
-from ._results import RunResult
-from ._run import _meta, _setup, _store_client, pin_process, testbed
-from ._sweep import ModelProfile, Progress, measure_profile, plan_cell
-from ._tier import StorageTier
+from hapi_bench.testbed._config import REGIMES, BenchConfig, bandwidth_for
+from hapi_bench.testbed._netns import Link
+from hapi_bench.testbed._preflight import check_environment
+from hapi_bench.testbed._run import _meta, _setup, _store_client, pin_process, testbed
+from hapi_bench.testbed._sweep import ModelProfile, Progress, measure_profile, plan_cell
+from hapi_bench.testbed._tier import StorageTier
 
 DESCRIPTION = (
     "Storage tier (SeaweedFS + the hapi gateway with its feature cache, and a second "

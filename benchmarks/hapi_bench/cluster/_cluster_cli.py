@@ -24,10 +24,9 @@ from pathlib import Path
 from types import FrameType
 
 from hapi.protocol import format_bandwidth, format_bytes, parse_bandwidth
-
-from ._cluster import BUCKET, Epoch, Testbed, TestbedSpec
-from ._cluster_net import sweep
-from ._errors import BenchError, TestbedUnavailable
+from hapi_bench.cluster._cluster import BUCKET, Epoch, Testbed, TestbedSpec
+from hapi_bench.cluster._cluster_net import sweep
+from hapi_bench.core._errors import BenchError, TestbedUnavailable
 
 MAX_UP_S = 4 * 3600
 

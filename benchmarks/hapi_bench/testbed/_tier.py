@@ -28,9 +28,8 @@ import httpx
 from botocore.credentials import Credentials as BotoCredentials
 
 from hapi import sdk
-
-from ._errors import BenchError
-from ._netns import Link
+from hapi_bench.core._errors import BenchError
+from hapi_bench.testbed._netns import Link
 
 ENV = "HAPI_BENCH_TIER"
 STORE_PORT = 8333
@@ -197,7 +196,7 @@ class StorageTier:
         """The tier's command line: in the namespace, on its core, at its niceness."""
         return [
             "ip", "netns", "exec", self.link.namespace, "taskset", "-c", str(self.cpu),
-            "nice", "-n", str(self.niceness), sys.executable, "-m", "hapi_bench._tier",
+            "nice", "-n", str(self.niceness), sys.executable, "-m", "hapi_bench.testbed._tier",
         ]  # fmt: skip
 
     def gateway_stats(self) -> dict[str, Any]:
@@ -295,7 +294,7 @@ def _start_uncached(spec: TierSpec) -> subprocess.Popen[bytes] | None:
         return None
     child = replace(spec, gateway_port=spec.uncached_port, uncached_port=None, gateway_only=True)
     env = {**os.environ, ENV: json.dumps(asdict(child))}
-    return subprocess.Popen([sys.executable, "-m", "hapi_bench._tier"], env=env)
+    return subprocess.Popen([sys.executable, "-m", "hapi_bench.testbed._tier"], env=env)
 
 
 def _stop(child: subprocess.Popen[bytes] | None) -> None:

@@ -6,7 +6,7 @@ import os
 import shutil
 from collections.abc import Callable, Collection
 
-from ._errors import TestbedUnavailable
+from hapi_bench.core._errors import TestbedUnavailable
 
 TOOLS = ("ip", "tc", "taskset")
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import httpx
 
-from ._gateway import BenchGateway, bench_store
-from ._proxy import Target, _nginx, _presigner, _url
-from ._wrk import run_wrk, wrk_binary
+from hapi_bench.micro._gateway import BenchGateway, bench_store
+from hapi_bench.micro._proxy import Target, _nginx, _presigner, _url
+from hapi_bench.micro._wrk import run_wrk, wrk_binary
 
 MiB = 1024 * 1024
 _SMALL_OBJECTS = 64
