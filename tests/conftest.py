@@ -32,6 +32,15 @@ TENANTS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def bandwidth_memory(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Each test's own cache directory: the SDK remembers the bandwidth it measured there
+    (``$XDG_CACHE_HOME/hapi``), and no test starts from another's figure or the user's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.delenv("HAPI_BANDWIDTH", raising=False)
+    return tmp_path / "xdg-cache" / "hapi"
+
+
 def tenant_actions(name: str) -> tuple[str, ...]:
     own = tuple(f"{action}:{name}-*" for action in ("Admin", "Read", "Write", "List", "Tagging"))
     return (*own, "Read:hapi-models", "List:hapi-models")

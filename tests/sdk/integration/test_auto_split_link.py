@@ -1,0 +1,106 @@
+"""``split="auto"`` on a shaped link to the real gateway: building a dataset sends no probe
+traffic, the link is learned from the job's own responses within the first epoch (to the
+split an explicit probe picks), and the figure is remembered for the next job."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from hapi import sdk
+from tests.sdk.shaper import Shaper
+from tests.sdk.support import picture
+from tests.support import empty_bucket
+
+RATE_BPS = 40e6
+OBJECTS = 40
+CONTROL_PLANE = 16 * 1024
+"""What split="auto" may add to a build with a fixed split: the gateway's view of the
+model (its profile and stats, about 5 KiB here) and a few small timed requests."""
+
+
+@pytest.fixture(scope="module")
+def photos(backend_s3: Any) -> Iterator[str]:
+    bucket = f"link-{secrets.token_hex(5)}"
+    backend_s3.create_bucket(Bucket=bucket)
+    for i in range(OBJECTS):
+        kind = ("circle", "square", "stripes")[i % 3]
+        backend_s3.put_object(Bucket=bucket, Key=f"{kind}/{i:03d}.jpg", Body=picture(kind, i))
+    yield bucket
+    empty_bucket(backend_s3, bucket)
+    backend_s3.delete_bucket(Bucket=bucket)
+
+
+@pytest.fixture
+def link(gateway: Any) -> Iterator[Shaper]:
+    where = urlsplit(gateway.endpoint_url)
+    with Shaper((where.hostname or "127.0.0.1", where.port or 80), RATE_BPS) as shaper:
+        yield shaper
+
+
+def _build(link: Shaper, gateway: Any, bucket: str, **options: Any) -> Any:
+    return sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{bucket}/",
+        model="r18",
+        endpoint_url=link.endpoint_url,
+        client_options={
+            "aws_access_key_id": gateway.access_key_id,
+            "aws_secret_access_key": gateway.secret_access_key,
+            "region_name": "us-east-1",
+        },
+        request_size=1,
+        dtype="float16",
+        **options,
+    )
+
+
+def _moved(link: Shaper, gateway: Any, bucket: str, **options: Any) -> tuple[Any, int]:
+    """A dataset built through ``link``, and the bytes the gateway sent while building it."""
+    before = link.down_bytes
+    dataset = _build(link, gateway, bucket, **options)
+    return dataset, link.down_bytes - before
+
+
+def test_building_with_auto_sends_only_the_control_plane(link, gateway, registered, photos):
+    _, fixed = _moved(link, gateway, photos, split=3)  # the listing and the manifest
+    dataset, planned = _moved(link, gateway, photos)
+    assert planned - fixed <= CONTROL_PLANE, (planned, fixed)
+    choice = dataset.split_choice
+    assert choice.bandwidth_source == "default" and choice.policy == "fewest-bytes"
+    assert "fewest bytes" in choice.reason and "measured" in choice.reason
+
+
+def test_the_link_is_learned_within_the_first_epoch_and_remembered(
+    link, gateway, registered, photos, bandwidth_memory
+):
+    probed = _build(link, gateway, photos, bandwidth="probe").split_choice
+    assert probed.bandwidth_source == "measured" and probed.plan is not None
+    assert 0.3 * RATE_BPS < probed.plan.bandwidth_bps < 1.5 * RATE_BPS
+    dataset = _build(link, gateway, photos)
+    start = dataset.split
+    assert dataset.split_choice.bandwidth_source == "default"
+
+    features = [f for f, _ in dataset]
+
+    assert len(features) == OBJECTS
+    choice = dataset.split_choice
+    assert choice.bandwidth_source == "measured" and choice.plan is not None
+    assert dataset.split == probed.split, choice.reason
+    if start != probed.split:  # it changed during the first epoch, not after it
+        after = re.search(r"re-planned after (\d+) responses", choice.reason)
+        assert after is not None and int(after.group(1)) < OBJECTS, choice.reason
+    # The figure measured is remembered for this endpoint; the next job starts from it
+    # and sends nothing beyond the control plane either.
+    saved = json.loads((bandwidth_memory / "bandwidth.json").read_text())
+    assert link.endpoint_url in saved["endpoints"]
+    _, fixed = _moved(link, gateway, photos, split=3)
+    again, planned = _moved(link, gateway, photos)
+    assert planned - fixed <= CONTROL_PLANE, (planned, fixed)
+    assert again.split_choice.bandwidth_source == "remembered"
+    assert again.split == probed.split, again.split_choice.reason
