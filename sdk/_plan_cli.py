@@ -155,8 +155,8 @@ def plan(
         if found is None:
             _starts_at(manifest, profile.wire_dtype, as_json)
             return
-        if figure.asks_gateway(found) and endpoint:
-            profile = fetch_gateway_profile(endpoint, manifest.ref).apply(profile)
+        if found.source in ("measured", "remembered") and endpoint:
+            profile = _viewed(endpoint, manifest, profile, strict=found.source == "measured")
         bits = found.bits_per_second
         chosen = compute_plan(manifest, profile, bits, batch_size=batch, dataset_size=dataset_size)
         if plot is not None:
@@ -200,10 +200,17 @@ class _Figure:
             return Bandwidth(bits, "measured")
         return None if self.given is None else Bandwidth(_bandwidth(self.given), "hint")
 
-    def asks_gateway(self, found: Bandwidth) -> bool:
-        """Whether the gateway's storage-side view is wanted: a gateway was asked for
-        (probed, or its figure remembered), not only a figure typed in."""
-        return found.source in ("measured", "remembered")
+
+def _viewed(endpoint: str, manifest: Manifest, profile: Profile, *, strict: bool) -> Profile:
+    """``profile`` priced by the gateway's view; unless ``strict`` (a gateway just probed),
+    an endpoint that gives none leaves the manifest's figures, and says so."""
+    try:
+        return fetch_gateway_profile(endpoint, manifest.ref).apply(profile)
+    except ProbeError as exc:
+        if strict:
+            raise
+        click.echo(f"storage-side figures from the manifest: {exc}", err=True)
+        return profile
 
 
 def _described(found: Bandwidth) -> str:

@@ -326,6 +326,8 @@ def learned(
     kept = keeper.update(proposed)
     measured = replace(choice, plan=kept, keeper=keeper, bandwidth_source="measured")
     if kept.split == choice.split:
+        if choice.bandwidth_source == "measured":  # the reason says when it was measured
+            return measured
         return replace(measured, reason=f"{kept.reason()} Measured {when}: {keeper.why}")
     return replace(
         measured,
@@ -401,13 +403,13 @@ def replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> Spl
     persists (hysteresis), or a near tie's trial moves on; else ``None`` (the keeper
     remembers the pending proposal). A choice whose bandwidth was never measured (an
     epoch too short for the link estimate to settle) learns it from the epoch's figure."""
+    trial = choice.trial
+    if trial is not None and not trial.done and stats.samples:
+        return _trial_step(choice, trial, manifest, stats)
     bits = stats.bandwidth_bps if stats.mode == "pushdown" else None
     if choice.bandwidth_source != "measured" and choice.basis is not None and bits:
         new = learned(choice, manifest, bits, f"in epoch {stats.epoch}")
         return None if new is choice else new
-    trial = choice.trial
-    if trial is not None and not trial.done and stats.samples:
-        return _trial_step(choice, trial, manifest, stats)
     return _replanned(choice, manifest, stats)
 
 
