@@ -5,8 +5,10 @@ split an explicit probe picks), and the figure is remembered for the next job.""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -104,3 +106,58 @@ def test_the_link_is_learned_within_the_first_epoch_and_remembered(
     assert planned - fixed <= CONTROL_PLANE, (planned, fixed)
     assert again.split_choice.bandwidth_source == "remembered"
     assert again.split == probed.split, again.split_choice.reason
+
+
+def _direct(gateway: Any, bucket: str) -> Any:
+    return sdk.FeatureDataset.from_prefix(
+        f"s3://{bucket}/",
+        model="r18",
+        endpoint_url=gateway.endpoint_url,
+        client_options={
+            "aws_access_key_id": gateway.access_key_id,
+            "aws_secret_access_key": gateway.secret_access_key,
+            "region_name": "us-east-1",
+        },
+    )
+
+
+def test_a_remembered_figure_is_used_within_its_lifetime_and_ignored_after(
+    gateway, registered, photos, bandwidth_memory
+):
+    from hapi.sdk._link import DEFAULT_LIFETIME_S, BandwidthMemory
+
+    memory = BandwidthMemory(bandwidth_memory / "bandwidth.json")
+    now = time.time()
+    memory.remember(gateway.endpoint_url, 3e6, now=now - DEFAULT_LIFETIME_S + 600)
+    fresh = _direct(gateway, photos).split_choice
+    assert fresh.bandwidth_source == "remembered" and fresh.plan is not None
+    assert fresh.plan.bandwidth_bps == 3e6 and "remembered" in fresh.reason
+    memory.remember(gateway.endpoint_url, 3e6, now=now - DEFAULT_LIFETIME_S - 600)
+    stale = _direct(gateway, photos).split_choice
+    assert stale.bandwidth_source == "default" and stale.plan is None
+
+
+def test_a_hint_comes_after_a_remembered_figure(
+    gateway, registered, photos, bandwidth_memory, monkeypatch
+):
+    monkeypatch.setenv("HAPI_BANDWIDTH", "25mbit")
+    hinted = _direct(gateway, photos).split_choice
+    assert hinted.bandwidth_source == "hint" and hinted.plan is not None
+    assert hinted.plan.bandwidth_bps == 25e6
+    from hapi.sdk._link import BandwidthMemory
+
+    BandwidthMemory(bandwidth_memory / "bandwidth.json").remember(gateway.endpoint_url, 4e6)
+    remembered = _direct(gateway, photos).split_choice
+    assert remembered.plan is not None and remembered.plan.bandwidth_bps == 4e6
+
+
+def test_a_corrupt_cache_file_is_ignored_with_one_warning(
+    gateway, registered, photos, bandwidth_memory, caplog
+):
+    bandwidth_memory.mkdir(parents=True)
+    (bandwidth_memory / "bandwidth.json").write_text("{half a file")
+    with caplog.at_level(logging.WARNING, logger="hapi.sdk"):
+        choice = _direct(gateway, photos).split_choice
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "bandwidth.json" in warned[0], warned
+    assert choice.bandwidth_source == "default" and choice.policy == "fewest-bytes"
