@@ -326,7 +326,7 @@ def learned(
     kept = keeper.update(proposed)
     measured = replace(choice, plan=kept, keeper=keeper, bandwidth_source="measured")
     if kept.split == choice.split:
-        if choice.bandwidth_source == "measured":  # the reason says when it was measured
+        if choice.policy != "fewest-bytes":  # the reason stands: the split did not change
             return measured
         return replace(measured, reason=f"{kept.reason()} Measured {when}: {keeper.why}")
     return replace(

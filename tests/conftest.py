@@ -36,9 +36,11 @@ TENANTS = {
 def bandwidth_memory(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Each test's own cache directory: the SDK remembers the bandwidth it measured there
     (``$XDG_CACHE_HOME/hapi``), and no test starts from another's figure or the user's."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    cache = tmp_path / "xdg-cache"
+    cache.mkdir()  # it exists for every user; onnxruntime keeps an id there too
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     monkeypatch.delenv("HAPI_BANDWIDTH", raising=False)
-    return tmp_path / "xdg-cache" / "hapi"
+    return cache / "hapi"
 
 
 def tenant_actions(name: str) -> tuple[str, ...]:
