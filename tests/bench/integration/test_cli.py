@@ -89,8 +89,9 @@ def test_a_real_unprivileged_user_is_refused() -> None:
         os.chmod(home, 0o777)
         command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *MODULE,
                    "--quick", "--out", f"{home}/out"]  # fmt: skip
+        own = {"HOME": home, "XDG_CACHE_HOME": f"{home}/.cache"}  # the user's, not root's
         done = subprocess.run(command, capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "HOME": home})  # fmt: skip
+                              env={**os.environ, **own})  # fmt: skip
         assert not Path(home, "out").exists()
 
     assert done.returncode == 2, done.stderr
