@@ -29,10 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._client import client
-from ._compute import FallbackWarning
-from ._constructors import DatasetOptions
-from ._errors import (
+from .client._client import client
+from .client._errors import (
     AccessDenied,
     EndpointsUnavailable,
     InvalidArgument,
@@ -48,16 +46,18 @@ from ._errors import (
     StateMismatch,
     UnprocessableObject,
 )
-from ._features import Features
-from ._measure import measure_client_blocks, measure_decode_ms, measure_request_ms
-from ._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
-from ._sources import LABEL_SOURCES
-from ._split import SplitChoice
-from ._stats import EpochStats
+from .client._features import Features
+from .client._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
+from .client._sources import LABEL_SOURCES
+from .datasets._compute import FallbackWarning
+from .datasets._constructors import DatasetOptions
+from .planning._measure import measure_client_blocks, measure_decode_ms, measure_request_ms
+from .planning._split import SplitChoice
+from .planning._stats import EpochStats
 
 if TYPE_CHECKING:
-    from ._dataset import FeatureDataset
-    from ._iterable import IterableFeatureDataset
+    from .datasets._dataset import FeatureDataset
+    from .datasets._iterable import IterableFeatureDataset
 
 __all__ = [
     "LABEL_SOURCES",
@@ -97,11 +97,11 @@ def __getattr__(name: str) -> object:
     # free of it: the pushdown path (`client().get_features`) works with the lean
     # install, and the `hapi` CLI starts seconds faster everywhere.
     if name == "FeatureDataset":
-        from ._dataset import FeatureDataset
+        from .datasets._dataset import FeatureDataset
 
         return FeatureDataset
     if name == "IterableFeatureDataset":
-        from ._iterable import IterableFeatureDataset
+        from .datasets._iterable import IterableFeatureDataset
 
         return IterableFeatureDataset
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

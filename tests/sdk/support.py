@@ -10,7 +10,7 @@ from typing import TypeVar
 import numpy as np
 from PIL import Image
 
-from hapi.sdk._prefetch import Deferred, Fetch
+from hapi.sdk.datasets._prefetch import Deferred, Fetch
 
 T = TypeVar("T")
 R = TypeVar("R")

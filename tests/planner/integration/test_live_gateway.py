@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from hapi.models import Manifest, sample_images
 from hapi.protocol import ModelProfile
-from hapi.sdk._plan_cli import plan
+from hapi.sdk.cli._plan_cli import plan
 from tests.support import RunningGateway, control_get, signed_headers, store_gateway
 
 pytestmark = pytest.mark.slow

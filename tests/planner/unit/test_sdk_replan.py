@@ -6,8 +6,8 @@ import dataclasses
 
 from hapi import planner
 from hapi.models import Manifest
-from hapi.sdk._split import SplitChoice, replanned
-from hapi.sdk._stats import EpochStats
+from hapi.sdk.planning._split import SplitChoice, replanned
+from hapi.sdk.planning._stats import EpochStats
 from tests.planner import synthetic
 from tests.planner.unit.test_recorded import manifest_of, profile_of, replan
 from tests.planner.unit.test_trial import near_tie_cell

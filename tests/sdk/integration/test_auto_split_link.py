@@ -131,7 +131,7 @@ def _direct(gateway: Any, bucket: str) -> Any:
 def test_a_remembered_figure_is_used_within_its_lifetime_and_ignored_after(
     gateway, registered, photos, bandwidth_memory
 ):
-    from hapi.sdk._link import DEFAULT_LIFETIME_S, BandwidthMemory
+    from hapi.sdk.planning._link import DEFAULT_LIFETIME_S, BandwidthMemory
 
     memory = BandwidthMemory(bandwidth_memory / "bandwidth.json")
     now = time.time()
@@ -151,7 +151,7 @@ def test_a_hint_comes_after_a_remembered_figure(
     hinted = _direct(gateway, photos).split_choice
     assert hinted.bandwidth_source == "hint" and hinted.plan is not None
     assert hinted.plan.bandwidth_bps == 25e6
-    from hapi.sdk._link import BandwidthMemory
+    from hapi.sdk.planning._link import BandwidthMemory
 
     BandwidthMemory(bandwidth_memory / "bandwidth.json").remember(gateway.endpoint_url, 4e6)
     remembered = _direct(gateway, photos).split_choice

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from hapi.models import Manifest
-from hapi.sdk._plan_cli import plan
+from hapi.sdk.cli._plan_cli import plan
 from tests.support import store_env
 
 
@@ -156,7 +156,7 @@ def test_a_hint_from_the_environment_is_used_and_named(invoke) -> None:
 
 
 def test_a_remembered_figure_comes_before_the_hint(invoke, store, bandwidth_memory) -> None:
-    from hapi.sdk._link import BandwidthMemory
+    from hapi.sdk.planning._link import BandwidthMemory
 
     BandwidthMemory(bandwidth_memory / "bandwidth.json").remember(store.endpoint_url, 7e6)
     done = invoke("--model", "r18", "--endpoint", store.endpoint_url, HAPI_BANDWIDTH="1gbit")

@@ -502,7 +502,7 @@ def test_auto_split_times_the_client_here(gateway, registered, data, monkeypatch
     assert shared.split_choice.basis is not None
     assert shared.split_choice.basis.profile.client_request_ms > 0
 
-    monkeypatch.setattr("hapi.sdk._split.same_host", lambda endpoint: False)
+    monkeypatch.setattr("hapi.sdk.planning._split.same_host", lambda endpoint: False)
     remote = sdk.FeatureDataset.from_prefix(
         f"s3://{data['bucket']}/train/", model="r18", **_through(gateway, split="auto")
     )
@@ -517,7 +517,7 @@ def test_auto_split_times_the_client_here(gateway, registered, data, monkeypatch
 
 
 def test_auto_split_says_when_the_client_could_not_be_timed(gateway, registered, data, monkeypatch):
-    monkeypatch.setattr("hapi.sdk._split.same_host", lambda endpoint: False)
+    monkeypatch.setattr("hapi.sdk.planning._split.same_host", lambda endpoint: False)
     dataset = sdk.FeatureDataset.from_prefix(
         f"s3://{data['bucket']}/broken/",
         model="r18",

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from hapi.sdk._host import same_host
+from hapi.sdk.client._host import same_host
 
 
 @pytest.mark.parametrize(

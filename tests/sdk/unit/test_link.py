@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi.sdk._link import DEFAULT_LIFETIME_S, BandwidthMemory, LinkEstimate
+from hapi.sdk.planning._link import DEFAULT_LIFETIME_S, BandwidthMemory, LinkEstimate
 
 GATEWAY = "http://gateway.test:9080"
 

@@ -1,4 +1,4 @@
-"""Where an epoch's samples go (hapi.sdk._order, _position, _epoch): the same order for any
+"""Where an epoch's samples go (hapi.sdk.datasets._order, _position, _epoch): the same order for any
 number of ranks and workers, equal shares per rank, the shuffle buffer, and resuming a pass
 in the same layout or dealt afresh to another, each sample exactly once."""
 
@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 
 from hapi.sdk import StateMismatch
-from hapi.sdk._epoch import plan_pass
-from hapi.sdk._order import Layout, Pass, emission_order, epoch_order
-from hapi.sdk._position import Identity, Position, combine, find_states
+from hapi.sdk.datasets._epoch import plan_pass
+from hapi.sdk.datasets._order import Layout, Pass, emission_order, epoch_order
+from hapi.sdk.datasets._position import Identity, Position, combine, find_states
 
 IDENTITY = Identity("s3://b/p/", "abc", 23, "r18@1", 6, "auto", True, 7)
 

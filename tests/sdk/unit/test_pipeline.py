@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from hapi.sdk._prefetch import Deferred, Pipeline
+from hapi.sdk.datasets._prefetch import Deferred, Pipeline
 from tests.sdk.support import on_fetch_threads
 
 WAIT = 5.0  # bound on every wait; the events come much sooner

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from hapi.sdk._prefetch import Pipeline
+from hapi.sdk.datasets._prefetch import Pipeline
 from tests.sdk.support import on_fetch_threads
 
 WAIT = 5.0  # bound on every join; the threads stop much sooner

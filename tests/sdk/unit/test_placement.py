@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from hapi.sdk import Features
-from hapi.sdk._endpoints import EndpointPool, failover
-from hapi.sdk._parts import merge, rows_of
-from hapi.sdk._placement import Locality, resolve_placement
+from hapi.sdk.client._endpoints import EndpointPool, failover
+from hapi.sdk.client._parts import merge, rows_of
+from hapi.sdk.client._placement import Locality, resolve_placement
 from hapi.store import SeaweedPlacement
 
 FILER, MASTER = "http://filer:8888", "http://master:9333"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from hapi.sdk import _compute
-from hapi.sdk._compute import GET_THREADS, Batch, Engine, Spec
-from hapi.sdk._prefetch import Pipeline
+from hapi.sdk.datasets import _compute
+from hapi.sdk.datasets._compute import GET_THREADS, Batch, Engine, Spec
+from hapi.sdk.datasets._prefetch import Pipeline
 from tests.planner.synthetic import manifest
 
 WAIT = 5.0  # bound on the barrier; concurrent reads meet it at once

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from hapi import sdk
-from hapi.sdk._compute import Engine, Spec
-from hapi.sdk._endpoints import ATTEMPTS
+from hapi.sdk.client._endpoints import ATTEMPTS
+from hapi.sdk.datasets._compute import Engine, Spec
 from tests.planner.synthetic import manifest
 
 MARK = ("x-hapi-request-id", "4F1C0FFEE00000000000")  # a gateway stamps every reply with it

@@ -22,8 +22,8 @@ from typing import Any
 
 from hapi.models import IMAGE_EXTENSIONS, shard_member
 
+from ..client._errors import UnprocessableObject
 from ._compute import read_object
-from ._errors import UnprocessableObject
 
 INDEX_THREADS = 8
 WINDOW = 64 * 1024

@@ -41,12 +41,12 @@ from hapi.planner import (
 from hapi.planner import plan as compute_plan
 from hapi.protocol import InvalidValue, parse_bandwidth, parse_size
 
-from ._errors import ProbeError
-from ._link import Bandwidth, BandwidthMemory, endpoint_key
-from ._measure import measure_client_blocks, measure_decode_ms
-from ._plan_view import plot_plan, print_plan
-from ._probe import fetch_gateway_profile, probe_bandwidth
-from ._split import PROBE_SECONDS, fewest_bytes
+from ..client._errors import ProbeError
+from ..client._probe import fetch_gateway_profile, probe_bandwidth
+from ..planning._link import Bandwidth, BandwidthMemory, endpoint_key
+from ..planning._measure import measure_client_blocks, measure_decode_ms
+from ..planning._plan_view import plot_plan, print_plan
+from ..planning._split import PROBE_SECONDS, fewest_bytes
 
 _BARE_NUMBER = re.compile(r"\s*(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*")
 _MEMORY_HELP = "memory budget, e.g. 16GB or 8GiB; unlimited if unset."

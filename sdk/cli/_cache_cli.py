@@ -29,9 +29,9 @@ from hapi.protocol import (
     listed_entries,
 )
 
-from ._client import client
-from ._errors import SDKError
-from ._sources import IMAGE_SUFFIXES, SHARD_SUFFIXES, list_objects, parse_uri
+from ..client._client import client
+from ..client._errors import SDKError
+from ..client._sources import IMAGE_SUFFIXES, SHARD_SUFFIXES, list_objects, parse_uri
 
 _ENDPOINT_HELP = (
     "S3 endpoint: the gateway or the store [env AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL]."

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from ..client._errors import UnprocessableObject
 from ._compute import Batch
-from ._errors import UnprocessableObject
 from ._order import Ids, Layout, consumer_key, emission_order, owners, pass_input, take
 from ._position import Position
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ._errors import StateMismatch
+from ..client._errors import StateMismatch
 from ._order import Layout, Pass
 
 KIND = "hapi.sdk.IterableFeatureDataset"

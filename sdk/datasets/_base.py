@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
+from ..planning._link import LinkEstimate, endpoint_key
+from ..planning._split import SplitChoice, learned
+from ..planning._stats import Meter, transfer_span
 from ._build import Prepared
 from ._compute import Batch, Engine
 from ._constructors import Constructors
-from ._link import LinkEstimate, endpoint_key
 from ._prefetch import Fetch
-from ._split import SplitChoice, learned
-from ._stats import Meter, transfer_span
 
 Item = tuple[torch.Tensor, int]
 DEFAULT_PREFETCH = 4

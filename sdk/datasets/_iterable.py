@@ -24,17 +24,17 @@ from torch.utils.data import IterableDataset, get_worker_info
 from hapi.models import RuntimeSettings
 from hapi.protocol import DEFAULT_REGISTRY_BUCKET
 
+from ..client._errors import StateMismatch
+from ..planning._split import replanned, with_trial
+from ..planning._stats import EpochStats, Meter
 from ._base import DEFAULT_PREFETCH, FeatureSource
 from ._build import LabelsArg, Options, Prepared, SplitArg
 from ._compute import Batch
 from ._constructors import DatasetOptions
 from ._epoch import PassPlan, Request, plan_pass
-from ._errors import StateMismatch
 from ._order import Layout, epoch_order
 from ._position import Identity, Position, combine, find_states, listing_digest
 from ._prefetch import Pipeline
-from ._split import replanned, with_trial
-from ._stats import EpochStats, Meter
 
 Sample = tuple[torch.Tensor, int] | tuple[torch.Tensor, int, dict[str, Any]]
 logger = logging.getLogger("hapi.sdk")

@@ -37,8 +37,8 @@ from hapi.models import (
     decode_object,
 )
 
-from ._client import client
-from ._errors import (
+from ..client._client import client
+from ..client._errors import (
     ModelUnavailable,
     NoSuchModel,
     PushdownUnavailable,
@@ -46,8 +46,8 @@ from ._errors import (
     UnprocessableObject,
     request_error,
 )
+from ..client._parts import owners_of
 from ._local_cache import LocalCache
-from ._parts import owners_of
 from ._prefetch import Deferred, Fetch
 
 GET_THREADS = 4

@@ -15,13 +15,10 @@ from hapi.models import NoSuchModel as MissingModel
 from hapi.protocol import DEFAULT_REGISTRY_BUCKET
 from hapi.protocol import WIRE_DTYPES as DTYPES
 
-from ._client import client
-from ._compute import Spec
-from ._endpoints import resolve_endpoints
-from ._errors import ModelUnavailable, NoSuchModel
-from ._link import Bandwidth, BandwidthMemory, endpoint_key
-from ._shards import count_shards
-from ._sources import (
+from ..client._client import client
+from ..client._endpoints import resolve_endpoints
+from ..client._errors import ModelUnavailable, NoSuchModel
+from ..client._sources import (
     IMAGE_SUFFIXES,
     SHARD_SUFFIXES,
     Labels,
@@ -30,7 +27,8 @@ from ._sources import (
     resolve_labels,
     same_bucket,
 )
-from ._split import (
+from ..planning._link import Bandwidth, BandwidthMemory, endpoint_key
+from ..planning._split import (
     ClientTimes,
     SplitChoice,
     choose_split,
@@ -38,6 +36,8 @@ from ._split import (
     measure_client,
     parse_bandwidth,
 )
+from ._compute import Spec
+from ._shards import count_shards
 
 SplitArg = int | Literal["auto"] | None
 LabelsArg = str | Callable[[str], int] | None

@@ -18,14 +18,14 @@ from torch.utils.data import Dataset
 from hapi.models import RuntimeSettings
 from hapi.protocol import DEFAULT_REGISTRY_BUCKET
 
+from ..planning._split import with_trial
+from ..planning._stats import EpochStats, Meter
 from ._base import DEFAULT_PREFETCH, FeatureSource, Item
 from ._build import LabelsArg, Prepared, SplitArg
 from ._compute import Batch
 from ._constructors import DatasetOptions
 from ._iterable import IterableFeatureDataset
 from ._prefetch import Pipeline
-from ._split import with_trial
-from ._stats import EpochStats, Meter
 
 
 class FeatureDataset(FeatureSource, Dataset[Item]):

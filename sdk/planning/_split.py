@@ -48,11 +48,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 from hapi import planner, protocol
 from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, decode_object
 
-from ._errors import ProbeError
-from ._host import same_host
+from ..client._errors import ProbeError
+from ..client._host import same_host
+from ..client._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
 from ._link import Bandwidth
 from ._measure import measure_client_blocks, measure_request_ms
-from ._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
 from ._stats import EpochStats
 
 logger = logging.getLogger("hapi.sdk")

@@ -1,0 +1,1 @@
+"""The SDK's commands: hapi plan, hapi cache and hapi materialize."""
