@@ -9,6 +9,7 @@ source, so lazy imports count as well).
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -189,3 +190,14 @@ def test_the_cycle_check_sees_a_cycle() -> None:
     assert _unexpected([frozenset({"a", "b"})], (frozenset({"a", "b", "c"}),)) == []
     assert _unexpected([frozenset({"x", "y"})], ()) == ["new cycle: ['x', 'y']"]
     assert _unexpected([], (frozenset({"a", "b"}),)) == ["gone, drop it from the list: ['a', 'b']"]
+
+
+def test_every_subpackage_says_in_one_line_what_lives_there() -> None:
+    root = Path(__file__).parents[1]
+    folders = [root / name for name in ("gateway", "sdk", "models", "planner", "protocol", "store")]
+    inits = [init for folder in folders for init in folder.rglob("*/__init__.py")]
+    assert inits  # the gateway's halves and the SDK's groups at least
+    for init in inits:
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc, init
+        assert len(doc.split("\n\n")[0].splitlines()) <= 3, init  # a sentence, not a page

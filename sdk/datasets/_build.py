@@ -5,6 +5,7 @@ same objects with the same model version at the same split."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -100,6 +101,12 @@ class Options:
     request_size: int = 32
     bandwidth: float | str | None = None
     local_cache: str | os.PathLike[str] | None = None
+
+    @classmethod
+    def of_call(cls, arguments: Mapping[str, Any]) -> Options:
+        """The options among a constructor's arguments (its ``locals()``): each constructor
+        spells out its typed keywords, and they are gathered here, once."""
+        return cls(**{f.name: arguments[f.name] for f in dataclasses.fields(cls)})
 
 
 def list_source(s3: Any, what: str | Sequence[str], *, shards: bool) -> Source:

@@ -99,20 +99,7 @@ class Constructors:
             RequestError: Listing the prefix failed.
             ValueError: An invalid argument, or no images under the prefix.
         """
-        options = Options(
-            model=model,
-            split=split,
-            freeze=freeze,
-            labels=labels,
-            dtype=dtype,
-            endpoint_url=endpoint_url,
-            client_options=client_options,
-            registry_bucket=registry_bucket,
-            runtime=runtime,
-            request_size=request_size,
-            bandwidth=bandwidth,
-            local_cache=local_cache,
-        )
+        options = Options.of_call(locals())
         return cls._from(uri, options, dataset, shards=False)
 
     @classmethod
@@ -140,20 +127,7 @@ class Constructors:
         """
         if isinstance(uris, str):
             raise TypeError("from_objects takes a list of s3:// URIs; use from_prefix for one")
-        options = Options(
-            model=model,
-            split=split,
-            freeze=freeze,
-            labels=labels,
-            dtype=dtype,
-            endpoint_url=endpoint_url,
-            client_options=client_options,
-            registry_bucket=registry_bucket,
-            runtime=runtime,
-            request_size=request_size,
-            bandwidth=bandwidth,
-            local_cache=local_cache,
-        )
+        options = Options.of_call(locals())
         return cls._from(list(uris), options, dataset, shards=False)
 
     @classmethod

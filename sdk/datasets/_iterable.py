@@ -143,20 +143,7 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         than whole shards are dealt to ranks and workers. The options are
         :meth:`from_prefix`'s (``request_size`` counts shards, default 1).
         """
-        options = Options(
-            model=model,
-            split=split,
-            freeze=freeze,
-            labels=labels,
-            dtype=dtype,
-            endpoint_url=endpoint_url,
-            client_options=client_options,
-            registry_bucket=registry_bucket,
-            runtime=runtime,
-            request_size=request_size,
-            bandwidth=bandwidth,
-            local_cache=local_cache,
-        )
+        options = Options.of_call(locals())
         return cls._from(uri, options, dataset, shards=True)
 
     @classmethod
