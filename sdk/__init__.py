@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hapi.protocol import AugmentPolicy
+
 from ._client import client
 from ._compute import FallbackWarning
 from ._constructors import DatasetOptions
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LABEL_SOURCES",
     "AccessDenied",
+    "AugmentPolicy",
     "DatasetOptions",
     "EndpointsUnavailable",
     "EpochStats",

@@ -26,6 +26,7 @@ from hapi.protocol import DEFAULT_REGISTRY_BUCKET
 
 from ._base import DEFAULT_PREFETCH, FeatureSource
 from ._build import LabelsArg, Options, Prepared, SplitArg
+from ._client import AugmentSpec
 from ._compute import Batch
 from ._constructors import DatasetOptions
 from ._epoch import PassPlan, Request, plan_pass
@@ -72,6 +73,12 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         with_info: Items are ``(features, label, info)``: ``info["key"]`` names the
             sample (``key``, or ``key#i`` for a shard's ``i``-th), ``info["padded"]`` is
             true for a repeat that evens out the ranks.
+        augment: A random view of each sample in place of the preset's centre crop (an
+            ``AugmentPolicy``, its spec or its mapping form); each epoch draws fresh views
+            from ``seed``, the epoch and the sample alone, so a resumed or re-dealt epoch
+            sees the views the uninterrupted run would have. Leave it out for evaluation.
+        views: Views the gateway's cache keeps per object (epoch ``e`` reads view
+            ``e % views``); 0: a fresh view every epoch, never cached.
     """
 
     def __init__(
@@ -89,6 +96,8 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
         batch_size: int | None = None,
         with_info: bool = False,
+        augment: AugmentSpec = None,
+        views: int = 0,
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass rank and world_size together")
@@ -98,7 +107,14 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
             raise ValueError(f"shuffle_buffer must be >= 0, not {shuffle_buffer}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {batch_size}")
-        super().__init__(prepared, request_size=request_size, prefetch=prefetch)
+        super().__init__(
+            prepared,
+            request_size=request_size,
+            prefetch=prefetch,
+            augment=augment,
+            views=views,
+            seed=seed,
+        )
         self._choice = with_trial(self._choice, epochs=True)
         self._shuffle = shuffle
         self._seed = seed
@@ -299,7 +315,8 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
             resumed=plan.resumed,
         )
         requests = plan.requests(self._source.keys, self._counts, self._request_size)
-        pipeline = Pipeline([r.keys for r in requests], self._starter(), depth=self._prefetch)
+        starter = self._starter(position.epoch)  # the epoch's views, resumed or not
+        pipeline = Pipeline([r.keys for r in requests], starter, depth=self._prefetch)
         complete = False
         try:
             yield from self._deliver(plan, requests, pipeline, meter)
