@@ -171,6 +171,36 @@ def test_get_features_asks_for_augmented_views_in_any_spelling(gateway, register
         s3.get_features(bucket, keys[0], model="r18", split=0, augment="jitter(hue=2)")
 
 
+def test_datasets_draw_a_fresh_view_each_epoch_on_either_side_of_the_network(
+    gateway, registered, data
+):
+    augment = "crop(scale=0.3:1);flip(p=0.5);jitter(contrast=0.3)"
+
+    def train(split: int | None) -> sdk.FeatureDataset:
+        return sdk.FeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/",
+            model="r18",
+            **_through(gateway, split=split, augment=augment, seed=2),
+        )
+
+    pushed, local = train(3), train(None)
+    epochs = []
+    for epoch in (0, 1):
+        pushed.set_epoch(epoch)
+        local.set_epoch(epoch)
+        got = _all(pushed)[0]
+        _close(got, _all(local)[0])  # the gateway's views are the local path's
+        epochs.append(got)
+    assert not np.allclose(epochs[0], epochs[1])  # each epoch a fresh view
+    pushed.set_epoch(0)
+    np.testing.assert_array_equal(_all(pushed)[0], epochs[0])  # and the same one again
+    evaluation = sdk.FeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/", model="r18", **_through(gateway, split=3)
+    )
+    assert evaluation.augment is None and pushed.augment is not None
+    assert not np.allclose(_all(evaluation)[0], epochs[0])  # the preset's centre crop
+
+
 def test_endpoint_comes_from_argument_then_s3_variable_then_generic(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://generic.example:1")
     assert sdk.client(region_name="us-east-1").meta.endpoint_url == "http://generic.example:1"
