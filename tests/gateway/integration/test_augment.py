@@ -258,3 +258,38 @@ def test_the_mac_covers_the_view_index(gateway, registered, backend_s3, fresh):
     np.testing.assert_array_equal(_features(again), _features(view1))
     assert not np.array_equal(_features(again), _features(view0))
     assert "cache entry without a valid MAC" in gateway.log()
+
+
+def test_materialize_precomputes_k_views_then_every_epoch_hits(gateway, registered, fresh):
+    from tests.gateway.integration.test_cache import _hapi
+
+    args = ("--model", "r18", "--split", "6", "--augment", POLICY, "--seed", "8", "--views", "3")
+    done = _hapi(gateway, "materialize", f"s3://{fresh}/", *args)
+    assert done.returncode == 0, done.stderr
+    asked = {"model": "r18", "split": 6, "augment": POLICY, "seed": 8, "views": 3}
+    wait_for(
+        lambda: all(
+            _get(gateway, fresh, "cat.jpg", **asked, epoch=e).headers["x-hapi-cache"] == "hit"
+            for e in range(3)
+        ),
+        "the three views",
+    )
+    fetched = _fetches(gateway)
+    boxes = set()
+    for epoch in range(6):  # two passes over the three views, from the cache
+        reply = _get(gateway, fresh, "cat.jpg", **asked, epoch=epoch)
+        assert reply.headers["x-hapi-cache"] == "hit"
+        boxes.add(tuple(_view(reply).box or ()))
+    assert len(boxes) == 3 and _fetches(gateway) == fetched
+    bad = _hapi(
+        gateway,
+        "materialize",
+        f"s3://{fresh}/",
+        "--model",
+        "r18",
+        "--split",
+        "6",
+        "--augment",
+        POLICY,
+    )
+    assert bad.returncode == 2 and "--views" in bad.stderr
