@@ -250,6 +250,7 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
             split="auto" if choice.policy != "given" else choice.split,
             shuffle=self._shuffle,
             seed=self._seed,
+            augment="" if self.augment is None else f"{self.augment.spec()}; views={self._views}",
         )
 
     def _running(self) -> PassPlan | None:

@@ -222,6 +222,9 @@ def test_a_state_of_another_dataset_or_listing_is_refused(gateway, registered, b
         "model 'r18@": _images(data, gateway, shuffle=True, seed=3, model="enl0", split=5),
         "split 6 (now 'auto')": _images(data, gateway, shuffle=True, seed=3, split="auto"),
         "objects 's3://": _shards(data, gateway, shuffle=True, seed=3),
+        "augment '' (now 'flip(p=0.5); views=0')": _images(
+            data, gateway, shuffle=True, seed=3, augment="flip(p=0.5)"
+        ),
     }
     for says, other in refusals.items():
         with pytest.raises(sdk.StateMismatch, match="another dataset") as refused:
