@@ -172,9 +172,18 @@ def oriented_rgb(image: Image.Image) -> Image.Image:
 
 
 def oriented_size(image: Image.Image) -> tuple[int, int]:
-    """``(width, height)`` once the EXIF orientation is applied (from the header alone)."""
+    """``(width, height)`` once the EXIF orientation is applied, from what opening the
+    image read (never its pixels: Pillow's ``getexif`` loads a PNG whole to look for an
+    eXIf chunk after the pixels, so a PNG's EXIF is taken from the chunks before them)."""
     width, height = image.size
-    if image.getexif().get(_ORIENTATION, 1) in (5, 6, 7, 8):  # a quarter turn
+    if image.format == "PNG":
+        exif = Image.Exif()
+        raw = image.info.get("exif")
+        if raw:
+            exif.load(raw)
+    else:
+        exif = image.getexif()
+    if exif.get(_ORIENTATION, 1) in (5, 6, 7, 8):  # a quarter turn
         return height, width
     return width, height
 
