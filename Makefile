@@ -12,7 +12,7 @@ MYPY_TREE := build/mypy/hapi
 # The benchmarks (benchmarks/hapi_bench, the hapi-bench distribution) sit beside it.
 BENCH_TREE := build/mypy/hapi_bench
 
-.PHONY: wrk run test test-slow test-cluster check lint format bench-proxy bench-pushdown bench-device bench-load bench-cluster bench clean venv
+.PHONY: wrk run test test-slow test-cluster check lint format bench-proxy bench-pushdown bench-device bench-load bench-cluster bench bench-headtohead clean venv
 
 venv: $(STAMP)
 
@@ -98,3 +98,8 @@ clean:
 # The two-tier testbed (root: network namespace, veth, tc tbf); `make bench QUICK=1` for --quick.
 bench: $(STAMP)
 	$(VENV)/bin/hapi-bench testbed $(if $(QUICK),--quick) --out bench-results/testbed
+
+# The same training job through s3torchconnector and hapi (root: the testbed), every cell
+# (20-40 minutes: quiet or shared cores); `make bench-headtohead QUICK=1` for --quick (3-6).
+bench-headtohead: $(STAMP)
+	$(VENV)/bin/hapi-bench headtohead $(if $(QUICK),--quick) --out bench-results/headtohead $(HEADTOHEAD_ARGS)

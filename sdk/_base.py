@@ -8,7 +8,9 @@ dropped on pickling.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,12 +23,16 @@ from ._build import Prepared
 from ._client import AugmentSpec, policy_of
 from ._compute import Batch, Engine
 from ._constructors import Constructors
+from ._link import LinkEstimate, endpoint_key
 from ._prefetch import Fetch
-from ._split import SplitChoice
-from ._stats import Meter
+from ._split import SplitChoice, learned
+from ._stats import Meter, transfer_span
 
 Item = tuple[torch.Tensor, int]
 DEFAULT_PREFETCH = 4
+LIVE_CHECKPOINTS = 4
+"""Stable estimates of the link planned with while a job runs (then epochs take over)."""
+logger = logging.getLogger("hapi.sdk")
 
 
 class FeatureSource(Constructors):
@@ -56,6 +62,10 @@ class FeatureSource(Constructors):
         self._request_size = request_size
         self._prefetch = prefetch
         self._runtime: tuple[int, Engine] | None = (os.getpid(), Engine(prepared.spec, prepared.s3))
+        self._memory = prepared.memory
+        learns = prepared.choice.basis is not None and prepared.choice.measured_bandwidth
+        self._link: LinkEstimate | None = LinkEstimate() if learns else None
+        self._checkpoints = 0
 
     # -- per-process state --------------------------------------------------------------
 
@@ -68,6 +78,7 @@ class FeatureSource(Constructors):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_runtime"] = None  # clients and sessions never cross processes
+        state["_link"] = None  # the process that owns the dataset measures the link
         return state
 
     def _starter(self, epoch: int = 0) -> Callable[[Sequence[str]], Fetch[Batch]]:
@@ -113,13 +124,50 @@ class FeatureSource(Constructors):
         meter.record(
             samples=used,
             nbytes=batch.nbytes,
-            split=self._spec.split if batch.mode == "pushdown" else None,
+            split=batch.split if batch.mode == "pushdown" else None,
             mode=batch.mode,
             server_ms=batch.server_ms,
             round_trip=batch.round_trip,
             local_samples=batch.local_samples * used // rows if rows else 0,
             gateway_cache=batch.gateway_cache,
         )
+        self._observe(batch)
+
+    # -- learning the link from the job's own responses -------------------------------------
+
+    def _observe(self, batch: Batch) -> None:
+        """Count a pushdown response towards the link estimate; at each stable checkpoint,
+        plan with it (through the keeper's hysteresis) and remember it."""
+        link = self._link
+        if link is None or batch.mode != "pushdown" or batch.round_trip is None:
+            return
+        link.add(batch.nbytes, transfer_span(batch.round_trip, batch.server_ms))
+        bits = link.checkpoint()
+        if bits is None:
+            return
+        when = f"after {link.responses} responses"
+        self._take(learned(self._choice, self._spec.manifest, bits, when))
+        self._remember(bits)
+        self._checkpoints += 1
+        if self._checkpoints >= LIVE_CHECKPOINTS:
+            self._link = None
+
+    def _take(self, choice: SplitChoice) -> None:
+        """Use ``choice`` from the next request on (requests already made keep theirs:
+        every split gives the same features)."""
+        changed = choice.split != self._choice.split
+        self._choice = choice
+        if not changed:
+            return
+        logger.info("%s: %s", self.model, choice.reason)
+        self._spec = dataclasses.replace(self._spec, split=choice.split)
+        engine = self._engine()
+        engine.spec = self._spec
+        engine.pushdown = choice.split is not None
+
+    def _remember(self, bits_per_second: float) -> None:
+        if self._memory is not None and self._spec.endpoints:
+            self._memory.remember(endpoint_key(self._spec.endpoints), bits_per_second)
 
     # -- what users look at ---------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from ._client import client
 from ._compute import Spec
 from ._endpoints import resolve_endpoints
 from ._errors import ModelUnavailable, NoSuchModel
+from ._link import Bandwidth, BandwidthMemory, endpoint_key
 from ._shards import count_shards
 from ._sources import (
     IMAGE_SUFFIXES,
@@ -72,13 +73,15 @@ class Source:
 
 @dataclass(frozen=True)
 class Prepared:
-    """Everything a dataset class needs; ``s3`` is this process's client (not shared)."""
+    """Everything a dataset class needs; ``s3`` is this process's client (not shared);
+    ``memory`` keeps the bandwidth the job measures (``split="auto"`` only)."""
 
     source: Source
     labels: Labels
     spec: Spec
     choice: SplitChoice
     s3: Any
+    memory: BandwidthMemory | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,7 +138,9 @@ def prepare(what: str | Sequence[str], options: Options, *, shards: bool) -> Pre
     source = list_source(s3, what, shards=shards)
     manifest = _manifest(s3, options)
     freeze = _freeze(manifest, options.freeze)
-    choice = _choose(manifest, freeze, options, endpoints, source, s3)
+    memory = BandwidthMemory.from_environment(os.environ) if options.split == "auto" else None
+    start = _start(options.bandwidth, os.environ, memory, endpoints)
+    choice = _choose(manifest, freeze, options, endpoints, source, s3, start)
     spec = Spec(
         endpoints=endpoints,
         client_options=extra,
@@ -149,7 +154,34 @@ def prepare(what: str | Sequence[str], options: Options, *, shards: bool) -> Pre
         etags=None if source.etags is None else dict(zip(source.keys, source.etags, strict=True)),
     )
     labels = resolve_labels(options.labels, s3, source.bucket, source.prefix, source.keys)
-    return Prepared(source, labels, spec, choice, s3)
+    return Prepared(source, labels, spec, choice, s3, memory)
+
+
+PROBE = "probe"
+"""``bandwidth="probe"``: measure the link now (about a second of it) before planning."""
+
+
+def _start(
+    bandwidth: float | str | None,
+    environ: Mapping[str, str],
+    memory: BandwidthMemory | None,
+    endpoints: Sequence[str],
+) -> Bandwidth | str | None:
+    """The figure ``split="auto"`` starts from: one remembered for these endpoints within
+    its lifetime, else the hint (``bandwidth=``, else ``HAPI_BANDWIDTH``), else ``None``;
+    or :data:`PROBE` when asked to probe.
+
+    Raises:
+        ValueError: The hint is not a bandwidth.
+    """
+    hint = bandwidth if bandwidth is not None else environ.get("HAPI_BANDWIDTH") or None
+    if isinstance(hint, str) and hint.strip().lower() == PROBE:
+        return PROBE
+    bits = parse_bandwidth(hint)
+    remembered = memory.recall(endpoint_key(endpoints)) if memory and endpoints else None
+    if remembered is not None:
+        return remembered
+    return None if bits is None else Bandwidth(bits, "hint")
 
 
 def _manifest(s3: Any, options: Options) -> Manifest:
@@ -181,6 +213,7 @@ def _choose(
     endpoints: Sequence[str],
     source: Source,
     s3: Any,
+    start: Bandwidth | str | None,
 ) -> SplitChoice:
     split = options.split
     if split is None:
@@ -201,7 +234,8 @@ def _choose(
             freeze,
             options.dtype,
             endpoints=endpoints,
-            bandwidth_bps=parse_bandwidth(options.bandwidth),
+            bandwidth=start if isinstance(start, Bandwidth) else None,
+            probe=start == PROBE,
             raw_bytes=raw / len(source.keys) if raw else None,
             dataset_size=len(source.keys),
             batch_size=options.request_size,

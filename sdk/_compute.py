@@ -107,6 +107,7 @@ class Batch:
         local_samples: Rows served from the local cache (no request made for them).
         gateway_cache: The gateway's ``x-hapi-cache`` answer (``hit``, ``miss``,
             ``bypass``; empty without a request or pushdown).
+        split: The split the gateway ran (``None``: no pushdown).
     """
 
     features: np.ndarray
@@ -118,6 +119,7 @@ class Batch:
     round_trip: tuple[float, float] | None = None
     local_samples: int = 0
     gateway_cache: str = ""
+    split: int | None = None
 
 
 class Engine:
@@ -247,6 +249,7 @@ class Engine:
             server_ms=dict(reply.server_timing),
             round_trip=round_trip,
             gateway_cache=reply.cache,
+            split=split,
         )
 
     def decode_and_run(self, bucket: str, objects: list[tuple[str, bytes]]) -> Batch:
@@ -433,6 +436,7 @@ def _assemble(
         mode="cached" if first is None else first.mode,
         server_ms={} if first is None else first.server_ms,
         round_trip=None if first is None else first.round_trip,
+        split=None if first is None else first.split,
         local_samples=len(objects) - sum(len(batch.objects) for batch in fetched),
         gateway_cache="" if first is None else first.gateway_cache,
     )

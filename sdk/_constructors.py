@@ -85,9 +85,11 @@ class Constructors:
             registry_bucket: The registry bucket (the gateway's).
             runtime: :class:`hapi.models.RuntimeSettings` for the blocks run here.
             request_size: Objects per request to the gateway.
-            bandwidth: For ``split="auto"``: the bandwidth to plan for, in bits per
-                second or as text (``"100mbit"``); measured with the gateway's probe
-                when omitted.
+            bandwidth: For ``split="auto"``: a hint of the bandwidth to start from, in
+                bits per second or as text (``"100mbit"``; default: the
+                ``HAPI_BANDWIDTH`` variable), used when no figure is remembered for the
+                endpoint; the job's own responses then measure the link. ``"probe"``
+                measures it before planning instead (about a second of the link).
             local_cache: A directory on this machine that keeps the features (at the
                 freeze point) of every object read, so later epochs read them from disk
                 and cross no network; keyed by object (and its ETag when listed), model

@@ -369,17 +369,17 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         return found
 
     def _replan(self, stats: EpochStats) -> None:
-        """Take the planner's new split when the epoch's measurements call for one; only
-        here, in the process that owns the dataset (workers' copies are rebuilt)."""
+        """Take the planner's new split when the epoch's measurements call for one, and
+        remember the bandwidth the epoch measured; only here, in the process that owns
+        the dataset (workers' copies are rebuilt). From the first full epoch on, epochs
+        re-plan: the link estimate of the job's first responses has done its part."""
+        self._link = None
+        bits = stats.bandwidth_bps if stats.mode == "pushdown" else None
+        if bits and self._choice.measured_bandwidth and self._memory is not None:
+            self._remember(bits)
         choice = replanned(self._choice, self._spec.manifest, stats)
-        if choice is None:
-            return
-        logger.info("%s: %s", self.model, choice.reason)
-        self._choice = choice
-        self._spec = dataclasses.replace(self._spec, split=choice.split)
-        engine = self._engine()
-        engine.spec = self._spec
-        engine.pushdown = choice.split is not None
+        if choice is not None:
+            self._take(choice)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

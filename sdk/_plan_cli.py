@@ -2,9 +2,15 @@
 
 The manifest comes from the registry the way ``hapi models`` reads it (``--endpoint``,
 else ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``, with the usual credential chain).
-``--bandwidth auto`` treats the endpoint as a hapi gateway: it probes the bandwidth and
-takes the gateway's storage-side view (times calibrated on real traffic, its memory
-budget, its load). Bad input ends with one line on stderr and exit code 2.
+The bandwidth, and where it came from (printed with it): ``--bandwidth B`` (given);
+``--probe`` (measured now, about a second of the link, and remembered for the next job);
+else the figure an earlier job or probe remembered for ``--endpoint`` within its lifetime
+(``--bandwidth auto`` probes when there is none); else ``HAPI_BANDWIDTH`` (a hint); else
+none (default): then no table, only the split a job starts at, the one sending the
+fewest bytes. With a gateway to ask (``--endpoint``, and ``--probe``, ``auto`` or a
+remembered figure), the gateway's storage-side view is taken too (times calibrated on
+real traffic, its memory budget, its load). Bad input ends with one line on stderr and
+exit code 2.
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
+import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,9 +42,11 @@ from hapi.planner import plan as compute_plan
 from hapi.protocol import InvalidValue, parse_bandwidth, parse_size
 
 from ._errors import ProbeError
+from ._link import Bandwidth, BandwidthMemory, endpoint_key
 from ._measure import measure_client_blocks, measure_decode_ms
 from ._plan_view import plot_plan, print_plan
 from ._probe import fetch_gateway_profile, probe_bandwidth
+from ._split import PROBE_SECONDS, fewest_bytes
 
 _BARE_NUMBER = re.compile(r"\s*(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*")
 _MEMORY_HELP = "memory budget, e.g. 16GB or 8GiB; unlimited if unset."
@@ -57,9 +66,17 @@ def _planner_errors() -> Iterator[None]:
 @click.option("--model", "ref", required=True, metavar="NAME[@VERSION]", help="The model.")
 @click.option(
     "--bandwidth",
-    required=True,
+    envvar="HAPI_BANDWIDTH",
     help="Client-gateway bandwidth with its unit: 100mbit, 1gbit, 50Mbit/s, 2.5GB/s "
-    "(b = bits, B = bytes), or auto to probe the gateway at --endpoint.",
+    "(b = bits, B = bytes), or auto: the figure remembered for --endpoint, else a probe. "
+    "From HAPI_BANDWIDTH it is a hint, after a remembered figure. Without any: the split "
+    "a job starts at (the fewest bytes).",
+)
+@click.option(
+    "--probe",
+    is_flag=True,
+    help=f"Measure the bandwidth to --endpoint now (about {PROBE_SECONDS:g} s of the link) "
+    "and remember it for the next job.",
 )
 @click.option(
     "--batch",
@@ -99,7 +116,8 @@ def _planner_errors() -> Iterator[None]:
 @store_options
 def plan(
     ref: str,
-    bandwidth: str,
+    bandwidth: str | None,
+    probe: bool,
     batch: int,
     dataset_size: int,
     raw_bytes: int,
@@ -113,11 +131,11 @@ def plan(
     bucket: str,
 ) -> None:
     """Predict the epoch time of every split of a model and choose the fastest."""
+    hinted = click.get_current_context().get_parameter_source("bandwidth")
     with _planner_errors():
-        auto = bandwidth.strip().lower() == "auto"
-        if auto and not endpoint:
-            raise InvalidInput("--bandwidth auto probes the gateway: give --endpoint URL")
-        bits = math.nan if auto else _bandwidth(bandwidth)
+        figure = _Figure(
+            bandwidth, probe, endpoint, hinted == click.core.ParameterSource.ENVIRONMENT
+        )
         client_budget = parse_size(client_memory) if client_memory else None
         storage_budget = parse_size(storage_memory) if storage_memory else None
         with cli_errors():
@@ -132,16 +150,89 @@ def plan(
             )
             if measure:
                 profile = _measured(registry, manifest, profile)
-        if auto and endpoint:
-            bits = probe_bandwidth(endpoint)
-            profile = fetch_gateway_profile(endpoint, manifest.ref).apply(profile)
+        found = figure.resolve()
+        if found is None:
+            _starts_at(manifest, profile.wire_dtype, as_json)
+            return
+        if found.source in ("measured", "remembered") and endpoint:
+            profile = _viewed(endpoint, manifest, profile, strict=found.source == "measured")
+        bits = found.bits_per_second
         chosen = compute_plan(manifest, profile, bits, batch_size=batch, dataset_size=dataset_size)
         if plot is not None:
             _plot(chosen, plot)
     if as_json:
-        click.echo(json.dumps(chosen.to_dict(), indent=1))
+        click.echo(json.dumps({**chosen.to_dict(), "bandwidth_source": found.source}, indent=1))
         return
-    print_plan(chosen, bandwidth_source="probed" if auto else "given")
+    print_plan(chosen, bandwidth_source=_described(found))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Figure:
+    """Where ``hapi plan`` takes its bandwidth from (see the module's docstring)."""
+
+    given: str | None
+    probe: bool
+    endpoint: str | None
+    hint: bool
+
+    def __post_init__(self) -> None:
+        auto = self.given is not None and self.given.strip().lower() == "auto"
+        if (auto or self.probe) and not self.endpoint:
+            what = "--probe" if self.probe else "--bandwidth auto"
+            raise InvalidInput(f"{what} probes the gateway: give --endpoint URL")
+        if self.given is not None and not auto:
+            _bandwidth(self.given)  # a bad figure is refused before anything is read
+
+    def resolve(self) -> Bandwidth | None:
+        """The figure, probing or reading the remembered ones as asked; ``None``: none."""
+        auto = self.given is not None and self.given.strip().lower() == "auto"
+        if self.given is not None and not auto and not self.hint:
+            return Bandwidth(_bandwidth(self.given), "given")
+        memory = BandwidthMemory.from_environment(os.environ)
+        if self.endpoint and not self.probe:
+            remembered = memory.recall(endpoint_key([self.endpoint]))
+            if remembered is not None:
+                return remembered
+        if self.endpoint and (self.probe or auto):
+            bits = probe_bandwidth(self.endpoint, seconds=PROBE_SECONDS)
+            memory.remember(endpoint_key([self.endpoint]), bits)
+            return Bandwidth(bits, "measured")
+        return None if self.given is None else Bandwidth(_bandwidth(self.given), "hint")
+
+
+def _viewed(endpoint: str, manifest: Manifest, profile: Profile, *, strict: bool) -> Profile:
+    """``profile`` priced by the gateway's view; unless ``strict`` (a gateway just probed),
+    an endpoint that gives none leaves the manifest's figures, and says so."""
+    try:
+        return fetch_gateway_profile(endpoint, manifest.ref).apply(profile)
+    except ProbeError as exc:
+        if strict:
+            raise
+        click.echo(f"storage-side figures from the manifest: {exc}", err=True)
+        return profile
+
+
+def _described(found: Bandwidth) -> str:
+    if found.source == "measured":
+        return "measured now"
+    if found.source == "remembered" and found.measured_at is not None:
+        minutes = max(0.0, time.time() - found.measured_at) / 60
+        return f"remembered, measured {minutes:.0f} min ago"
+    return found.source
+
+
+def _starts_at(manifest: Manifest, dtype: str, as_json: bool) -> None:
+    """No bandwidth at all: the split a job starts at (default), and how to get a plan."""
+    start = fewest_bytes(manifest, manifest.freeze, dtype, "no bandwidth is known")
+    if as_json:
+        reply = {"split": start.split, "bandwidth_source": "default", "reason": start.reason}
+        click.echo(json.dumps(reply, indent=1))
+        return
+    click.echo(f"chosen: split {start.split} (default). {start.reason}.")
+    click.echo(
+        "For the table, give --bandwidth B, or --probe with --endpoint URL; a job against "
+        "the gateway remembers the bandwidth it measures for the next plan."
+    )
 
 
 def _bandwidth(text: str) -> float:

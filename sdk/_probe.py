@@ -31,8 +31,7 @@ from hapi.protocol import GatewayStats, ModelProfile
 from ._errors import ProbeError
 
 DEFAULT_PROBE_STREAMS = 4
-DEFAULT_PROBE_SECONDS = 2.0
-_FIRST_PROBE_BYTES = 512 * 1024
+DEFAULT_PROBE_SECONDS = 1.0
 _MAX_PROBE_BYTES = 256 * 1024**2  # the gateway's default cap per probe
 _CHUNK = 256 * 1024
 
@@ -108,28 +107,29 @@ def probe_bandwidth(
 ) -> float:
     """Measure the bandwidth from the gateway to here, in bits per second.
 
-    ``streams`` parallel downloads of ``/_hapi/probe`` share the bytes, like a data
-    loader's parallel requests; connections are opened first, so the timed part is the
-    transfer. Without ``bytes``, a short first probe sizes a second one to last about
-    ``seconds``, so a slow link is not tied up for minutes and a fast one is not timed
-    on a blink.
+    ``streams`` parallel downloads of ``/_hapi/probe``, like a data loader's parallel
+    requests; connections are opened first, so the timed part is the transfer. Without
+    ``bytes`` the probe is sized in time, never in bytes: each stream reads what the link
+    brings for ``seconds`` and hangs up, so a slow link is tied up for about ``seconds``
+    whatever its speed, and a fast one is not timed on a blink. This is opt-in: the SDK
+    learns the bandwidth from a job's own responses instead.
 
     Args:
         endpoint: The gateway's base URL.
-        bytes: Total bytes to download; sized from a first probe if omitted.
+        bytes: Total bytes to download instead (a benchmark's fixed size).
         streams: Parallel downloads.
-        seconds: How long the sized probe should take.
+        seconds: How long the probe reads.
         client: The httpx client to use; one is created and closed if omitted.
         timeout: Per-request timeout of a created client, in seconds.
         auth: Signs the requests; :meth:`GatewayAuth.from_environment` if omitted.
         clock: The seconds counter the transfers are timed with.
 
     Raises:
-        ProbeError: A request failed, or the stream was cut short.
-        ValueError: ``bytes`` or ``streams`` below 1.
+        ProbeError: A request failed, or a sized stream was cut short.
+        ValueError: ``bytes`` or ``streams`` below 1, or ``seconds`` not positive.
     """
-    if (bytes is not None and bytes < 1) or streams < 1:
-        raise ValueError("probe bytes and streams must be at least 1")
+    if (bytes is not None and bytes < 1) or streams < 1 or not seconds > 0:
+        raise ValueError("probe bytes and streams must be at least 1, and seconds positive")
     url = endpoint.rstrip("/") + "/_hapi/probe"
     signer = _auth(auth)
     with (
@@ -137,13 +137,11 @@ def probe_bandwidth(
         _http(client, timeout) as http,
         ThreadPoolExecutor(streams) as pool,
     ):
-        get = _Downloader(http, url, signer)
+        get = _Downloader(http, url, signer, clock)
         _timed(pool, get, streams, streams, clock)  # opens the connections
-        if bytes is None:
-            rough = _timed(pool, get, _FIRST_PROBE_BYTES, streams, clock)
-            wanted = int(rough / 8 * seconds)
-            bytes = min(max(wanted, _FIRST_PROBE_BYTES), _MAX_PROBE_BYTES)
-        return _timed(pool, get, bytes, streams, clock)
+        if bytes is not None:
+            return _timed(pool, get, bytes, streams, clock)
+        return _timed(pool, get, _MAX_PROBE_BYTES, streams, clock, until=clock() + seconds)
 
 
 @dataclass(frozen=True)
@@ -151,9 +149,21 @@ class _Downloader:
     http: httpx.Client
     url: str
     auth: httpx.Auth | None
+    clock: Callable[[], float]
 
-    def __call__(self, size: int) -> int:
-        return _download(self.http, self.url, size, self.auth)
+    def __call__(self, size: int, until: float | None) -> int:
+        """Bytes of a ``size``-byte probe read (all of them, or those read by ``until``)."""
+        extra: dict[str, Any] = {"auth": self.auth} if self.auth is not None else {}
+        received = 0
+        with self.http.stream("GET", self.url, params={"bytes": size}, **extra) as reply:
+            reply.raise_for_status()
+            for chunk in reply.iter_bytes() if until is not None else reply.iter_bytes(_CHUNK):
+                received += len(chunk)
+                if until is not None and self.clock() >= until:
+                    return received  # hang up: the probe is sized in time
+        if received != size:
+            raise ProbeError(f"{self.url}: the probe sent {received} bytes instead of {size}")
+        return received
 
 
 def _timed(
@@ -162,22 +172,14 @@ def _timed(
     total: int,
     streams: int,
     clock: Callable[[], float],
+    until: float | None = None,
 ) -> float:
-    """Bits per second of ``total`` bytes downloaded over ``streams`` parallel requests."""
+    """Bits per second of ``total`` bytes downloaded over ``streams`` parallel requests
+    (or of what they brought by ``until``)."""
     share = max(1, total // streams)
     start = clock()
-    received = sum(pool.map(lambda _: get(share), range(streams)))
+    received = sum(pool.map(lambda _: get(share, until), range(streams)))
     return received * 8 / max(clock() - start, 1e-9)
-
-
-def _download(http: httpx.Client, url: str, size: int, auth: httpx.Auth | None) -> int:
-    extra: dict[str, Any] = {"auth": auth} if auth is not None else {}
-    with http.stream("GET", url, params={"bytes": size}, **extra) as reply:
-        reply.raise_for_status()
-        received = sum(len(chunk) for chunk in reply.iter_bytes(_CHUNK))
-    if received != size:
-        raise ProbeError(f"{url}: the probe sent {received} bytes instead of {size}")
-    return received
 
 
 def fetch_gateway_profile(

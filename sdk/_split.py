@@ -1,11 +1,18 @@
-"""Choosing the split for ``split="auto"``, and re-planning after an epoch.
+"""Choosing the split for ``split="auto"``, and re-planning as the job runs.
 
 The planner decides (:func:`hapi.planner.plan`): it predicts each candidate's pipelined
 epoch time from the manifest's per-block figures, the gateway's own measurements and the
-bandwidth (given, or measured with the gateway's probe). When it cannot (the endpoint is
-not a hapi gateway, so nothing can be probed; or the dataset freezes at another point
-than the manifest the planner plans for), the policy is the one the manifest alone
-supports: send the fewest bytes per sample, at the latest split among equals.
+bandwidth. Nothing is sent to learn that bandwidth before the first sample: a build reads
+the gateway's view of the model (a few KiB of control plane) and starts from the best
+figure there is without measuring (:class:`Bandwidth`: one remembered for the endpoint by
+an earlier job, else an operator's hint), or, with none, from the split that sends the
+fewest bytes. The job's own responses then measure the link (``_link``), and once that
+estimate is stable, :func:`learned` plans with it through the same hysteresis as
+re-planning (a :class:`hapi.planner.SplitKeeper`). An explicit probe (``bandwidth="probe"``)
+is opt-in and lasts about a second of the link. When the planner cannot decide (the
+endpoint is not a hapi gateway; or the dataset freezes at another point than the manifest
+the planner plans for), the policy is the one the manifest alone supports: send the fewest
+bytes per sample, at the latest split among equals.
 
 A gateway on this machine (loopback, or this host's own address) shares the training
 loop's cores: the plan then models the two tiers' compute as taking turns, so on one box
@@ -43,13 +50,45 @@ from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, decode_
 
 from ._errors import ProbeError
 from ._host import same_host
+from ._link import Bandwidth
 from ._measure import measure_client_blocks, measure_request_ms
 from ._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
 from ._stats import EpochStats
 
 logger = logging.getLogger("hapi.sdk")
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
-PROBE_BYTES = 8 * 1024 * 1024
+PROBE_SECONDS = 1.0
+"""How long an explicit probe (``bandwidth="probe"``) ties up the link."""
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What the planner needs besides a bandwidth: kept so that a figure measured later
+    (the job's own responses) can be planned with.
+
+    Args:
+        profile: The model's profile here and on the gateway.
+        batch_size: Objects per request.
+        dataset_size: Samples per epoch.
+    """
+
+    profile: planner.Profile
+    batch_size: int
+    dataset_size: int
+
+    def plan(self, manifest: Manifest, bandwidth_bps: float) -> planner.Plan:
+        """The plan at ``bandwidth_bps``.
+
+        Raises:
+            planner.PlannerError: No split is feasible.
+        """
+        return planner.plan(
+            manifest,
+            self.profile,
+            bandwidth_bps,
+            batch_size=self.batch_size,
+            dataset_size=self.dataset_size,
+        )
 
 
 @dataclass(frozen=True)
@@ -63,10 +102,16 @@ class SplitChoice:
         policy: ``given``, ``planner``, ``trial`` (a near tie timed, or its outcome),
             ``replanned`` or ``fewest-bytes``.
         plan: The planner's plan, when it decided (``plan.explain()`` has the table).
-        measured_bandwidth: Whether the plan's bandwidth was measured (and so may be
-            re-measured), rather than given.
+        measured_bandwidth: Whether the job's own transfers may correct the plan's
+            bandwidth (a remembered figure or a hint is a starting point, not a fact).
         keeper: The hysteresis that re-planning goes through (with the planner only).
         trial: The near tie being timed, when the plan has one (with the planner only).
+        bandwidth_source: Where the plan's bandwidth came from: ``measured`` (the job's
+            responses, or an explicit probe), ``remembered`` (an earlier job's, for this
+            endpoint), ``hint`` (``bandwidth=`` or ``HAPI_BANDWIDTH``), or ``default``
+            (none: the split sending the fewest bytes, until the link is measured).
+        basis: What the planner needs besides a bandwidth, when the gateway answered:
+            a figure measured later is planned with it (see :func:`learned`).
     """
 
     split: int | None
@@ -76,6 +121,8 @@ class SplitChoice:
     measured_bandwidth: bool = True
     keeper: planner.SplitKeeper | None = None
     trial: planner.Trial | None = None
+    bandwidth_source: str = "default"
+    basis: Basis | None = None
 
 
 @dataclass(frozen=True)
@@ -113,14 +160,16 @@ def measure_client(
     *,
     blocks: bool,
 ) -> ClientTimes:
-    """Time a GET of ``s3://bucket/key`` (this process's CPU), and with ``blocks`` also
-    decoding it and running each frozen block on it here, with ``runtime``.
+    """Time a GET of ``s3://bucket/key`` (this process's CPU; a one-byte range, so that
+    the timing moves next to nothing), and with ``blocks`` also decoding it and running
+    each frozen block on it here, with ``runtime`` (the object and the frozen blocks are
+    read for that: on another machine than the gateway only).
 
     Raises:
         planner.PlannerError: The object could not be read, decoded or run.
     """
     try:
-        request_ms = measure_request_ms(s3, bucket, key, runs=4)
+        request_ms = measure_request_ms(s3, bucket, key, runs=4, byte_range="bytes=0-0")
         if not blocks:
             return ClientTimes(request_ms)
         data = bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
@@ -178,12 +227,13 @@ def choose_split(
     dtype: str,
     *,
     endpoints: Sequence[str],
-    bandwidth_bps: float | None,
+    bandwidth: Bandwidth | None,
     raw_bytes: float | None,
     dataset_size: int,
     batch_size: int,
     auth: GatewayAuth | None = None,
     measure: Callable[[bool], ClientTimes] | None = None,
+    probe: bool = False,
 ) -> SplitChoice:
     """Ask the planner for the split; fall back to :func:`fewest_bytes`.
 
@@ -191,9 +241,11 @@ def choose_split(
         manifest: The model.
         freeze: The dataset's freeze point.
         dtype: The wire dtype.
-        endpoints: The gateways, to probe and to read measurements from: the first that
+        endpoints: The gateways, to read the model's profile from: the first that
             answers (they share one registry and run the same blocks).
-        bandwidth_bps: The bandwidth to plan for; probed when ``None``.
+        bandwidth: The figure to start from (remembered or a hint); without one, and
+            without ``probe``, the split sending the fewest bytes, until the job's own
+            responses measure the link.
         raw_bytes: Mean bytes of one raw object, when known.
         dataset_size: Samples per epoch.
         batch_size: Objects per request.
@@ -201,37 +253,98 @@ def choose_split(
         measure: Times the client side here (see :func:`measure_client`), called with
             whether the blocks and decoding need timing (not on one machine); without
             it, or when it fails (said in the reason), the manifest's figures are used.
+        probe: Measure the bandwidth now with the gateway's probe (about
+            :data:`PROBE_SECONDS` of the link), in place of ``bandwidth``.
     """
     if freeze != manifest.freeze:
         return fewest_bytes(manifest, freeze, dtype, f"it plans for freeze {manifest.freeze}")
     if not endpoints:
-        return fewest_bytes(manifest, freeze, dtype, "no endpoint to probe")
-    given = bandwidth_bps is not None
-    raw = raw_bytes or planner.DEFAULT_RAW_BYTES
+        return fewest_bytes(manifest, freeze, dtype, "no gateway to ask")
     shared = all(same_host(endpoint) for endpoint in endpoints)
     view: planner.GatewayProfile | None = None
     try:
-        view, bandwidth_bps = _probe(endpoints, manifest, bandwidth_bps, auth)
+        view, bandwidth = _ask(endpoints, manifest, bandwidth, auth, probe=probe)
     except ProbeError as exc:  # not a hapi gateway, or one without the model
-        if bandwidth_bps is None:
+        if bandwidth is None:
             return fewest_bytes(manifest, freeze, dtype, str(exc))
     times, unmeasured = _measured(measure, blocks=not shared)
     profile = planner.profile_from_manifest(
-        manifest, wire_dtype=dtype, raw_bytes=raw, shared_compute=shared, **times
+        manifest,
+        wire_dtype=dtype,
+        raw_bytes=raw_bytes or planner.DEFAULT_RAW_BYTES,
+        shared_compute=shared,
+        **times,
     )
-    if view is not None:
-        profile = view.apply(profile)
+    basis = Basis(profile if view is None else view.apply(profile), batch_size, dataset_size)
+    if bandwidth is None:
+        start = fewest_bytes(manifest, freeze, dtype, _UNMEASURED)
+        return replace(start, reason=start.reason + unmeasured, basis=basis)
     try:
-        plan = planner.plan(
-            manifest, profile, bandwidth_bps, batch_size=batch_size, dataset_size=dataset_size
-        )
+        plan = basis.plan(manifest, bandwidth.bits_per_second)
     except planner.PlannerError as exc:  # no feasible split
         return fewest_bytes(manifest, freeze, dtype, str(exc))
-    keeper = planner.SplitKeeper(plan)
-    trial = planner.Trial.start(plan)
     return SplitChoice(
-        plan.split, plan.reason() + unmeasured, "planner", plan, not given, keeper, trial
+        plan.split,
+        f"{plan.reason()} {_SOURCE_WORDS[bandwidth.source]}{unmeasured}",
+        "planner",
+        plan,
+        True,
+        planner.SplitKeeper(plan),
+        planner.Trial.start(plan),
+        bandwidth.source,
+        basis,
     )
+
+
+_UNMEASURED = (
+    "no bandwidth is known for this gateway yet (none remembered, no hint), so the job "
+    "starts here and the planner decides once its own responses have measured the link"
+)
+_SOURCE_WORDS = {
+    "measured": "The bandwidth was measured now.",
+    "remembered": "The bandwidth is an earlier job's, remembered for this gateway.",
+    "hint": "The bandwidth is a hint (bandwidth= or HAPI_BANDWIDTH).",
+}
+
+
+def learned(
+    choice: SplitChoice, manifest: Manifest, bandwidth_bps: float, when: str
+) -> SplitChoice:
+    """``choice`` once the job's own responses have measured the link at
+    ``bandwidth_bps`` (``when`` says after what): the planner's proposal at that figure
+    goes through the keeper's hysteresis, so the split changes only for a gain of more
+    than 10% proposed twice in a row. A choice the planner cannot revise (a given split,
+    no gateway's view) is returned as it is."""
+    basis = choice.basis
+    if basis is None or not choice.measured_bandwidth:
+        return choice
+    try:
+        proposed = basis.plan(manifest, bandwidth_bps)
+    except planner.PlannerError as exc:
+        logger.info("%s: no plan at the measured bandwidth: %s", manifest.ref, exc)
+        return choice
+    keeper = choice.keeper or planner.SplitKeeper(_started_at(proposed, choice.split))
+    kept = keeper.update(proposed)
+    measured = replace(choice, plan=kept, keeper=keeper, bandwidth_source="measured")
+    if kept.split == choice.split:
+        if choice.policy != "fewest-bytes":  # the reason stands: the split did not change
+            return measured
+        return replace(measured, reason=f"{kept.reason()} Measured {when}: {keeper.why}")
+    return replace(
+        measured,
+        split=kept.split,
+        policy="replanned",
+        trial=None,
+        reason=f"re-planned {when}: {keeper.why} {kept.reason()}",
+    )
+
+
+def _started_at(proposed: planner.Plan, split: int | None) -> planner.Plan:
+    """``proposed`` as if it had kept ``split``, the split a job started at unmeasured."""
+    if split == proposed.split:
+        return proposed
+    label = "none" if split is None else str(split)
+    return replace(proposed, split=split, note=f"Started at split {label}, unmeasured.")
 
 
 def _measured(
@@ -248,14 +361,16 @@ def _measured(
         return {}, f" (client figures from the manifest: {exc})"
 
 
-def _probe(
+def _ask(
     endpoints: Sequence[str],
     manifest: Manifest,
-    bandwidth_bps: float | None,
+    bandwidth: Bandwidth | None,
     auth: GatewayAuth | None,
-) -> tuple[planner.GatewayProfile, float]:
-    """The gateway's view of the model and the bandwidth, from the first endpoint that
-    answers.
+    *,
+    probe: bool,
+) -> tuple[planner.GatewayProfile, Bandwidth | None]:
+    """The gateway's view of the model from the first endpoint that answers, and the
+    bandwidth: ``bandwidth`` as given, or probed there when ``probe``.
 
     Raises:
         ProbeError: No endpoint answered (the last one's error).
@@ -264,10 +379,10 @@ def _probe(
     for endpoint in endpoints:
         try:
             view = fetch_gateway_profile(endpoint, manifest.ref, auth=auth)
-            if bandwidth_bps is None:
-                bits = probe_bandwidth(endpoint, bytes=PROBE_BYTES, auth=auth)
-                return view, bits
-            return view, bandwidth_bps
+            if not probe:
+                return view, bandwidth
+            bits = probe_bandwidth(endpoint, seconds=PROBE_SECONDS, auth=auth)
+            return view, Bandwidth(bits, "measured")
         except ProbeError as exc:
             failure = exc
     assert failure is not None  # endpoints is not empty
@@ -287,10 +402,15 @@ def gateway_auth(s3: Any) -> GatewayAuth | None:
 def replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> SplitChoice | None:
     """A new choice when an epoch's measurements call for another split and the gain
     persists (hysteresis), or a near tie's trial moves on; else ``None`` (the keeper
-    remembers the pending proposal)."""
+    remembers the pending proposal). A choice whose bandwidth was never measured (an
+    epoch too short for the link estimate to settle) learns it from the epoch's figure."""
     trial = choice.trial
     if trial is not None and not trial.done and stats.samples:
         return _trial_step(choice, trial, manifest, stats)
+    bits = stats.bandwidth_bps if stats.mode == "pushdown" else None
+    if choice.bandwidth_source != "measured" and choice.basis is not None and bits:
+        new = learned(choice, manifest, bits, f"in epoch {stats.epoch}")
+        return None if new is choice else new
     return _replanned(choice, manifest, stats)
 
 
@@ -334,14 +454,13 @@ def _trial_step(
         reason = f"trial after epoch {stats.epoch}: {trial.why()}"
         return replace(choice, split=trial.next_split(), reason=reason, policy="trial")
     kept = trial.kept()
-    return SplitChoice(
-        kept.split,
-        f"trial over after epoch {stats.epoch}: {trial.why()}",
-        "trial",
-        kept,
-        choice.measured_bandwidth,
-        planner.SplitKeeper(kept),
-        trial,
+    return replace(
+        choice,
+        split=kept.split,
+        reason=f"trial over after epoch {stats.epoch}: {trial.why()}",
+        policy="trial",
+        plan=kept,
+        keeper=planner.SplitKeeper(kept),
     )
 
 
@@ -382,4 +501,14 @@ def _replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> Sp
         logger.info("%s after epoch %d: %s", manifest.ref, stats.epoch, keeper.why)
         return None
     reason = f"re-planned after epoch {stats.epoch}: {keeper.why} {kept.reason()}"
-    return SplitChoice(kept.split, reason, "replanned", kept, choice.measured_bandwidth, keeper)
+    source = "measured" if measured.bandwidth_bps else choice.bandwidth_source
+    return replace(
+        choice,
+        split=kept.split,
+        reason=reason,
+        policy="replanned",
+        plan=kept,
+        keeper=keeper,
+        trial=None,
+        bandwidth_source=source,
+    )

@@ -158,7 +158,7 @@ class Meter:
             served = sum(server_ms.values()) / 1000
             fetched = server_ms.get("fetch", 0.0) / 1000
             self._storage.append((start + fetched, min(end, start + served)))
-            self._transfers.append((min(end, start + served), end))
+            self._transfers.append(transfer_span(round_trip, server_ms))
         self.samples += samples
         self.bytes_received += nbytes
         if mode != "cached":  # an all-local batch made no request
@@ -196,6 +196,15 @@ class Meter:
             resumed=self.resumed,
             held_peak=self.held_peak,
         )
+
+
+def transfer_span(
+    round_trip: tuple[float, float], server_ms: dict[str, float]
+) -> tuple[float, float]:
+    """When a response was on the wire: its request's round trip (start, end) less the
+    gateway's own time (its ``Server-Timing`` durations)."""
+    start, end = round_trip
+    return min(end, start + sum(server_ms.values()) / 1000), end
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

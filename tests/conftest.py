@@ -32,6 +32,20 @@ TENANTS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def bandwidth_memory(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """Each test's own cache directory: the SDK remembers the bandwidth it measured there
+    (``$XDG_CACHE_HOME/hapi``), and no test starts from another's figure or the user's.
+    It exists, as for every user (onnxruntime keeps an id there too), beside the test's
+    ``tmp_path``, whose contents some tests check."""
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv("HAPI_BANDWIDTH", raising=False)
+    return cache / "hapi"
+
+
 def tenant_actions(name: str) -> tuple[str, ...]:
     own = tuple(f"{action}:{name}-*" for action in ("Admin", "Read", "Write", "List", "Tagging"))
     return (*own, "Read:hapi-models", "List:hapi-models")

@@ -67,9 +67,9 @@ def test_no_package_imports_another_packages_private_modules_or_names() -> None:
 def test_the_check_sees_a_breach() -> None:
     assert _private("hapi.models._cli")
     assert not _private("hapi.models")
-    assert _private("hapi_bench._report")
+    assert _private("hapi_bench.reports._report")
     assert not _private("hapi_bench")
-    assert _package("hapi_bench._report") == "hapi_bench"
+    assert _package("hapi_bench.reports._report") == "hapi_bench"
     assert _underscore_names("from hapi.models import UserError, _registry") == ["_registry"]
     assert _underscore_names("from hapi.models import UserError as E") == []
 

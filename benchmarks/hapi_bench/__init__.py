@@ -15,7 +15,7 @@ micro-benchmarks ``hapi-bench proxy``, ``pushdown``, ``device`` and ``load``
 
 from __future__ import annotations
 
-from ._cli import bench
-from ._commands import main
+from hapi_bench._cli import bench
+from hapi_bench._commands import main
 
 __all__ = ["bench", "main"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._cli import bench
+from hapi_bench._cli import bench
 
 if __name__ == "__main__":
     bench(prog_name="hapi bench")

@@ -20,10 +20,9 @@ from typing import Any
 import click
 
 from hapi.models.cli import UserError
-
-from ._config import REGIMES, BenchConfig
-from ._errors import BenchError, TestbedUnavailable
-from ._results import RunResult
+from hapi_bench.core._errors import BenchError, TestbedUnavailable
+from hapi_bench.reports._results import RunResult
+from hapi_bench.testbed._config import REGIMES, BenchConfig
 
 DEFAULT_OUT = Path("bench-results") / "testbed"
 Runner = Callable[[BenchConfig, Any], tuple[list[Any], dict[str, Any]]]
@@ -197,7 +196,7 @@ def bench(quick: bool, out: Path, **options: Any) -> None:
     the feature cache's scenario instead (epochs.json, epochs.md, epochs.png): cold and
     warm epochs, the cold epoch's overhead, and a sweep of several heads.
     """
-    from ._preflight import check_environment
+    from hapi_bench.testbed._preflight import check_environment
 
     config = _config(quick, out, options)
     if config.storage_device == "cuda":
@@ -210,7 +209,7 @@ def bench(quick: bool, out: Path, **options: Any) -> None:
     except TestbedUnavailable as exc:
         raise UserError(str(exc)) from exc
     if config.epochs:
-        from ._epochs import run_epochs
+        from hapi_bench.epochs._epochs import run_epochs
 
         cache_cells, meta = _execute(config, run_epochs)
         _report_epochs(config, cache_cells, meta)
@@ -222,7 +221,7 @@ def bench(quick: bool, out: Path, **options: Any) -> None:
 def _execute(config: BenchConfig, runner: Runner | None = None) -> tuple[list[Any], dict[str, Any]]:
     from rich.console import Console
 
-    from ._run import run_bench
+    from hapi_bench.testbed._run import run_bench
 
     console = Console(stderr=True)
     progress = RichProgress(console)
@@ -241,7 +240,7 @@ def _execute(config: BenchConfig, runner: Runner | None = None) -> tuple[list[An
 
 
 def _report(config: BenchConfig, cells: list[Any], meta: dict[str, Any]) -> None:
-    from . import _plot, _report
+    from hapi_bench.reports import _plot, _report
 
     written = _report.write(config.out, cells, meta)
     written += _plot.plot_all(config.out, cells)
@@ -255,7 +254,7 @@ def _report(config: BenchConfig, cells: list[Any], meta: dict[str, Any]) -> None
 
 
 def _report_epochs(config: BenchConfig, cells: list[Any], meta: dict[str, Any]) -> None:
-    from . import _epochs_report
+    from hapi_bench.epochs import _epochs_report
 
     written = _epochs_report.write(config.out, cells, meta)
     click.echo(_epochs_report.summary_text(cells))

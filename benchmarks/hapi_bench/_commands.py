@@ -13,16 +13,20 @@ import importlib
 
 import click
 
-from ._cli import bench
+from hapi_bench._cli import bench
 
 # name: (module, one line of help)
 MICRO_BENCHMARKS = {
-    "proxy": ("_proxy", "Pass-through cost vs direct access and nginx."),
-    "pushdown": ("_ceiling", "Pushdown throughput against a bare loop on the same cores."),
-    "batching": ("_pushdown", "Storage-side throughput, adaptive batching vs fixed sizes."),
-    "device": ("_device", "The storage side's blocks on an accelerator, checked and timed."),
-    "load": ("_load", "A bounded load run through the gateway, nginx and the store."),
-    "cluster": ("_cluster_cli", "The multi-node store: up, down, and scaling over 1-3 nodes."),
+    "proxy": ("micro._proxy", "Pass-through cost vs direct access and nginx."),
+    "pushdown": ("micro._ceiling", "Pushdown throughput against a bare loop on the same cores."),
+    "batching": ("micro._pushdown", "Storage-side throughput, adaptive batching vs fixed sizes."),
+    "device": ("micro._device", "The storage side's blocks on an accelerator, checked and timed."),
+    "load": ("micro._load", "A bounded load run through the gateway, nginx and the store."),
+    "cluster": (
+        "cluster._cluster_cli",
+        "The multi-node store: up, down, and scaling over 1-3 nodes.",
+    ),
+    "headtohead": ("headtohead._cli", "The same training job through s3torchconnector and hapi."),
 }
 
 # Options pass through untouched to the benchmark's own parser (``--help`` included).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hapi_bench._results import CellResult
+from hapi_bench.reports._results import CellResult
 from tests.bench.support import cell, run
 
 

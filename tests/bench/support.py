@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hapi_bench._results import CellResult, RunResult
+from hapi_bench.reports._results import CellResult, RunResult
 
 
 def run(split: int | None, epoch_s: float, **fields: object) -> RunResult:

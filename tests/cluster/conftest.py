@@ -38,9 +38,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The testbed with its objects (:class:`hapi_bench._cluster.Objects`), started once,
+    """The testbed with its objects (:class:`hapi_bench.cluster._cluster.Objects`), started once,
     torn down at the end of the session."""
-    from hapi_bench._cluster import Testbed, TestbedSpec
+    from hapi_bench.cluster._cluster import Testbed, TestbedSpec
 
     workdir = tmp_path_factory.mktemp("cluster")
     with Testbed(TestbedSpec(nodes=NODES, workdir=workdir, cpus=0.5)) as testbed:

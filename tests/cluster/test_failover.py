@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hapi_bench._cluster import Objects
+from hapi_bench.cluster._cluster import Objects
 from tests.cluster.conftest import fetched, report, since
 
 pytestmark = pytest.mark.cluster

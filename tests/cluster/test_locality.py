@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hapi_bench._cluster import Epoch, Objects
+from hapi_bench.cluster._cluster import Epoch, Objects
 from tests.cluster.conftest import NODES, fetched, report, since
 
 pytestmark = pytest.mark.cluster

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hapi.store import SeaweedPlacement
-from hapi_bench._cluster import Objects
+from hapi_bench.cluster._cluster import Objects
 
 pytestmark = pytest.mark.cluster
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hapi_bench._cluster import Testbed, TestbedSpec
-from hapi_bench._netns import namespaces, run
+from hapi_bench.cluster._cluster import Testbed, TestbedSpec
+from hapi_bench.testbed._netns import namespaces, run
 
 pytestmark = pytest.mark.cluster
 

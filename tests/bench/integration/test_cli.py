@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from hapi_bench import bench
-from hapi_bench._errors import TestbedUnavailable
-from hapi_bench._preflight import check_environment
+from hapi_bench.core._errors import TestbedUnavailable
+from hapi_bench.testbed._preflight import check_environment
 
 MODULE = [sys.executable, "-m", "hapi_bench"]
 NOT_ROOT = (
@@ -89,8 +89,9 @@ def test_a_real_unprivileged_user_is_refused() -> None:
         os.chmod(home, 0o777)
         command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *MODULE,
                    "--quick", "--out", f"{home}/out"]  # fmt: skip
+        own = {"HOME": home, "XDG_CACHE_HOME": f"{home}/.cache"}  # the user's, not root's
         done = subprocess.run(command, capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "HOME": home})  # fmt: skip
+                              env={**os.environ, **own})  # fmt: skip
         assert not Path(home, "out").exists()
 
     assert done.returncode == 2, done.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi_bench._competitor import BUSY_LOOP, storage_competitor
+from hapi_bench.testbed._competitor import BUSY_LOOP, storage_competitor
 
 
 def _running_the_loop(pid: int, within_s: float = 10.0) -> bool:

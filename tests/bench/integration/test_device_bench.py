@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi_bench._device import BATCHES, main
+from hapi_bench.micro._device import BATCHES, main
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi_bench._netns import PREFIX, namespaces
+from hapi_bench.testbed._netns import PREFIX, namespaces
 
 pytestmark = [
     pytest.mark.slow,

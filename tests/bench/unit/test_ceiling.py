@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from hapi_bench._ceiling import GOALS, Run, _cell, _report
-from hapi_bench._host import busy_seconds
+from hapi_bench.core._host import busy_seconds
+from hapi_bench.micro._ceiling import GOALS, Run, _cell, _report
 
 
 def _runs(store: float | None = 1.0) -> dict[str, list[Run]]:

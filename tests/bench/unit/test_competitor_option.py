@@ -10,10 +10,10 @@ from click.testing import CliRunner
 
 from hapi.models import cuda_usable
 from hapi_bench._cli import _config, bench
-from hapi_bench._competitor import competitor_command
-from hapi_bench._config import BenchConfig
-from hapi_bench._report import _run_line
-from hapi_bench._tier import TierSpec, main_gateway_settings
+from hapi_bench.reports._report import _run_line
+from hapi_bench.testbed._competitor import competitor_command
+from hapi_bench.testbed._config import BenchConfig
+from hapi_bench.testbed._tier import TierSpec, main_gateway_settings
 from tests.bench.support import CLI_OPTIONS
 
 

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from hapi_bench._cli import _config
-from hapi_bench._config import BenchConfig
-from hapi_bench._results import RunResult
-from hapi_bench._sweep import _Cell, contenders, core_share
-from hapi_bench._tier import steal_seconds
+from hapi_bench.reports._results import RunResult
+from hapi_bench.testbed._config import BenchConfig
+from hapi_bench.testbed._sweep import _Cell, contenders, core_share
+from hapi_bench.testbed._tier import steal_seconds
 from tests.bench.support import CLI_OPTIONS, run
 from tests.planner.unit.test_recorded import replan
 from tests.planner.unit.test_trial import near_tie_cell

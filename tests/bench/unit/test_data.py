@@ -11,7 +11,7 @@ from PIL import Image
 from hapi import models
 from hapi.models import testing
 from hapi.models._decode import decode_object
-from hapi_bench import _data
+from hapi_bench.testbed import _data
 
 
 @pytest.fixture(scope="module")

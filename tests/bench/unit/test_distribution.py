@@ -3,6 +3,7 @@ hapi-bench gives `hapi bench` and the public `hapi-bench` commands the Makefile 
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from pathlib import Path
@@ -30,7 +31,20 @@ def test_hapi_bench_depends_on_hapi_and_registers_its_commands() -> None:
     assert any(dep.startswith("matplotlib") for dep in project["dependencies"])
     assert project["entry-points"]["hapi.commands"] == {"bench": "hapi_bench:bench"}
     assert project["scripts"] == {"hapi-bench": "hapi_bench:main"}
-    assert HAPI_BENCH["tool"]["setuptools"]["packages"] == ["hapi_bench"]
+    # every folder of the distribution is packaged, each a subpackage saying in one line
+    # what lives there
+    source = Path(__file__).parents[3] / "benchmarks" / "hapi_bench"
+    folders = sorted(p.parent for p in source.rglob("__init__.py"))
+    names = [
+        "hapi_bench" + "".join("." + part for part in f.relative_to(source).parts) for f in folders
+    ]
+    assert HAPI_BENCH["tool"]["setuptools"]["packages"] == names
+    for folder in folders[1:]:
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+        assert doc and "\n" not in doc.strip(), folder
+    assert len(list(source.glob("_*.py"))) <= 5  # the top level: the command and its errors
+    # the head-to-head's contender, AWS's loader
+    assert "s3torchconnector==1.5.0" in project["dependencies"]
 
 
 def test_hapi_bench_has_the_testbed_and_the_micro_benchmarks() -> None:
@@ -42,6 +56,7 @@ def test_hapi_bench_has_the_testbed_and_the_micro_benchmarks() -> None:
         "device",
         "load",
         "cluster",
+        "headtohead",
     }
     assert main.commands["testbed"] is bench
 
@@ -61,6 +76,6 @@ def test_the_make_targets_call_the_public_commands() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert "hapi_bench._" not in makefile
     assert "hapi.bench" not in makefile
-    for name in ("proxy", "pushdown", "device", "load"):
+    for name in ("proxy", "pushdown", "device", "load", "headtohead"):
         assert re.search(rf"^bench-{name}:.*\n(?:\t.*\n)*?\t\S*hapi-bench {name} ", makefile, re.M)
     assert re.search(r"^bench:.*\n\t\S*hapi-bench testbed ", makefile, re.M)

@@ -10,10 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from hapi_bench import bench
-from hapi_bench._config import BenchConfig
-from hapi_bench._epochs import choose_split, pending_writes
-from hapi_bench._epochs_report import markdown, summary_text, to_json, write
-from hapi_bench._epochs_results import (
+from hapi_bench.epochs._epochs import choose_split, pending_writes
+from hapi_bench.epochs._epochs_report import markdown, summary_text, to_json, write
+from hapi_bench.epochs._epochs_results import (
     BASELINE,
     CLIENT,
     GATEWAY,
@@ -24,7 +23,13 @@ from hapi_bench._epochs_results import (
     summarize,
     targets,
 )
-from hapi_bench._tier import UNCACHED_PORT, TierSpec, _gateway_settings, main_gateway_settings
+from hapi_bench.testbed._config import BenchConfig
+from hapi_bench.testbed._tier import (
+    UNCACHED_PORT,
+    TierSpec,
+    _gateway_settings,
+    main_gateway_settings,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

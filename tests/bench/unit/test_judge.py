@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from hapi_bench._report import best_run, configurations, ratio
-from hapi_bench._results import CellResult
+from hapi_bench.reports._report import best_run, configurations, ratio
+from hapi_bench.reports._results import CellResult
 from tests.planner import recorded
 from tests.planner.unit.test_recorded import RECORDED
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hapi_bench import _plot
-from hapi_bench._results import CellResult
+from hapi_bench.reports import _plot
+from hapi_bench.reports._results import CellResult
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

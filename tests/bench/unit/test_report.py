@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from hapi_bench import _report
-from hapi_bench._results import CellResult
+from hapi_bench.reports import _report
+from hapi_bench.reports._results import CellResult
 from tests.bench.support import cell, run
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hapi_bench._config import REGIMES, BenchConfig, bandwidth_for
-from hapi_bench._netns import pick_subnet, tbf_burst, tbf_limit
-from hapi_bench._sweep import lower_bound_s, planned_line, sweep_order
+from hapi_bench.testbed._config import REGIMES, BenchConfig, bandwidth_for
+from hapi_bench.testbed._netns import pick_subnet, tbf_burst, tbf_limit
+from hapi_bench.testbed._sweep import lower_bound_s, planned_line, sweep_order
 
 
 def test_bandwidth_puts_the_raw_objects_at_the_asked_ratio() -> None:
@@ -64,15 +64,15 @@ def test_tbf_queue_holds_100_ms_and_four_flows_starting_at_once() -> None:
 
 
 def test_the_storage_tier_runs_in_the_namespace_on_its_core_at_its_niceness(tmp_path) -> None:
-    from hapi_bench._netns import Link
-    from hapi_bench._tier import StorageTier
+    from hapi_bench.testbed._netns import Link
+    from hapi_bench.testbed._tier import StorageTier
 
     tier = StorageTier(Link("77"), 1, tmp_path, tmp_path / "log", fixed_batch=4, niceness=-5)
 
     command = tier.command()
     assert command[:8] == ["ip", "netns", "exec", "hapi-bench-77", "taskset", "-c", "1", "nice"]
     assert command[8:10] == ["-n", "-5"]
-    assert command[-2:] == ["-m", "hapi_bench._tier"]
+    assert command[-2:] == ["-m", "hapi_bench.testbed._tier"]
     assert tier.spec.fixed_batch == 4 and tier.spec.host == tier.link.storage_ip
 
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from hapi_bench._errors import BenchError
-from hapi_bench._wrk import WrkRequest, cpu_seconds, parse_wrk, run_wrk, wrk_script
+from hapi_bench.core._errors import BenchError
+from hapi_bench.micro._wrk import WrkRequest, cpu_seconds, parse_wrk, run_wrk, wrk_script
 
 REPORT = """Running 10s test @ http://127.0.0.1:8080/bench/small?X-Amz-Signature=abc
   1 threads and 150 connections

@@ -1,4 +1,5 @@
-"""``hapi plan --bandwidth auto`` against a real gateway that has served real traffic."""
+"""``hapi plan --bandwidth auto`` against a real gateway that has served real traffic: it
+probes, remembers the figure, and the next plan starts from it."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def test_auto_probes_and_takes_the_gateways_view(
     done = CliRunner().invoke(plan, arguments, env=env)
     assert done.exit_code == 0, done.output
     data = json.loads(done.stdout)
-    assert data["bandwidth_bps"] > 10e6  # loopback
+    assert data["bandwidth_bps"] > 10e6 and data["bandwidth_source"] == "measured"  # loopback
     profile = data["profile"]
     factor = sum(b.ms for b in ran) / sum(block.cpu_ms for block in manifest.blocks[:3])
     expected = [b.ms for b in ran] + [block.cpu_ms * factor for block in manifest.blocks[3:4]]
@@ -95,5 +96,5 @@ def test_auto_probes_and_takes_the_gateways_view(
 
     table = CliRunner().invoke(plan, arguments[:-3] + arguments[-2:], env=env)
     assert table.exit_code == 0, table.output
-    assert "(probed)" in table.stdout and "chosen: split " in table.stdout
+    assert "(remembered, measured 0 min ago)" in table.stdout and "chosen: split " in table.stdout
     assert "Storage side: blocks 0-2 measured on cpu" in table.stdout

@@ -133,3 +133,43 @@ def test_auto_bandwidth_against_a_plain_store_says_so(invoke, store) -> None:
     # itself answers: no bucket `_hapi` there.
     assert done.stderr.startswith(f"Error: bandwidth probe at {store.endpoint_url}: HTTP 404")
     assert "is it a hapi gateway?" in done.stderr and done.stderr.count("\n") == 1
+
+
+# -- where the bandwidth comes from -------------------------------------------------------
+
+
+def test_without_a_bandwidth_it_names_the_split_a_job_starts_at(invoke) -> None:
+    done = invoke("--model", "r18")
+    assert done.exit_code == 0, done.output
+    assert done.stdout.startswith("chosen: split 4 (default). split 4 sends the fewest bytes")
+    assert "--probe" in done.stdout
+    data = json.loads(invoke("--model", "r18", "--json").stdout)
+    assert (data["split"], data["bandwidth_source"]) == (4, "default")
+
+
+def test_a_hint_from_the_environment_is_used_and_named(invoke) -> None:
+    done = invoke("--model", "r18", HAPI_BANDWIDTH="50mbit")
+    assert done.exit_code == 0, done.output
+    assert "bandwidth 50 Mbit/s (hint)" in done.stdout
+    given = invoke("--model", "r18", "--bandwidth", "50mbit", "--json")
+    assert json.loads(given.stdout)["bandwidth_source"] == "given"
+
+
+def test_a_remembered_figure_comes_before_the_hint(invoke, store, bandwidth_memory) -> None:
+    from hapi.sdk._link import BandwidthMemory
+
+    BandwidthMemory(bandwidth_memory / "bandwidth.json").remember(store.endpoint_url, 7e6)
+    done = invoke("--model", "r18", "--endpoint", store.endpoint_url, HAPI_BANDWIDTH="1gbit")
+    assert done.exit_code == 0, done.output
+    assert "bandwidth 7 Mbit/s (remembered, measured 0 min ago)" in done.stdout
+    # A plain store has no view of the model to give: the manifest's figures stand.
+    assert "storage-side figures from the manifest" in done.stderr
+
+
+def test_probe_needs_an_endpoint_and_a_gateway(invoke, store) -> None:
+    done = invoke("--model", "r18", "--probe", AWS_ENDPOINT_URL=None)
+    assert done.exit_code == 2
+    assert done.stderr == "Error: --probe probes the gateway: give --endpoint URL\n"
+    done = invoke("--model", "r18", "--probe", "--endpoint", store.endpoint_url)
+    assert done.exit_code == 1
+    assert done.stderr.startswith(f"Error: bandwidth probe at {store.endpoint_url}: HTTP 404")

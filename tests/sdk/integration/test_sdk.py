@@ -504,9 +504,13 @@ def test_auto_split_is_explained_and_gives_the_same_features(gateway, registered
     choice = dataset.split_choice
     got, _ = _all(dataset)
     assert choice.split is None or 0 <= choice.split <= dataset.freeze
-    # The planner read the gateway's view and probed it (signed with the client's
-    # credentials): no fallback to the fewest-bytes rule.
-    assert choice.policy in {"planner", "replanned"} and choice.reason, choice.reason
+    # The planner read the gateway's view (signed with the client's credentials) and,
+    # with no bandwidth known and none probed, starts at the split sending the fewest
+    # bytes; the epoch's own responses measured the link for it.
+    assert choice.policy == "fewest-bytes" and choice.basis is not None, choice.reason
+    assert "once its own responses have measured the link" in choice.reason
+    assert dataset.split_choice.bandwidth_source == "measured"
+    assert dataset.split_choice.plan is not None
     want, _ = _all(_local(data, gateway, "enl0"))
     _close(got, want)
     stats = dataset.stats
@@ -539,10 +543,13 @@ def test_auto_split_on_one_box_never_receives_more_than_the_raw_objects(gateway,
     # The gateway runs on this machine: the plan must know the tiers share its cores and
     # must not buy a "speedup" with more bytes than the objects themselves.
     dataset = sdk.FeatureDataset.from_prefix(
-        f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
+        f"s3://{data['bucket']}/train/",
+        model="enl0",
+        **_through(gateway, split="auto", bandwidth="100mbit"),
     )
     _all(dataset)
     choice = dataset.split_choice
+    assert choice.bandwidth_source == "hint"
     assert choice.plan is not None and choice.plan.profile.shared_compute
     assert "same machine" in choice.reason
     stats = dataset.stats
@@ -557,27 +564,29 @@ def test_auto_split_times_the_client_here(gateway, registered, data, monkeypatch
     shared = sdk.FeatureDataset.from_prefix(
         f"s3://{data['bucket']}/train/", model="r18", **_through(gateway, split="auto")
     )
-    assert shared.split_choice.plan is not None
-    assert shared.split_choice.plan.profile.client_request_ms > 0
+    assert shared.split_choice.basis is not None
+    assert shared.split_choice.basis.profile.client_request_ms > 0
 
     monkeypatch.setattr("hapi.sdk._split.same_host", lambda endpoint: False)
     remote = sdk.FeatureDataset.from_prefix(
         f"s3://{data['bucket']}/train/", model="r18", **_through(gateway, split="auto")
     )
-    plan = remote.split_choice.plan
+    basis = remote.split_choice.basis
     manifest = registered["r18"]
-    assert plan is not None and not plan.profile.shared_compute
-    assert len(plan.profile.client_ms) == manifest.freeze
-    assert all(ms > 0 for ms in plan.profile.client_ms)
-    assert plan.profile.client_ms != tuple(b.cpu_ms for b in manifest.blocks[: manifest.freeze])
-    assert plan.profile.client_decode_ms != planner.DEFAULT_DECODE_MS
+    assert basis is not None and not basis.profile.shared_compute
+    assert len(basis.profile.client_ms) == manifest.freeze
+    assert all(ms > 0 for ms in basis.profile.client_ms)
+    assert basis.profile.client_ms != tuple(b.cpu_ms for b in manifest.blocks[: manifest.freeze])
+    assert basis.profile.client_decode_ms != planner.DEFAULT_DECODE_MS
     assert "client figures from the manifest" not in remote.split_choice.reason
 
 
 def test_auto_split_says_when_the_client_could_not_be_timed(gateway, registered, data, monkeypatch):
     monkeypatch.setattr("hapi.sdk._split.same_host", lambda endpoint: False)
     dataset = sdk.FeatureDataset.from_prefix(
-        f"s3://{data['bucket']}/broken/", model="r18", **_through(gateway, split="auto")
+        f"s3://{data['bucket']}/broken/",
+        model="r18",
+        **_through(gateway, split="auto", bandwidth="100mbit"),
     )
     reason = dataset.split_choice.reason
     assert dataset.split_choice.policy == "planner"
@@ -595,7 +604,9 @@ def test_a_near_tie_is_timed_in_the_first_epochs_and_the_features_do_not_change(
     # one, then keep the faster, and the training loop must see the same features.
     monkeypatch.setattr("hapi.planner._plan.NEAR_TIE", 10.0)
     dataset = sdk.IterableFeatureDataset.from_prefix(
-        f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
+        f"s3://{data['bucket']}/train/",
+        model="enl0",
+        **_through(gateway, split="auto", bandwidth="100mbit"),
     )
     choice = dataset.split_choice
     assert choice.trial is not None, choice.reason
@@ -615,7 +626,9 @@ def test_a_near_tie_is_timed_in_the_first_epochs_and_the_features_do_not_change(
         assert labels == epochs[0][1]
     # The map-style form has no epochs of its own to time a tie in: the pick stands.
     indexed = sdk.FeatureDataset.from_prefix(
-        f"s3://{data['bucket']}/train/", model="enl0", **_through(gateway, split="auto")
+        f"s3://{data['bucket']}/train/",
+        model="enl0",
+        **_through(gateway, split="auto", bandwidth="100mbit"),
     )
     assert indexed.split_choice.trial is None
     assert "too close for the profile to call" not in indexed.split_choice.reason

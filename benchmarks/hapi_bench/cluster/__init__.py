@@ -1,0 +1,1 @@
+"""The multi-node store: gateways per storage node, placement and locality, failover."""

@@ -1,0 +1,1 @@
+"""Head to head: one training job through s3torchconnector and through hapi, on the testbed."""

@@ -1,0 +1,496 @@
+"""``make bench-pushdown``: the gateway's pushdown throughput against a bare loop on the same cores.
+
+The bare loop is the ceiling: the same JPEGs, the same ``hapi.models.decode_object``
+preprocessing and the same composed blocks ``[0, split)``, with no HTTP at all. It decodes
+batches of 32 in a thread pool of one thread per core while onnxruntime (default threads)
+runs the previous batch. The gateway (feature cache off, one worker) is driven from wrk (a
+C load generator, so the clients' CPU stays small beside the server's) by batch POSTs of 32
+keys on 2 connections, and by single-object GETs on 8. For every split of each model, the
+three are measured in rounds interleaved with each other (so drift in the machine's load
+hits all alike); each figure is the median of the rounds, with the range beside it. A
+gateway run's rate is the gateway's own count of samples answered over the run's steady
+window (its first and last second left out). CPU per sample is user + system CPU (the
+bare loop's own process; the gateway's, without its clients') over the samples.
+
+Goals (issue "a storage node at full speed"): at every split, the gateway at least 0.9x the
+bare loop for batch requests and 0.8x for single-object GETs. Writes
+``bench-pushdown.json`` (every run), ``bench-pushdown.md`` and ``bench-pushdown.png``.
+Run as ``hapi-bench pushdown``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from hapi import models
+from hapi.gateway import sign_request
+from hapi.protocol import Credentials
+from hapi_bench.core._errors import BenchError
+from hapi_bench.core._host import busy_seconds, cpu_model
+from hapi_bench.micro._gateway import BenchGateway, bench_store
+from hapi_bench.micro._pushdown import make_images
+from hapi_bench.micro._wrk import WrkRequest, cpu_seconds, run_wrk, wrk_binary
+
+BATCH = 32
+BATCH_CLIENTS = 2
+GET_CLIENTS = 8
+GOALS = {"batch": 0.9, "single": 0.8}
+MODELS = ("resnet18", "efficientnet_lite0")
+_BUCKET = "bench"
+_WARM_S = 1.0  # each run's first and last second are left out of its window
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measurement: samples per second and CPU milliseconds per sample; for a gateway
+    run, also the store's CPU milliseconds per sample (it serves the objects on the same
+    cores) and the cores the whole machine kept busy."""
+
+    samples_per_s: float
+    cpu_ms_per_sample: float
+    store_cpu_ms_per_sample: float | None = None
+    busy_cores: float | None = None
+
+
+class BareLoop:
+    """Decode in a pool of one thread per core while onnxruntime runs the previous batch.
+
+    With ``decoder`` (DALI), each batch is decoded by it in one call instead; with
+    ``runtime``, the session runs where it says (``make bench-device``: CUDA).
+    """
+
+    def __init__(
+        self,
+        manifest: models.Manifest,
+        graph: Any | None,
+        *,
+        batch: int = BATCH,
+        decoder: models.DaliDecoder | None = None,
+        runtime: models.RuntimeSettings | None = None,
+    ) -> None:
+        self._preset = manifest.preprocess
+        self._session = models.create_session(graph, runtime) if graph is not None else None
+        self._pool = ThreadPoolExecutor(os.cpu_count() or 1)
+        self._batch = batch
+        self._decoder = decoder
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+    def _decode(self, blobs: list[bytes]) -> np.ndarray:
+        if self._decoder is not None:
+            out = np.empty((len(blobs), *self._preset.sample_shape), np.float32)
+            return self._decoder.decode(blobs, out, keys=["x"] * len(blobs))
+
+        def one(blob: bytes) -> np.ndarray:
+            (sample,) = models.decode_object(blob, self._preset, key="x")
+            return sample.array
+
+        return np.stack(list(self._pool.map(one, blobs)))
+
+    def epoch(self, blobs: list[bytes], seconds: float) -> Run:
+        """Passes over ``blobs`` until ``seconds`` are up; the rate and CPU over all of them."""
+        cpu, started, done = _process_cpu(), time.perf_counter(), 0
+        while not done or time.perf_counter() - started < seconds:
+            self._pass(blobs)
+            done += len(blobs)
+        elapsed = time.perf_counter() - started
+        return Run(done / elapsed, (_process_cpu() - cpu) * 1000 / done)
+
+    def _pass(self, blobs: list[bytes]) -> None:
+        size = self._batch
+        batches = [blobs[i : i + size] for i in range(0, len(blobs), size)]
+        with ThreadPoolExecutor(1) as decoder:
+            pending = decoder.submit(self._decode, batches[0])
+            for index in range(len(batches)):
+                inputs = pending.result()
+                if index + 1 < len(batches):
+                    pending = decoder.submit(self._decode, batches[index + 1])
+                if self._session is not None:
+                    self._session.run(None, {"input": inputs})
+
+
+def _process_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class GatewayDriver:
+    """Drives a running gateway from wrk: batch POSTs from 2 connections, or single GETs
+    from 8, each request signed (SigV4 in its headers) and replayed in turn.
+
+    A C load generator keeps the clients' CPU off the two cores the gateway shares: 8
+    Python clients reading features took as much CPU as the gateway's own host work. The
+    rate is the gateway's own count of samples answered
+    (``hapi_pushdown_model_samples_total``) over a window that starts after a warm-up and
+    ends before wrk stops, so neither the first responses' latency nor the requests cut
+    off at the end bias it; the CPU per sample is the gateway's over the same window.
+    """
+
+    def __init__(
+        self,
+        gw: BenchGateway,
+        seconds: float,
+        *,
+        batch: int = BATCH,
+        store_pid: int | None = None,
+    ) -> None:
+        self._gw = gw
+        self._store_pid = store_pid
+        self._batch = batch
+        self._creds = Credentials(gw.key, gw.secret)
+        self._seconds = seconds
+        self._metrics = httpx.Client(timeout=30, trust_env=False)
+
+    def close(self) -> None:
+        self._metrics.close()
+
+    def _signed(self, method: str, path: str, body: bytes = b"") -> WrkRequest:
+        headers = sign_request(
+            method=method,
+            url=self._gw.url + path,
+            headers={},
+            credentials=self._creds,
+            payload_sha256=hashlib.sha256(body).hexdigest(),
+        )
+        headers["Host"] = headers.pop("host")  # the spelling wrk.format looks for
+        return WrkRequest(method, path, headers, body)
+
+    def requests(self, keys: list[str], model: str, split: int, mode: str) -> list[WrkRequest]:
+        """The signed requests one run cycles through (signed now: valid for 15 minutes)."""
+        if mode == "batch":
+            return [
+                self._signed(
+                    "POST",
+                    f"/{_BUCKET}?hapi-batch",
+                    json.dumps(
+                        {
+                            "keys": keys[i : i + self._batch],
+                            "model": model,
+                            "split": split,
+                            "dtype": "float32",
+                        }
+                    ).encode(),
+                )
+                for i in range(0, len(keys), self._batch)
+            ]
+        return [
+            self._signed("GET", f"/{_BUCKET}/{key}?hapi-model={model}&hapi-split={split}")
+            for key in keys
+        ]
+
+    def warm(self, keys: list[str], model: str, split: int) -> None:
+        """One batch, unmeasured: the gateway loads the blocks and builds its session."""
+        (first, *_) = self.requests(keys, model, split, "batch")
+        _check(
+            self._metrics.post(self._gw.url + first.path, content=first.body, headers=first.headers)
+        )
+
+    def samples_answered(self) -> float:
+        """The gateway's ``hapi_pushdown_model_samples_total``, summed over its labels."""
+        url = self._gw.url + "/metrics"
+        reply = self._metrics.get(url, headers=self._signed("GET", "/metrics").headers)
+        _check(reply)
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in reply.text.splitlines()
+            if line.startswith("hapi_pushdown_model_samples_total{")
+        )
+
+    def epoch(self, keys: list[str], model: str, split: int, mode: str) -> Run:
+        """One run of wrk; the rate and CPU over its steady window."""
+        requests = self.requests(keys, model, split, mode)
+        connections = BATCH_CLIENTS if mode == "batch" else GET_CLIENTS
+        margin = min(_WARM_S, self._seconds / 4)
+        with ThreadPoolExecutor(1) as runner:
+            load = runner.submit(
+                run_wrk,
+                self._gw.url,
+                connections=connections,
+                seconds=self._seconds,
+                timeout_s=60,
+                requests=requests,
+            )
+            time.sleep(margin)
+            samples, cpu, store, busy, started = (
+                self.samples_answered(),
+                cpu_seconds(self._gw.pid),
+                self._store_cpu(),
+                busy_seconds(),
+                time.perf_counter(),
+            )
+            time.sleep(max(0.5, self._seconds - 2 * margin))
+            done = self.samples_answered() - samples
+            elapsed = time.perf_counter() - started
+            spent = cpu_seconds(self._gw.pid) - cpu
+            store = self._store_cpu() - store
+            busy = busy_seconds() - busy
+            result = load.result()
+        if result.errors or result.non_2xx or result.timeouts or not done:
+            raise BenchError(
+                f"{mode} requests failed against the gateway ({model} split {split}): "
+                f"{result.non_2xx} answered non-2xx, {result.errors} socket errors, "
+                f"{result.timeouts} timeouts, {done:.0f} samples answered"
+            )
+        return Run(
+            done / elapsed,
+            spent * 1000 / done,
+            store * 1000 / done if self._store_pid is not None else None,
+            busy / elapsed,
+        )
+
+    def _store_cpu(self) -> float:
+        return cpu_seconds(self._store_pid) if self._store_pid is not None else 0.0
+
+
+def _check(reply: httpx.Response) -> None:
+    if reply.status_code != 200:
+        raise BenchError(f"the gateway answered {reply.status_code}: {reply.text[:300]}")
+
+
+def run(
+    out: Path,
+    model_names: tuple[str, ...],
+    splits: tuple[int, ...] | None,
+    images: int,
+    seconds: float,
+    rounds: int,
+) -> dict[str, Any]:
+    """Measure every (model, split); returns and writes the results."""
+    wrk_binary()  # fail before minutes of set-up, not after
+    with bench_store() as bench:
+        registry = models.Registry(bench.s3)
+        print("exporting the models and uploading the images ...", flush=True)
+        manifests = {
+            name: registry.register(name, models.export_model(name, progress=False))
+            for name in model_names
+        }
+        blobs = make_images(images)
+        keys = [f"img-{i:03d}.jpg" for i in range(images)]
+        bench.s3.create_bucket(Bucket=_BUCKET)
+        for name, blob in zip(keys, blobs, strict=True):
+            bench.s3.put_object(Bucket=_BUCKET, Key=name, Body=blob)
+        with bench.gateway("gw.log", {"HAPI_CACHE_ENABLED": "false"}) as gw:
+            driver = GatewayDriver(gw, seconds, store_pid=bench.store.pid)
+            cells = _measure(registry, manifests, splits, blobs, keys, driver, seconds, rounds)
+    results = {
+        "images": images,
+        "mean_image_bytes": sum(map(len, blobs)) / len(blobs),
+        "seconds_per_run": seconds,
+        "load": f"wrk: batch POSTs of {BATCH} keys on {BATCH_CLIENTS} connections, single "
+        f"GETs on {GET_CLIENTS}",
+        "rounds": rounds,
+        "cpu_count": os.cpu_count(),
+        "cpu": cpu_model(),
+        "goals": GOALS,
+        "cells": cells,
+    }
+    _report(out, results)
+    return results
+
+
+def _measure(
+    registry: models.Registry,
+    manifests: dict[str, models.Manifest],
+    splits: tuple[int, ...] | None,
+    blobs: list[bytes],
+    keys: list[str],
+    driver: GatewayDriver,
+    seconds: float,
+    rounds: int,
+) -> list[dict[str, Any]]:
+    window = max(0.5, seconds - 2 * min(_WARM_S, seconds / 4))  # as long as the driver's
+    cells = []
+    for name, manifest in manifests.items():
+        for split in splits if splits is not None else range(manifest.freeze + 1):
+            if split > manifest.freeze:
+                continue
+            graph = registry.load_blocks(manifest, 0, split) if split else None
+            bare = BareLoop(manifest, graph)
+            runs: dict[str, list[Run]] = {"bare": [], "batch": [], "single": []}
+            try:
+                driver.warm(keys, name, split)  # the gateway builds its session
+                bare.epoch(blobs, 0)
+                for _ in range(rounds):
+                    runs["bare"].append(bare.epoch(blobs, window))
+                    runs["batch"].append(driver.epoch(keys, name, split, "batch"))
+                    runs["single"].append(driver.epoch(keys, name, split, "single"))
+            finally:
+                bare.close()
+            cell = _cell(name, split, runs)
+            cells.append(cell)
+            print(_line(cell), flush=True)
+    driver.close()
+    return cells
+
+
+def _cell(model: str, split: int, runs: dict[str, list[Run]]) -> dict[str, Any]:
+    def median(mode: str, field: str) -> float:
+        return float(statistics.median(getattr(r, field) for r in runs[mode]))
+
+    bare_rate, bare_cpu = median("bare", "samples_per_s"), median("bare", "cpu_ms_per_sample")
+    cell: dict[str, Any] = {
+        "model": model,
+        "split": split,
+        "runs": {mode: [asdict(r) for r in found] for mode, found in runs.items()},
+        "bare_samples_per_s": bare_rate,
+        "bare_cpu_ms_per_sample": bare_cpu,
+    }
+    cores = os.cpu_count() or 1
+    for mode in ("batch", "single"):
+        pairs = zip(runs[mode], runs["bare"], strict=True)
+        ratios = [g.samples_per_s / b.samples_per_s for g, b in pairs]
+        rate, cpu = median(mode, "samples_per_s"), median(mode, "cpu_ms_per_sample")
+        cell[mode] = {
+            "samples_per_s": rate,
+            "ratio": rate / bare_rate,
+            "ratio_range": [min(ratios), max(ratios)],
+            "cpu_ms_per_sample": cpu,
+            "cpu_ratio": cpu / bare_cpu if bare_cpu else None,
+            "meets_goal": rate / bare_rate >= GOALS[mode],
+        }
+        if all(r.store_cpu_ms_per_sample is not None for r in runs[mode]):
+            store = median(mode, "store_cpu_ms_per_sample")
+            # every core busy with the gateway's and the store's work for each sample
+            allowed = cores * 1000 / (cpu + store)
+            cell[mode] |= {
+                "store_cpu_ms_per_sample": store,
+                "busy_cores": median(mode, "busy_cores"),
+                "cores_allow_ratio": allowed / bare_rate,
+            }
+    return cell
+
+
+def _line(cell: dict[str, Any]) -> str:
+    def part(mode: str) -> str:
+        m = cell[mode]
+        low, high = m["ratio_range"]
+        allowed = f", cores allow {m['cores_allow_ratio']:.2f}x" if "cores_allow_ratio" in m else ""
+        return (
+            f"{mode} {m['ratio']:.2f}x ({low:.2f}-{high:.2f}), CPU {m['cpu_ratio']:.2f}x{allowed}"
+        )
+
+    return (
+        f"{cell['model']} split {cell['split']:2d}: bare {cell['bare_samples_per_s']:6.1f}/s "
+        f"({cell['bare_cpu_ms_per_sample']:.1f} CPU-ms/sample); {part('batch')}; {part('single')}"
+    )
+
+
+def _report(out: Path, results: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench-pushdown.json").write_text(json.dumps(results, indent=2))
+    lines = [
+        f"Gateway / bare loop, samples/s (median of {results['rounds']} interleaved rounds, "
+        f"range); CPU per sample, gateway / bare. Runs of {results['seconds_per_run']:g} s, "
+        f"{results['load']}, {results['cpu_count']} cores ({results['cpu']}). Goals: batch >= {GOALS['batch']}x, "
+        f"single GETs >= {GOALS['single']}x. *Cores allow*: the most the cores could serve "
+        "with every one of them busy with the gateway's and the store's CPU per sample (the "
+        "store serves the objects on the same cores; the bare loop reads them from memory), "
+        "over the bare loop's rate.",
+        "",
+        "| model | split | bare samples/s | bare CPU-ms/sample | batch | batch CPU "
+        "| batch: cores allow | single GETs | single CPU | single: cores allow |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in results["cells"]:
+        row = [
+            cell["model"],
+            str(cell["split"]),
+            f"{cell['bare_samples_per_s']:.1f}",
+            f"{cell['bare_cpu_ms_per_sample']:.1f}",
+        ]
+        for mode in ("batch", "single"):
+            m = cell[mode]
+            low, high = m["ratio_range"]
+            mark = "" if m["meets_goal"] else " (misses)"
+            allowed = f"{m['cores_allow_ratio']:.2f}x" if "cores_allow_ratio" in m else "-"
+            row += [
+                f"{m['ratio']:.2f}x ({low:.2f}-{high:.2f}){mark}",
+                f"{m['cpu_ratio']:.2f}x",
+                allowed,
+            ]
+        lines.append("| " + " | ".join(row) + " |")
+    table = "\n".join(lines)
+    (out / "bench-pushdown.md").write_text(table + "\n")
+    _plot(out / "bench-pushdown.png", results["cells"])
+    print("\n" + table)
+    missed = [
+        f"{c['model']} split {c['split']} {mode}"
+        for c in results["cells"]
+        for mode in ("batch", "single")
+        if not c[mode]["meets_goal"]
+    ]
+    print(
+        f"\ngoals missed: {len(missed)} of {2 * len(results['cells'])}"
+        + (f" ({', '.join(missed)})" if missed else "")
+    )
+
+
+def _plot(path: Path, cells: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({c["model"] for c in cells})
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        mine = [c for c in cells if c["model"] == name]
+        for mode, marker in (("batch", "o"), ("single", "s")):
+            (line,) = ax.plot(
+                [c["split"] for c in mine],
+                [c[mode]["ratio"] for c in mine],
+                marker=marker,
+                label=f"{mode} / bare loop",
+            )
+            allowed = [c for c in mine if "cores_allow_ratio" in c[mode]]
+            if allowed:
+                ax.plot(
+                    [c["split"] for c in allowed],
+                    [c[mode]["cores_allow_ratio"] for c in allowed],
+                    linestyle="--",
+                    color=line.get_color(),
+                    label=f"{mode}: what the cores allow",
+                )
+            ax.axhline(GOALS[mode], linestyle=":", linewidth=1, color=line.get_color())
+        ax.set(xlabel="split", ylabel="gateway / bare loop (samples/s)", title=name, ylim=(0, 1.3))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _splits(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated families")
+    parser.add_argument("--splits", type=_splits, help="comma-separated splits (default: all)")
+    parser.add_argument("--images", type=int, default=96, help="JPEGs (about 33 KiB each)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=6.0,
+        help="length of each run (its first and last second are left out)",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    args = parser.parse_args(argv)
+    names = tuple(n.strip() for n in args.models.split(",") if n.strip())
+    run(args.out, names, args.splits, args.images, args.seconds, args.rounds)

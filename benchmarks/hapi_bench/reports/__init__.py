@@ -1,0 +1,1 @@
+"""Results: the JSON records of the testbed's cells, their markdown tables and plots."""

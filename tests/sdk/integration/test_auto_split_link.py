@@ -1,0 +1,170 @@
+"""``split="auto"`` on a shaped link to the real gateway: building a dataset sends no probe
+traffic, the link is learned from the job's own responses within the first epoch (to the
+split an explicit probe picks), and the figure is remembered for the next job."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from hapi import sdk
+from tests.sdk.shaper import Shaper
+from tests.sdk.support import picture
+from tests.support import control_get, empty_bucket
+
+RATE_BPS = 40e6
+OBJECTS = 40
+REQUESTS = 8 * 1024
+"""Besides the gateway's view of the model, what split="auto" may add to a build with a
+fixed split: the heads of a few requests (the view's two, five one-byte timed GETs)."""
+
+
+@pytest.fixture(scope="module")
+def photos(backend_s3: Any) -> Iterator[str]:
+    bucket = f"link-{secrets.token_hex(5)}"
+    backend_s3.create_bucket(Bucket=bucket)
+    for i in range(OBJECTS):
+        kind = ("circle", "square", "stripes")[i % 3]
+        backend_s3.put_object(Bucket=bucket, Key=f"{kind}/{i:03d}.jpg", Body=picture(kind, i))
+    yield bucket
+    empty_bucket(backend_s3, bucket)
+    backend_s3.delete_bucket(Bucket=bucket)
+
+
+@pytest.fixture
+def link(gateway: Any) -> Iterator[Shaper]:
+    where = urlsplit(gateway.endpoint_url)
+    with Shaper((where.hostname or "127.0.0.1", where.port or 80), RATE_BPS) as shaper:
+        yield shaper
+
+
+def _build(link: Shaper, gateway: Any, bucket: str, **options: Any) -> Any:
+    return sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{bucket}/",
+        model="r18",
+        endpoint_url=link.endpoint_url,
+        client_options={
+            "aws_access_key_id": gateway.access_key_id,
+            "aws_secret_access_key": gateway.secret_access_key,
+            "region_name": "us-east-1",
+        },
+        request_size=1,
+        dtype="float16",
+        **options,
+    )
+
+
+def _control_plane(gateway: Any) -> int:
+    """Bytes of the gateway's view of r18 now: its profile (which grows with the figures
+    it measured) and its stats."""
+    paths = ("/_hapi/models/r18", "/_hapi/stats")
+    return sum(len(control_get(gateway, path).content) for path in paths) + REQUESTS
+
+
+def _moved(link: Shaper, gateway: Any, bucket: str, **options: Any) -> tuple[Any, int]:
+    """A dataset built through ``link``, and the bytes the gateway sent while building it."""
+    before = link.down_bytes
+    dataset = _build(link, gateway, bucket, **options)
+    return dataset, link.down_bytes - before
+
+
+def test_building_with_auto_sends_only_the_control_plane(link, gateway, registered, photos):
+    _, fixed = _moved(link, gateway, photos, split=3)  # the listing and the manifest
+    dataset, planned = _moved(link, gateway, photos)
+    assert planned - fixed <= _control_plane(gateway), (planned, fixed)
+    choice = dataset.split_choice
+    assert choice.bandwidth_source == "default" and choice.policy == "fewest-bytes"
+    assert "fewest bytes" in choice.reason and "measured" in choice.reason
+
+
+def test_the_link_is_learned_within_the_first_epoch_and_remembered(
+    link, gateway, registered, photos, bandwidth_memory
+):
+    probed = _build(link, gateway, photos, bandwidth="probe").split_choice
+    assert probed.bandwidth_source == "measured" and probed.plan is not None
+    assert 0.3 * RATE_BPS < probed.plan.bandwidth_bps < 1.5 * RATE_BPS
+    dataset = _build(link, gateway, photos)
+    start = dataset.split
+    assert dataset.split_choice.bandwidth_source == "default"
+
+    features = [f for f, _ in dataset]
+
+    assert len(features) == OBJECTS
+    choice = dataset.split_choice
+    assert choice.bandwidth_source == "measured" and choice.plan is not None
+    assert dataset.split == probed.split, choice.reason
+    if start != probed.split:  # it changed during the first epoch, not after it
+        after = re.search(r"re-planned after (\d+) responses", choice.reason)
+        assert after is not None and int(after.group(1)) < OBJECTS, choice.reason
+    # The figure measured is remembered for this endpoint; the next job starts from it
+    # and sends nothing beyond the control plane either.
+    saved = json.loads((bandwidth_memory / "bandwidth.json").read_text())
+    assert link.endpoint_url in saved["endpoints"]
+    _, fixed = _moved(link, gateway, photos, split=3)
+    again, planned = _moved(link, gateway, photos)
+    assert planned - fixed <= _control_plane(gateway), (planned, fixed)
+    assert again.split_choice.bandwidth_source == "remembered"
+    assert again.split == probed.split, again.split_choice.reason
+
+
+def _direct(gateway: Any, bucket: str) -> Any:
+    return sdk.FeatureDataset.from_prefix(
+        f"s3://{bucket}/",
+        model="r18",
+        endpoint_url=gateway.endpoint_url,
+        client_options={
+            "aws_access_key_id": gateway.access_key_id,
+            "aws_secret_access_key": gateway.secret_access_key,
+            "region_name": "us-east-1",
+        },
+    )
+
+
+def test_a_remembered_figure_is_used_within_its_lifetime_and_ignored_after(
+    gateway, registered, photos, bandwidth_memory
+):
+    from hapi.sdk._link import DEFAULT_LIFETIME_S, BandwidthMemory
+
+    memory = BandwidthMemory(bandwidth_memory / "bandwidth.json")
+    now = time.time()
+    memory.remember(gateway.endpoint_url, 3e6, now=now - DEFAULT_LIFETIME_S + 600)
+    fresh = _direct(gateway, photos).split_choice
+    assert fresh.bandwidth_source == "remembered" and fresh.plan is not None
+    assert fresh.plan.bandwidth_bps == 3e6 and "remembered" in fresh.reason
+    memory.remember(gateway.endpoint_url, 3e6, now=now - DEFAULT_LIFETIME_S - 600)
+    stale = _direct(gateway, photos).split_choice
+    assert stale.bandwidth_source == "default" and stale.plan is None
+
+
+def test_a_hint_comes_after_a_remembered_figure(
+    gateway, registered, photos, bandwidth_memory, monkeypatch
+):
+    monkeypatch.setenv("HAPI_BANDWIDTH", "25mbit")
+    hinted = _direct(gateway, photos).split_choice
+    assert hinted.bandwidth_source == "hint" and hinted.plan is not None
+    assert hinted.plan.bandwidth_bps == 25e6
+    from hapi.sdk._link import BandwidthMemory
+
+    BandwidthMemory(bandwidth_memory / "bandwidth.json").remember(gateway.endpoint_url, 4e6)
+    remembered = _direct(gateway, photos).split_choice
+    assert remembered.plan is not None and remembered.plan.bandwidth_bps == 4e6
+
+
+def test_a_corrupt_cache_file_is_ignored_with_one_warning(
+    gateway, registered, photos, bandwidth_memory, caplog
+):
+    bandwidth_memory.mkdir(parents=True)
+    (bandwidth_memory / "bandwidth.json").write_text("{half a file")
+    with caplog.at_level(logging.WARNING, logger="hapi.sdk"):
+        choice = _direct(gateway, photos).split_choice
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "bandwidth.json" in warned[0], warned
+    assert choice.bandwidth_source == "default" and choice.policy == "fewest-bytes"
