@@ -22,8 +22,11 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from hapi.protocol import Augmentation, ViewParams
+
+from ._augment import preprocess_view
 from ._errors import ModelError
-from ._preprocess import Preset, preprocess
+from ._preprocess import Preset, oriented_size, preprocess
 
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp"})
 DEFAULT_MAX_PIXELS = 64_000_000  # a 8000 x 8000 photo; decompression bombs are far larger
@@ -85,6 +88,7 @@ class PendingSample:
     label: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     member: str = ""  # the image member, for errors (``shard#dir/0001.jpg``)
+    view: ViewParams | None = None  # an augmented view in place of the centre crop
 
     def decode(
         self,
@@ -100,7 +104,9 @@ class PendingSample:
             UndecodableObject: Corrupt image data.
         """
         key = self.member or self.key
-        return decode_image(self.image, preset, key=key, max_pixels=max_pixels, out=out)
+        return decode_image(
+            self.image, preset, key=key, max_pixels=max_pixels, out=out, view=self.view
+        )
 
 
 def is_tar(data: bytes | memoryview) -> bool:
@@ -114,6 +120,7 @@ def list_samples(
     key: str,
     max_samples: int | None = None,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    augment: Augmentation | None = None,
 ) -> list[PendingSample]:
     """The samples of one object, counted and checked but not decoded.
 
@@ -125,6 +132,8 @@ def list_samples(
         key: Its name (samples of a shard are named ``key#member``).
         max_samples: Refuse objects with more samples than this, while counting.
         max_pixels: Refuse images with more pixels than this.
+        augment: Draw each sample's view of this augmentation (from its key and its
+            image's size, known from the header).
 
     Raises:
         TooManySamples: More than ``max_samples`` samples (or a tar with far more members).
@@ -132,21 +141,28 @@ def list_samples(
             without any image member.
     """
     if is_tar(data):
-        return _list_shard(data, key, max_samples, max_pixels)
-    check_image(data, key=key, max_pixels=max_pixels)
-    return [PendingSample(key, data, member=key)]
+        return _list_shard(data, key, max_samples, max_pixels, augment)
+    size = check_image(data, key=key, max_pixels=max_pixels)
+    view = None if augment is None else augment.draw(key, size)
+    return [PendingSample(key, data, member=key, view=view)]
 
 
 def decode_object(
-    data: bytes, preset: Preset, *, key: str, max_pixels: int = DEFAULT_MAX_PIXELS
+    data: bytes,
+    preset: Preset,
+    *,
+    key: str,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    augment: Augmentation | None = None,
 ) -> list[Sample]:
-    """Decode one object into samples: one for an image, one per image member of a shard.
+    """Decode one object into samples: one for an image, one per image member of a shard
+    (each sample's view of ``augment`` in place of the centre crop, when given).
 
     Raises:
         UndecodableObject: Not an image or tar, an image over ``max_pixels``, or a shard
             without any image member.
     """
-    pending = list_samples(data, key=key, max_pixels=max_pixels)
+    pending = list_samples(data, key=key, max_pixels=max_pixels, augment=augment)
     return [
         Sample(p.key, p.decode(preset, max_pixels=max_pixels), p.label, p.meta) for p in pending
     ]
@@ -154,14 +170,17 @@ def decode_object(
 
 def check_image(
     data: bytes | memoryview, *, key: str, max_pixels: int = DEFAULT_MAX_PIXELS
-) -> None:
-    """Read an image's header (format, size) without decoding its pixels.
+) -> tuple[int, int]:
+    """Read an image's header (format, size) without decoding its pixels; returns its
+    ``(width, height)`` once the EXIF orientation is applied.
 
     Raises:
         UndecodableObject: Not an image Pillow knows, or larger than ``max_pixels``.
     """
     with _image_errors(key), Image.open(io.BytesIO(data)) as image:
         _check_size(image, key, max_pixels)
+        return oriented_size(image)
+    raise AssertionError("unreachable")  # _image_errors re-raises everything it catches
 
 
 def decode_image(
@@ -171,9 +190,10 @@ def decode_image(
     key: str,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     out: np.ndarray | None = None,
+    view: ViewParams | None = None,
 ) -> np.ndarray:
-    """Decode and preprocess one image (into ``out`` when given); the size is checked
-    before pixels are decoded.
+    """Decode and preprocess one image (into ``out`` when given; through ``view`` in
+    place of the centre crop when given); the size is checked before pixels are decoded.
 
     Raises:
         UndecodableObject: Not a JPEG/PNG/WebP (or other Pillow format), corrupt, or
@@ -183,6 +203,8 @@ def decode_image(
         image = Image.open(io.BytesIO(data))  # reads the header only
         _check_size(image, key, max_pixels)
         image.load()
+        if view is not None:
+            return preprocess_view(image, preset, view, out=out)
         return preprocess(image, preset, out=out)
     raise AssertionError("unreachable")  # _image_errors re-raises everything it catches
 
@@ -231,7 +253,11 @@ def decode_shard(
 
 
 def _list_shard(
-    data: bytes, key: str, max_samples: int | None, max_pixels: int
+    data: bytes,
+    key: str,
+    max_samples: int | None,
+    max_pixels: int,
+    augment: Augmentation | None = None,
 ) -> list[PendingSample]:
     groups = _group_members(data, key, max_samples)
     samples = []
@@ -240,14 +266,16 @@ def _list_shard(
         if image_ext is None:
             continue
         member = f"{key}#{name}.{image_ext}"
-        check_image(members[image_ext], key=member, max_pixels=max_pixels)
+        size = check_image(members[image_ext], key=member, max_pixels=max_pixels)
+        sample_key = f"{key}#{name}"
         samples.append(
             PendingSample(
-                f"{key}#{name}",
+                sample_key,
                 members[image_ext],
                 _label(members, key, name),
                 _meta(members),
                 member=member,
+                view=None if augment is None else augment.draw(sample_key, size),
             )
         )
     if not samples:

@@ -159,15 +159,55 @@ def preprocess(image: Image.Image, preset: Preset, *, out: np.ndarray | None = N
         A C-contiguous ``float32`` array of shape ``preset.sample_shape`` (``out``, when
         given).
     """
+    return normalize(center_crop(oriented_rgb(image), preset), preset, out=out)
+
+
+def oriented_rgb(image: Image.Image) -> Image.Image:
+    """``image`` with its EXIF orientation applied, in RGB."""
     if image.getexif().get(_ORIENTATION, 1) != 1:  # else exif_transpose only copies
         image = ImageOps.exif_transpose(image)
     if image.mode != "RGB":
         image = image.convert("RGB")
+    return image
+
+
+def oriented_size(image: Image.Image) -> tuple[int, int]:
+    """``(width, height)`` once the EXIF orientation is applied, from what opening the
+    image read (never its pixels: Pillow's ``getexif`` loads a PNG whole to look for an
+    eXIf chunk after the pixels, so a PNG's EXIF is taken from the chunks before them)."""
+    width, height = image.size
+    if image.format == "PNG":
+        exif = Image.Exif()
+        raw = image.info.get("exif")
+        if raw:
+            exif.load(raw)
+    else:
+        exif = image.getexif()
+    if exif.get(_ORIENTATION, 1) in (5, 6, 7, 8):  # a quarter turn
+        return height, width
+    return width, height
+
+
+def center_crop(image: Image.Image, preset: Preset) -> Image.Image:
+    """torchvision's ``Resize(preset.resize)`` then ``CenterCrop(preset.crop)``."""
     width, height = _resized_size(image.width, image.height, preset.resize)
     image = image.resize((width, height), _INTERPOLATION[preset.interpolation])
     left = round((width - preset.crop) / 2.0)
     top = round((height - preset.crop) / 2.0)
-    image = image.crop((left, top, left + preset.crop, top + preset.crop))
+    return image.crop((left, top, left + preset.crop, top + preset.crop))
+
+
+def resized_crop(image: Image.Image, box: tuple[int, int, int, int], preset: Preset) -> Image.Image:
+    """torchvision's ``resized_crop`` of a PIL image: ``box`` is ``(top, left, height,
+    width)``, resized to the preset's input size."""
+    top, left, height, width = box
+    image = image.crop((left, top, left + width, top + height))
+    return image.resize((preset.crop, preset.crop), _INTERPOLATION[preset.interpolation])
+
+
+def normalize(image: Image.Image, preset: Preset, *, out: np.ndarray | None = None) -> np.ndarray:
+    """torchvision's ``ToTensor`` then ``Normalize(mean, std)`` of an RGB image of the
+    preset's input size, as a ``float32`` CHW array (into ``out`` when given)."""
     pixels = np.asarray(image)  # HWC uint8
     if out is None:
         out = np.empty(preset.sample_shape, np.float32)

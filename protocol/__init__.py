@@ -18,6 +18,17 @@ change to the contract between them is a change in one place.
 
 from __future__ import annotations
 
+from ._augment import (
+    AUGMENT_TRANSFORMS,
+    MAX_SEED,
+    MAX_VIEWS,
+    Augmentation,
+    AugmentPolicy,
+    InvalidAugment,
+    ViewParams,
+    draw_view,
+    view_index,
+)
 from ._cache import (
     DEFAULT_CACHE_BUCKET,
     ENTRY_PREFIX,
@@ -67,11 +78,16 @@ from ._wire import header as safetensors_header
 from ._wire import to_wire_dtype
 
 __all__ = [
+    "AUGMENT_TRANSFORMS",
     "DEFAULT_CACHE_BUCKET",
     "DEFAULT_REGISTRY_BUCKET",
     "ENTRY_PREFIX",
+    "MAX_SEED",
+    "MAX_VIEWS",
     "MODELS_PREFIX",
     "WIRE_DTYPES",
+    "AugmentPolicy",
+    "Augmentation",
     "BlockProfile",
     "BlockTime",
     "CacheEntry",
@@ -79,6 +95,7 @@ __all__ = [
     "ErrorReply",
     "Figure",
     "GatewayStats",
+    "InvalidAugment",
     "InvalidValue",
     "ListPage",
     "ListedObject",
@@ -94,9 +111,11 @@ __all__ = [
     "StorageLoad",
     "StorageProfile",
     "TenantStats",
+    "ViewParams",
     "block_key",
     "cache_key",
     "decode_features",
+    "draw_view",
     "encode_features",
     "entry_path",
     "eviction_order",
@@ -116,4 +135,5 @@ __all__ = [
     "parse_size",
     "safetensors_header",
     "to_wire_dtype",
+    "view_index",
 ]

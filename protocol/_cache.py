@@ -8,7 +8,10 @@ An entry's key hashes everything the features are computed from:
 - the preprocessing preset (every field of it);
 - the content hashes of blocks ``[0, split)``: two models sharing a frozen prefix share
   entries, and a changed block misses;
-- the wire dtype.
+- the wire dtype;
+- for an augmented view (``x-hapi-augment`` with ``x-hapi-views``), the policy's canonical
+  spec, the seed and the view index, so views never mix with each other or with the
+  preset's features.
 
 Entries are safetensors objects in a bucket of the store (default ``hapi-cache``) at
 ``features/<first two hex>/<sha256>.safetensors``: tensor ``features`` ``[N, ...]`` in the
@@ -63,6 +66,7 @@ def cache_key(
     blocks: Sequence[str],
     preprocess: Mapping[str, Any],
     dtype: str,
+    view: Mapping[str, Any] | None = None,
 ) -> str:
     """The hex SHA-256 naming the entry of ``identity``'s features after ``blocks``.
 
@@ -71,6 +75,8 @@ def cache_key(
         blocks: The content hashes of the blocks the features went through, ``[0, split)``.
         preprocess: The preprocessing preset, as a manifest records it.
         dtype: The wire dtype.
+        view: For an augmented view, ``{"augment": spec, "seed": seed, "view": index}``;
+            ``None`` for the preset's own features (whose keys are as before views).
 
     Models whose blocks ``[0, split)`` have the same hashes and the same preprocessing
     get the same key, whatever their names and versions.
@@ -83,6 +89,8 @@ def cache_key(
         "split": len(blocks),
         "dtype": dtype,
     }
+    if view is not None:
+        material["view"] = dict(view)
     text = json.dumps(material, sort_keys=True, separators=(",", ":"), default=list)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hapi.protocol import AugmentPolicy
+
 from .client._client import client
 from .client._errors import (
     AccessDenied,
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LABEL_SOURCES",
     "AccessDenied",
+    "AugmentPolicy",
     "DatasetOptions",
     "EndpointsUnavailable",
     "EpochStats",

@@ -22,7 +22,7 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -64,6 +64,7 @@ class Cached:
     keys: list[str]
     samples_meta: list[dict[str, Any]] | None
     nbytes: int
+    views: list[dict[str, Any]] | None = None  # each sample's augmented view, as drawn
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +142,19 @@ class FeatureCache:
         return identity_from(bucket, key, reply.headers)
 
     async def lookup(
-        self, identity: ObjectIdentity, manifest: Manifest, split: int, dtype: str
+        self,
+        identity: ObjectIdentity,
+        manifest: Manifest,
+        split: int,
+        dtype: str,
+        view: Mapping[str, Any] | None = None,
     ) -> Cached | None:
-        """The cached features, or ``None`` on a miss (or when the cache cannot be read)."""
+        """The cached features (of an augmented ``view``'s, when given: see
+        :func:`hapi.protocol.cache_key`), or ``None`` on a miss (or when the cache cannot be
+        read)."""
         if not self.enabled:
             return None
-        path = entry_path(_key(identity, manifest, split, dtype))
+        path = entry_path(_key(identity, manifest, split, dtype, view))
         try:
             reply = await self._store.request("GET", self._bucket, path)
         except httpx.TransportError as exc:
@@ -189,13 +197,14 @@ class FeatureCache:
         entry: bytes,
         *,
         owner: str = "",
+        view: Mapping[str, Any] | None = None,
     ) -> bool:
         """Queue ``entry`` (safetensors, see :func:`encode_entry`) for writing; ``False``
         when the write was skipped: the queue is full (in entries or bytes), or ``owner``
         (the identity whose request computed it) has its share of the bytes waiting."""
         if not self.enabled:
             return False
-        path = entry_path(_key(identity, manifest, split, dtype))
+        path = entry_path(_key(identity, manifest, split, dtype, view))
         model = manifest.name
         job = _Job(model, lambda: self._put(path, entry, model), len(entry), owner)
         if not self._enqueue(job):
@@ -372,11 +381,14 @@ def encode_entry(
     labels: np.ndarray | None,
     keys: list[str],
     samples_meta: list[dict[str, Any]] | None,
+    views: list[dict[str, Any]] | None = None,
 ) -> bytes:
     """One object's features as a cache entry (safetensors in the wire dtype)."""
     meta = {"keys": json.dumps(keys)}
     if samples_meta is not None:
         meta["samples"] = json.dumps(samples_meta)
+    if views is not None:
+        meta["views"] = json.dumps(views)
     return bytes(encode_features(features, dtype=dtype, labels=labels, metadata=meta))
 
 
@@ -385,19 +397,30 @@ def _parse(body: bytes) -> Cached | None:
         tensors, meta = decode_features(body)
         keys = json.loads(meta.get("keys", "[]"))
         samples = json.loads(meta["samples"]) if "samples" in meta else None
+        views = json.loads(meta["views"]) if "views" in meta else None
         features = tensors["features"]
     except (ValueError, KeyError, TypeError):
         return None
     if not isinstance(keys, list) or len(keys) != len(features):
         return None
-    return Cached(features, tensors.get("labels"), keys, samples, len(body))
+    if views is not None and (not isinstance(views, list) or len(views) != len(keys)):
+        return None
+    return Cached(features, tensors.get("labels"), keys, samples, len(body), views)
 
 
-def _key(identity: ObjectIdentity, manifest: Manifest, split: int, dtype: str) -> str:
-    """The cache key of ``identity``'s features through ``manifest``'s blocks ``[0, split)``."""
+def _key(
+    identity: ObjectIdentity,
+    manifest: Manifest,
+    split: int,
+    dtype: str,
+    view: Mapping[str, Any] | None = None,
+) -> str:
+    """The cache key of ``identity``'s features through ``manifest``'s blocks ``[0, split)``
+    (of an augmented ``view``'s, when given)."""
     return cache_key(
         identity,
         blocks=manifest.hashes[:split],
         preprocess=manifest.preprocess.to_dict(),
         dtype=dtype,
+        view=view,
     )

@@ -34,6 +34,7 @@ class CachedSample:
     row: np.ndarray
     label: int | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    view: dict[str, Any] | None = None  # the augmented view's parameters, as reported
 
 
 async def lookup_all(
@@ -45,8 +46,10 @@ async def lookup_all(
     split: int,
     dtype: str,
     mode: str,
+    view: Mapping[str, Any] | None = None,
 ) -> dict[str, Cached]:
-    """The cached entries of ``keys`` (none when ``mode`` is ``refresh``); the objects'
+    """The cached entries of ``keys`` (of an augmented ``view``'s, when given; none when
+    ``mode`` is ``refresh``); the objects'
     identities come from HEADs sent as the caller (``caller``: the store client acting as
     its identity), so an entry is served only to a caller the store lets read the object."""
     if mode != "use":
@@ -56,7 +59,7 @@ async def lookup_all(
         identity = await cache.identify(caller, bucket, key)
         if identity is None:
             return None
-        return await cache.lookup(identity, manifest, split, dtype)
+        return await cache.lookup(identity, manifest, split, dtype, view)
 
     found = await asyncio.gather(*(one(key) for key in keys))
     return {key: hit for key, hit in zip(keys, found, strict=True) if hit is not None}
@@ -72,6 +75,7 @@ def cached_samples(entry: Cached) -> list[CachedSample]:
             if entry.labels is None or int(entry.labels[index]) < 0
             else int(entry.labels[index]),
             meta=entry.samples_meta[index] if entry.samples_meta else {},
+            view=entry.views[index] if entry.views else None,
         )
         for index, name in enumerate(entry.keys)
     ]
@@ -107,6 +111,7 @@ class EntryWriter:
         identities: The fetched objects' identities (from their GET's headers).
         caller: The identity whose request computed the rows (its cache-write share).
         row_bytes: Bytes of one float32 row.
+        view: The augmented view the rows are of (its part of the cache key).
     """
 
     def __init__(
@@ -120,9 +125,11 @@ class EntryWriter:
         row_bytes: int,
         *,
         caller: str = "",
+        view: Mapping[str, Any] | None = None,
     ) -> None:
         self._cache, self._manifest, self._split, self._dtype = cache, manifest, split, dtype
         self._caller = caller
+        self._view = view
         self._owners = owners
         self._identities = identities
         counts: dict[str, int] = {}
@@ -158,7 +165,9 @@ class EntryWriter:
             else None
         )
         meta = [s.meta for s in samples] if any(s.meta for s in samples) else None
-        entry = encode_entry(np.stack(rows), self._dtype, labels, [s.key for s in samples], meta)
+        views = [view_dict(s) or {} for s in samples] if self._view is not None else None
+        keys = [s.key for s in samples]
+        entry = encode_entry(np.stack(rows), self._dtype, labels, keys, meta, views)
         self._cache.store(
             self._identities[owner],
             self._manifest,
@@ -166,4 +175,13 @@ class EntryWriter:
             self._dtype,
             entry,
             owner=self._caller,
+            view=self._view,
         )
+
+
+def view_dict(sample: Any) -> dict[str, Any] | None:
+    """A sample's augmented view as reported (``None`` for the preset's centre crop)."""
+    if isinstance(sample, CachedSample):
+        return sample.view
+    view = getattr(sample, "view", None)
+    return None if view is None else dict(view.to_dict())

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from hapi.models import Manifest, PendingSample, TooManySamples, UndecodableObject, list_samples
-from hapi.protocol import ObjectIdentity
+from hapi.protocol import Augmentation, ObjectIdentity
 
 from .._errors import (
     InvalidRequest,
@@ -66,11 +66,17 @@ class ObjectLister:
         self._fetches = fetches
 
     async def list_all(
-        self, store: StoreClient, bucket: str, keys: Sequence[str], manifest: Manifest, batch: bool
+        self,
+        store: StoreClient,
+        bucket: str,
+        keys: Sequence[str],
+        manifest: Manifest,
+        batch: bool,
+        augment: Augmentation | None = None,
     ) -> Listing:
         """Fetch ``keys`` through ``store`` (acting as the caller's identity) and list their
-        samples; per-key failures of a batch are kept in the listing's ``errors``, every
-        other failure is raised."""
+        samples (each with its view of ``augment`` drawn, when given); per-key failures of a
+        batch are kept in the listing's ``errors``, every other failure is raised."""
         listing = Listing()
         limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
 
@@ -80,7 +86,9 @@ class ObjectLister:
                 data = await self._fetch(store, bucket, key, listing, batch)
                 listing.fetch_ms = max(listing.fetch_ms, (time.perf_counter() - started) * 1000)
             try:
-                listing.samples[key] = await self._list(data, bucket, key, manifest, listing)
+                listing.samples[key] = await self._list(
+                    data, bucket, key, manifest, listing, augment
+                )
             except S3Error:
                 listing.held -= len(data)  # a failed key's bytes are dropped now
                 raise
@@ -154,7 +162,13 @@ class ObjectLister:
         )
 
     async def _list(
-        self, data: bytes, bucket: str, key: str, manifest: Manifest, listing: Listing
+        self,
+        data: bytes,
+        bucket: str,
+        key: str,
+        manifest: Manifest,
+        listing: Listing,
+        augment: Augmentation | None,
     ) -> list[PendingSample]:
         cap = self._settings.max_request_samples
         loop = asyncio.get_running_loop()
@@ -166,6 +180,7 @@ class ObjectLister:
                     key=key,
                     max_samples=max(0, cap - listing.counted),
                     max_pixels=self._settings.max_image_pixels,
+                    augment=augment,
                 ),
             )
         except TooManySamples as exc:

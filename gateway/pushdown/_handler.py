@@ -52,7 +52,7 @@ from ._decoders import Decoding
 from ._fairness import FairPool, RequestRate
 from ._fetch import Listing, ObjectLister
 from ._locality import FetchMeter
-from ._params import Params, check_split, parse_batch, parse_params
+from ._params import Params, check_augment, check_split, parse_batch, parse_params
 from ._plan import choose_split
 from ._stream import Answer, open_stream
 from ._tenants import RequestStats, Tenants, per_sample_bytes
@@ -170,6 +170,8 @@ class Pushdown:
         self, send: ASGISend, bucket: str, keys: Sequence[str], params: Params, *, batch: bool
     ) -> None:
         self._admit()
+        if params.augment is not None:  # a sample's identity includes its bucket
+            params = replace(params, augment=replace(params.augment, bucket=bucket))
         manifest, params = await self._resolve(params)
         assert params.split is not None
         if self._metrics is not None:
@@ -183,7 +185,7 @@ class Pushdown:
         with expected as arrival:
             try:
                 listing = await self._lister.list_all(
-                    self._as_caller, bucket, missing, manifest, batch
+                    self._as_caller, bucket, missing, manifest, batch, params.augment
                 )
             except asyncio.CancelledError:
                 self.stats.requests_cancelled += 1
@@ -254,6 +256,7 @@ class Pushdown:
                 listing.identities,
                 row_bytes,
                 caller=self.caller.name,
+                view=_view_material(params),
             )
         return answer, writer
 
@@ -265,10 +268,20 @@ class Pushdown:
         cache = self.cache
         if cache is None or not cache.enabled or params.cache == "bypass":
             return {}, {}, None
+        if params.augment is not None and not params.augment.views:
+            return {}, {}, None  # a fresh view per epoch: never cached
         assert params.split is not None
         started = time.perf_counter()
         hits = await lookup_all(
-            cache, self._as_caller, bucket, keys, manifest, params.split, params.dtype, params.cache
+            cache,
+            self._as_caller,
+            bucket,
+            keys,
+            manifest,
+            params.split,
+            params.dtype,
+            params.cache,
+            _view_material(params),
         )
         return hits, {"cache": (time.perf_counter() - started) * 1000}, cache
 
@@ -283,6 +296,7 @@ class Pushdown:
             params = replace(params, split=split)
         assert params.split is not None
         check_split(manifest, params.split)
+        check_augment(manifest, params)
         return manifest, params
 
     # -- step 2: decode, run and send in windows -----------------------------------------
@@ -416,6 +430,11 @@ class Pushdown:
         answer.batch_size = max(answer.batch_size, used)
         _add(answer.timings, "infer", started)
         return outputs
+
+
+def _view_material(params: Params) -> dict[str, object] | None:
+    """The augmented view's part of the cache key (``None``: the preset's features)."""
+    return None if params.augment is None else params.augment.cache_material()
 
 
 def _add(timings: dict[str, float], name: str, started: float) -> None:

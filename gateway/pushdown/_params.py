@@ -15,11 +15,25 @@ from typing import Any
 
 from hapi import protocol
 from hapi.models import InvalidModelSpec, Manifest, parse_ref
+from hapi.protocol import MAX_SEED, MAX_VIEWS, Augmentation, AugmentPolicy, InvalidAugment
 from hapi.protocol import WIRE_DTYPES as DTYPES
 
 from .._errors import InvalidArgument, InvalidRequest
 
-PARAMETERS = ("model", "split", "dtype", "format", "bandwidth", "cache")
+PARAMETERS = (
+    "model",
+    "split",
+    "dtype",
+    "format",
+    "bandwidth",
+    "cache",
+    "augment",
+    "seed",
+    "epoch",
+    "views",
+)
+_AUGMENT_OPTIONS = ("seed", "epoch", "views")  # meaningful only with ``augment``
+_MAX_EPOCH = 2**31 - 1
 FORMATS = ("safetensors", "json")
 MAX_BATCH_BODY = 1024 * 1024
 _BATCH_FIELDS = ("keys", *PARAMETERS)
@@ -38,6 +52,7 @@ class Params:
     bandwidth_bps: float | None = None  # the client's link, for ``auto``
     cache: str = "use"  # the feature cache: ``use``, ``bypass`` or ``refresh``
     colocated: bool = False  # the client is on the gateway's machine (for ``auto``)
+    augment: Augmentation | None = None  # random views in place of the centre crop
 
 
 def known_parameters(names: tuple[str, ...] = PARAMETERS) -> str:
@@ -73,6 +88,8 @@ def parse_params(given: Mapping[str, tuple[str, str]]) -> Params:
         value("format"),
         value("bandwidth"),
         value("cache"),
+        augment=value("augment"),
+        options={n: _text_integer(n, value(n)) for n in _AUGMENT_OPTIONS if n in given},
     )
 
 
@@ -99,10 +116,27 @@ def _text_split(text: str | None) -> int | str | None:
     return int(text)
 
 
+def _text_integer(name: str, text: str | None) -> int:
+    """``x-hapi-seed``, ``-epoch`` or ``-views`` as written in a header or query."""
+    if text is None or not _INTEGER.fullmatch(text.strip()):
+        raise InvalidArgument(f"x-hapi-{name} must be an integer, not {text!r}")
+    return int(text)
+
+
 def make_params(
-    model: Any, split: Any, dtype: Any, fmt: Any, bandwidth: Any = None, cache: Any = None
+    model: Any,
+    split: Any,
+    dtype: Any,
+    fmt: Any,
+    bandwidth: Any = None,
+    cache: Any = None,
+    *,
+    augment: Any = None,
+    options: Mapping[str, Any] | None = None,
 ) -> Params:
-    """Validate pushdown parameters; ``split`` is an ``int``, ``"auto"`` or None.
+    """Validate pushdown parameters; ``split`` is an ``int``, ``"auto"`` or None;
+    ``augment`` a policy spec (or, from a batch body, its mapping form) and ``options``
+    its ``seed``, ``epoch`` and ``views``.
 
     Raises:
         InvalidArgument: A missing or invalid parameter.
@@ -110,17 +144,51 @@ def make_params(
     model = _model(model)
     dtype, fmt = _dtype_format(dtype, fmt)
     mode = _cache_mode(cache)
+    augmentation = augmentation_of(augment, options or {})
     if split is None:
         raise InvalidArgument(
             "a pushdown request needs x-hapi-split (an integer 0..freeze, or auto)"
         )
     if split == "auto":
-        return Params(model, None, dtype, fmt, _bandwidth(bandwidth), mode)
+        return Params(model, None, dtype, fmt, _bandwidth(bandwidth), mode, augment=augmentation)
     if isinstance(split, bool) or not isinstance(split, int):
         raise InvalidArgument(f"split must be an integer or auto, not {split!r}")
     if split < 0:
         raise InvalidArgument(f"x-hapi-split must be >= 0, not {split}")
-    return Params(model, split, dtype, fmt, cache=mode)
+    return Params(model, split, dtype, fmt, cache=mode, augment=augmentation)
+
+
+def augmentation_of(augment: Any, options: Mapping[str, Any]) -> Augmentation | None:
+    """The request's augmentation: a policy (spec or mapping), its seed, the epoch and
+    the views cached per object.
+
+    Raises:
+        InvalidArgument: A policy that does not parse or is out of range (the message names
+            the field), an option out of range, or options without a policy.
+    """
+    if augment is None:
+        if options:
+            named = ", ".join(f"x-hapi-{n}" for n in options)
+            raise InvalidArgument(f"{named}: only with x-hapi-augment (a policy to draw from)")
+        return None
+    try:
+        policy = (
+            AugmentPolicy.from_dict(augment)
+            if isinstance(augment, dict)
+            else AugmentPolicy.parse(augment)
+        )
+    except InvalidAugment as exc:
+        raise InvalidArgument(f"x-hapi-augment: {exc}") from exc
+    bounds = {"seed": MAX_SEED, "epoch": _MAX_EPOCH, "views": MAX_VIEWS}
+    values = {}
+    for name, high in bounds.items():
+        value = options.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+            raise InvalidArgument(f"x-hapi-{name} must be an integer in 0..{high}, not {value!r}")
+        values[name] = value
+    return Augmentation(
+        policy=policy, seed=values["seed"], epoch=values["epoch"], views=values["views"]
+    )
 
 
 def _cache_mode(value: Any) -> str:
@@ -168,7 +236,7 @@ def parse_batch(
     """The keys and parameters of ``POST /{bucket}?hapi-batch``.
 
     The body is ``{"keys": [...], "model": ..., "split": ..., "dtype": ..., "format": ...,
-    "bandwidth": ...}``; ``format`` may also come as ``x-hapi-format`` or ``hapi-format``.
+    "bandwidth": ..., "augment": ..., "seed": ..., "epoch": ..., "views": ...}``; ``format`` may also come as ``x-hapi-format`` or ``hapi-format``.
 
     Raises:
         InvalidArgument: Not such a JSON object, an unknown field, or a bad value.
@@ -196,7 +264,14 @@ def parse_batch(
     fmt = spec.get("format", given["format"][1] if "format" in given else None)
     cache = spec.get("cache", given["cache"][1] if "cache" in given else None)
     params = make_params(
-        spec["model"], spec.get("split"), spec.get("dtype"), fmt, spec.get("bandwidth"), cache
+        spec["model"],
+        spec.get("split"),
+        spec.get("dtype"),
+        fmt,
+        spec.get("bandwidth"),
+        cache,
+        augment=spec.get("augment"),
+        options={n: spec[n] for n in _AUGMENT_OPTIONS if n in spec},
     )
     return keys, params
 
@@ -215,6 +290,21 @@ def _batch_json(body: bytes) -> dict[str, Any]:
             'a batch body is {"keys": [...], "model": ..., "split": ..., "dtype": ...}'
         )
     return spec
+
+
+def check_augment(manifest: Manifest, params: Params) -> None:
+    """Refuse an augmentation the served preset's decoder cannot honour: only Pillow
+    reproduces torchvision's crops, flips and colour adjustments to the bit.
+
+    Raises:
+        InvalidArgument: ``augment`` with a gateway that decodes with DALI.
+    """
+    decoder = manifest.preprocess.decoder
+    if params.augment is not None and decoder != "pil":
+        raise InvalidArgument(
+            f"x-hapi-augment: this gateway decodes with {decoder} (--decoder), which cannot "
+            "apply the policy with torchvision's pixels; augmented views need --decoder pil"
+        )
 
 
 def check_split(manifest: Manifest, split: int) -> None:

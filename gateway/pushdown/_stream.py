@@ -20,6 +20,7 @@ from hapi.models import Manifest
 from hapi.protocol import safetensors_header, to_wire_dtype
 
 from .._types import ASGISend
+from ._cached import view_dict
 from ._params import Params
 
 _CODES = {"float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2)}
@@ -58,7 +59,16 @@ class Answer:
             meta["errors"] = json.dumps(self.errors)
         if any(s.meta for s in self.samples):
             meta["samples"] = json.dumps([s.meta for s in self.samples])
+        views = self.views()
+        if views is not None:
+            meta["views"] = json.dumps(views, separators=(",", ":"))
         return meta
+
+    def views(self) -> list[dict[str, Any] | None] | None:
+        """Each sample's augmented view as drawn (``None`` without ``augment``)."""
+        if self.params.augment is None:
+            return None
+        return [view_dict(s) for s in self.samples]
 
     def safetensors_head(self) -> tuple[bytes, int]:
         """The safetensors header (length prefix included) and the whole payload's size."""
@@ -82,7 +92,15 @@ class Answer:
             (b"x-hapi-batch-size", str(self.batch_size).encode()),
             (b"x-hapi-cache", self.cache.encode()),
             (b"server-timing", timing.encode()),
+            *self._view_header(),
         ]
+
+    def _view_header(self) -> list[tuple[bytes, bytes]]:
+        """``x-hapi-view``: the one sample's drawn view, for a request of one sample."""
+        views = self.views()
+        if views is None or len(views) != 1:
+            return []
+        return [(b"x-hapi-view", json.dumps(views[0], separators=(",", ":")).encode())]
 
 
 def _wire(outputs: np.ndarray, dtype: str) -> bytes | memoryview:
@@ -173,6 +191,7 @@ class SummaryStream:
             **answer.metadata(),
             "keys": [s.key for s in answer.samples],
             "errors": answer.errors,
+            **({} if answer.params.augment is None else {"views": answer.views()}),
             "shape": list(answer.shape),
             "dtype": answer.params.dtype,
             "min": self._min,

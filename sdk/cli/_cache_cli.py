@@ -10,7 +10,7 @@ cache bucket directly (the store, or the gateway as a plain S3 endpoint);
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -193,9 +193,24 @@ class _Summary:
     help="Wire dtype of the cached features (training must ask for the same).",
 )
 @click.option("--batch", type=int, default=32, show_default=True, help="Objects per request.")
+@click.option(
+    "--augment",
+    default=None,
+    help="An augmentation policy (docs/protocol.md): precompute its --views views.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="The policy's seed.")
+@click.option("--views", type=int, default=0, help="Views per object, with --augment (>= 1).")
 @_endpoint_option
 def materialize(
-    uri: str, model: str, split: int, dtype: str, batch: int, endpoint: str | None
+    uri: str,
+    model: str,
+    split: int,
+    dtype: str,
+    batch: int,
+    augment: str | None,
+    seed: int,
+    views: int,
+    endpoint: str | None,
 ) -> None:
     """Compute and cache features for every object (image or tar shard) under URI.
 
@@ -205,6 +220,14 @@ def materialize(
     """
     if batch < 1 or split < 0:
         raise UserError("--batch must be >= 1 and --split >= 0")
+    if (augment is None) != (views == 0) or views < 0 or seed < 0:
+        raise UserError("--augment needs --views >= 1 (and --views needs --augment)")
+    # Epoch e reads view e mod K: epochs 0..K-1 fill every view once.
+    asks: list[dict[str, Any]] = (
+        [{}]
+        if augment is None
+        else [{"augment": augment, "seed": seed, "views": views, "epoch": e} for e in range(views)]
+    )
     try:
         bucket, prefix = parse_uri(uri)
     except ValueError:
@@ -221,7 +244,8 @@ def materialize(
     with tqdm(total=len(objects), unit="obj", desc="materialize") as bar:
         for start in range(0, len(objects), batch):
             chunk = objects[start : start + batch]
-            _materialize_chunk(s3, bucket, chunk, model, split, dtype, summary)
+            for ask in asks:
+                _materialize_chunk(s3, bucket, chunk, model, split, dtype, summary, ask)
             bar.update(len(chunk))
     seconds = time.perf_counter() - started
     click.echo(
@@ -242,13 +266,14 @@ def _materialize_chunk(
     split: int,
     dtype: str,
     summary: _Summary,
+    ask: Mapping[str, Any],
 ) -> None:
     keys = [key for key, _ in chunk]
     try:
         answer = s3.get_features_batch(
-            Bucket=bucket, Keys=keys, model=model, split=split, dtype=dtype
+            Bucket=bucket, Keys=keys, model=model, split=split, dtype=dtype, **ask
         )
-    except SDKError as exc:
+    except (SDKError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     summary.objects += len(keys)
     summary.samples += len(answer.keys)

@@ -48,7 +48,7 @@ from botocore.exceptions import (
 )
 
 from hapi.protocol import WIRE_DTYPES as DTYPES
-from hapi.protocol import Placement, parse_error
+from hapi.protocol import AugmentPolicy, Placement, parse_error
 from hapi.protocol import decode_features as decode
 
 from ._endpoints import EndpointFailure, EndpointPool, failover, rebase, resolve_endpoints
@@ -63,6 +63,8 @@ from ._features import Features
 from ._parts import merge
 from ._placement import Locality, resolve_placement
 
+AugmentSpec = AugmentPolicy | str | Mapping[str, Any] | None
+"""An augmentation policy, its spec string or its mapping form; ``None``: none."""
 _CONTEXT_KEY = "hapi_features"  # the x-hapi-* headers of a GetObject
 _PINNED_KEY = "hapi_pinned"  # the endpoint the failover loop chose for this attempt
 _SENT_KEY = "hapi_endpoint"  # where the request went, for the needs-retry hook
@@ -206,6 +208,34 @@ def _observe(
     return 0 if attempts < len(pool) and pool.any_up() else None
 
 
+def _augment_fields(
+    augment: AugmentSpec, seed: int, epoch: int, views: int
+) -> dict[str, str | int]:
+    """The augmentation's request fields (none without a policy).
+
+    Raises:
+        ValueError: A policy that does not parse, or an option out of range.
+    """
+    if augment is None:
+        return {}
+    policy = augment if isinstance(augment, AugmentPolicy) else policy_of(augment)
+    for name, value in (("seed", seed), ("epoch", epoch), ("views", views)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
+    return {"augment": policy.spec(), "seed": seed, "epoch": epoch, "views": views}
+
+
+def policy_of(augment: str | Mapping[str, Any]) -> AugmentPolicy:
+    """An augmentation policy from its spec string or its mapping form.
+
+    Raises:
+        ValueError: It does not parse, or a value is out of range (naming the field).
+    """
+    if isinstance(augment, str):
+        return AugmentPolicy.parse(augment)
+    return AugmentPolicy.from_dict(dict(augment))
+
+
 def _check(model: str, split: int, dtype: str) -> None:
     if not model:
         raise ValueError("model must name a registered model (NAME or NAME@VERSION)")
@@ -216,7 +246,17 @@ def _check(model: str, split: int, dtype: str) -> None:
 
 
 def get_features(
-    self: Any, Bucket: str, Key: str, model: str, split: int, dtype: str = "float32"
+    self: Any,
+    Bucket: str,
+    Key: str,
+    model: str,
+    split: int,
+    dtype: str = "float32",
+    *,
+    augment: AugmentSpec = None,
+    seed: int = 0,
+    epoch: int = 0,
+    views: int = 0,
 ) -> Features:
     """Features of one object (an image, or every sample of a WebDataset shard).
 
@@ -229,6 +269,14 @@ def get_features(
         model: ``NAME`` or ``NAME@VERSION``.
         split: The gateway runs blocks ``[0, split)``; 0 only decodes and preprocesses.
         dtype: ``float32``, ``float16`` or ``bfloat16`` on the wire.
+        augment: A random view in place of the preset's centre crop: an
+            :class:`AugmentPolicy`, its spec (``"crop(scale=0.08:1);flip(p=0.5)"``) or its
+            mapping form (``{"crop": {"scale": [0.08, 1]}, "flip": 0.5}``); see
+            docs/protocol.md. ``Features.views`` reports what was drawn.
+        seed: The augmentation's seed.
+        epoch: The epoch: with ``views=0`` a fresh view each epoch.
+        views: Views the gateway's cache keeps per object; epoch ``e`` reads view
+            ``e % views`` (0: never cached).
 
     Raises:
         PushdownUnavailable: The endpoint answered with the plain object.
@@ -237,6 +285,7 @@ def get_features(
     """
     _check(model, split, dtype)
     headers = {"model": model, "split": split, "dtype": dtype}
+    headers.update(_augment_fields(augment, seed, epoch, views))
 
     def attempt(endpoint: str) -> Features:
         hapi = {"headers": headers, "endpoint": endpoint}
@@ -265,6 +314,11 @@ def get_features_batch(
     model: str,
     split: int,
     dtype: str = "float32",
+    *,
+    augment: AugmentSpec = None,
+    seed: int = 0,
+    epoch: int = 0,
+    views: int = 0,
 ) -> Features:
     """Features of several objects in one request, stacked in key order.
 
@@ -281,6 +335,10 @@ def get_features_batch(
         model: ``NAME`` or ``NAME@VERSION``.
         split: The gateway runs blocks ``[0, split)``.
         dtype: ``float32``, ``float16`` or ``bfloat16`` on the wire.
+        augment: A random view of each sample, as for :func:`get_features`.
+        seed: The augmentation's seed.
+        epoch: The epoch.
+        views: Views the gateway's cache keeps per object.
 
     Raises:
         PushdownUnavailable: The endpoint is not a hapi gateway: a reply without the
@@ -294,26 +352,27 @@ def get_features_batch(
     _check(model, split, dtype)
     if not Keys:
         raise ValueError("get_features_batch needs at least one key")
+    fields: dict[str, Any] = {"model": model, "split": split, "dtype": dtype}
+    fields.update(_augment_fields(augment, seed, epoch, views))
     locality: Locality | None = getattr(self, _LOCALITY_ATTRIBUTE, None)
     if locality is None:
-        return _batch(self, Bucket, list(Keys), model, split, dtype, None)
+        return _batch(self, Bucket, list(Keys), fields, None)
     parts = locality.group(Bucket, Keys)
     if len(parts) == 1:
-        return _batch(self, Bucket, list(Keys), model, split, dtype, parts[0][0])
+        return _batch(self, Bucket, list(Keys), fields, parts[0][0])
     with ThreadPoolExecutor(len(parts), thread_name_prefix="hapi-part") as sending:
         answers = [
-            sending.submit(_batch, self, Bucket, part, model, split, dtype, prefer)
-            for prefer, part in parts
+            sending.submit(_batch, self, Bucket, part, fields, prefer) for prefer, part in parts
         ]
         replies = [answer.result() for answer in answers]
     return merge(list(Keys), [part for _, part in parts], replies)
 
 
 def _batch(
-    s3: Any, bucket: str, keys: list[str], model: str, split: int, dtype: str, prefer: str | None
+    s3: Any, bucket: str, keys: list[str], fields: Mapping[str, Any], prefer: str | None
 ) -> Features:
     """One ``POST ?hapi-batch``, to ``prefer`` while it is healthy."""
-    body = json.dumps({"keys": keys, "model": model, "split": split, "dtype": dtype})
+    body = json.dumps({"keys": keys, **fields})
     first = keys[0] if len(keys) == 1 else ""
     endpoint, response = _post_batch(s3, bucket, body.encode(), first, prefer)
     if response.status_code != 200 or _GATEWAY_MARK not in response.headers:
@@ -430,6 +489,7 @@ def _features(
         tensors, meta = decode(body)
         keys = tuple(json.loads(meta.get("keys", "[]")))
         errors = json.loads(meta.get("errors", "{}"))
+        views = tuple(json.loads(meta["views"])) if "views" in meta else None
         features = tensors["features"]
     except (ValueError, KeyError, TypeError) as exc:
         raise RequestError(
@@ -450,6 +510,7 @@ def _features(
         server_timing=_server_timing(headers.get("server-timing", "")),
         endpoint=endpoint,
         cache=headers.get("x-hapi-cache", ""),
+        views=views,
     )
 
 

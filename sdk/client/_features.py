@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +29,9 @@ class Features:
         server_timing: The gateway's ``Server-Timing`` entries, in milliseconds.
         endpoint: The endpoint that answered.
         cache: The gateway's feature cache answer: ``hit``, ``miss`` or ``bypass``.
+        views: With ``augment=``, each row's view as the gateway drew it: ``{"view",
+            "box": [top, left, height, width] or None, "flip", "jitter": [[name,
+            factor], ...]}`` (torchvision's parameters); ``None`` without.
     """
 
     features: np.ndarray
@@ -41,6 +45,7 @@ class Features:
     server_timing: Mapping[str, float] = field(default_factory=dict)
     endpoint: str = ""
     cache: str = ""
+    views: tuple[dict[str, Any], ...] | None = None
 
     def raise_for_errors(self) -> None:
         """Raise the first per-object error of a batch, if any."""

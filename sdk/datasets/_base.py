@@ -17,6 +17,9 @@ from typing import Any
 
 import torch
 
+from hapi.protocol import Augmentation, AugmentPolicy
+
+from ..client._client import AugmentSpec, policy_of
 from ..planning._link import LinkEstimate, endpoint_key
 from ..planning._split import SplitChoice, learned
 from ..planning._stats import Meter, transfer_span
@@ -35,9 +38,23 @@ logger = logging.getLogger("hapi.sdk")
 class FeatureSource(Constructors):
     """What both dataset forms share: construction, per-process engine, item conversion."""
 
-    def __init__(self, prepared: Prepared, *, request_size: int = 32, prefetch: int = 4) -> None:
+    def __init__(
+        self,
+        prepared: Prepared,
+        *,
+        request_size: int = 32,
+        prefetch: int = 4,
+        augment: AugmentSpec = None,
+        views: int = 0,
+        seed: int = 0,
+    ) -> None:
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, not {prefetch}")
+        self._policy = augment if isinstance(augment, AugmentPolicy | None) else policy_of(augment)
+        if isinstance(views, bool) or not isinstance(views, int) or views < 0:
+            raise ValueError(f"views must be an integer >= 0, not {views!r}")
+        self._views = views
+        self._view_seed = seed
         self._source = prepared.source
         self._labels = prepared.labels
         self._spec = prepared.spec
@@ -64,8 +81,30 @@ class FeatureSource(Constructors):
         state["_link"] = None  # the process that owns the dataset measures the link
         return state
 
-    def _starter(self) -> Callable[[Sequence[str]], Fetch[Batch]]:
-        return functools.partial(self._engine().start, self._source.bucket)
+    def _starter(self, epoch: int = 0) -> Callable[[Sequence[str]], Fetch[Batch]]:
+        return functools.partial(self._viewing(epoch).start, self._source.bucket)
+
+    def _viewing(self, epoch: int) -> Engine:
+        """This process's engine, asking for ``epoch``'s views (with ``augment=``)."""
+        engine = self._engine()
+        engine.augment = (
+            None
+            if self._policy is None
+            else Augmentation(
+                policy=self._policy,
+                seed=self._view_seed,
+                epoch=epoch,
+                views=self._views,
+                bucket=self._source.bucket,
+            )
+        )
+        return engine
+
+    @property
+    def augment(self) -> AugmentPolicy | None:
+        """The augmentation policy of the training views (``None``: the preset's centre
+        crop, as evaluation sets keep)."""
+        return self._policy
 
     def _chunks(self, keys: Sequence[str]) -> list[Sequence[str]]:
         size = self._request_size

@@ -20,7 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from hapi.models import (
     create_session,
     decode_object,
 )
+from hapi.protocol import Augmentation
 
 from ..client._client import client
 from ..client._errors import (
@@ -136,6 +137,7 @@ class Engine:
         self.s3 = s3
         self.registry = Registry(self.s3, spec.registry_bucket)
         self.pushdown = spec.split is not None
+        self.augment: Augmentation | None = None  # this epoch's views (set by the dataset)
         self._sessions: dict[tuple[int, int], Any] = {}
         self._local_caches: dict[int | None, LocalCache] = {}
         self._lock = threading.Lock()
@@ -170,7 +172,7 @@ class Engine:
         the local cache are read during the wait.
         """
         spec = self.spec
-        if spec.local_cache is None:
+        if spec.local_cache is None or self.augment is not None:  # views are not kept here
             return self.start_uncached(bucket, keys)
         cache = self._local_cache(spec.local_cache)
         kept = [key for key in keys if cache.holds(bucket, key)]  # a stat each
@@ -227,8 +229,13 @@ class Engine:
         assert spec.split is not None
         split = spec.split
         started = time.perf_counter()
+        augment = self.augment
+        views = {}
+        if augment is not None:
+            views = {"augment": augment.policy, "seed": augment.seed, "epoch": augment.epoch}
+            views["views"] = augment.views
         reply = self.s3.get_features_batch(
-            bucket, list(keys), model=spec.manifest.ref, split=split, dtype=spec.dtype
+            bucket, list(keys), model=spec.manifest.ref, split=split, dtype=spec.dtype, **views
         )
         round_trip = (started, time.perf_counter())
         reply.raise_for_errors()
@@ -250,7 +257,10 @@ class Engine:
         samples: list[tuple[str, Sample]] = []
         for key, data in objects:
             try:
-                decoded = decode_object(data, self.spec.manifest.preprocess, key=key)
+                augment = None if self.augment is None else replace(self.augment, bucket=bucket)
+                decoded = decode_object(
+                    data, self.spec.manifest.preprocess, key=key, augment=augment
+                )
             except UndecodableObject as exc:
                 raise UnprocessableObject(
                     "UnprocessableObject", str(exc), bucket=bucket, key=key

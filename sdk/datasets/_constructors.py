@@ -13,14 +13,18 @@ from typing import Any, Self, TypedDict, Unpack
 from hapi.models import RuntimeSettings
 from hapi.protocol import DEFAULT_REGISTRY_BUCKET
 
+from ..client._client import AugmentSpec
 from ._build import LabelsArg, Options, Prepared, SplitArg, prepare
 
 
 class DatasetOptions(TypedDict, total=False):
     """Options of the dataset classes themselves, taken by every ``from_*`` constructor.
 
-    ``prefetch`` (requests in flight ahead of the training loop) applies to both; the
-    others to :class:`IterableFeatureDataset` only (see there).
+    ``prefetch`` (requests in flight ahead of the training loop), ``augment`` (a random
+    view of each sample in place of the preset's centre crop: an ``AugmentPolicy``, its
+    spec or its mapping form), ``views`` (views the gateway's cache keeps per object) and
+    ``seed`` (the shuffle's, and the views') apply to both; the others to
+    :class:`IterableFeatureDataset` only (see there).
     """
 
     prefetch: int
@@ -33,6 +37,8 @@ class DatasetOptions(TypedDict, total=False):
     shuffle_buffer: int
     batch_size: int | None
     with_info: bool
+    augment: AugmentSpec
+    views: int
 
 
 class Constructors:

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 from hapi.models import RuntimeSettings
 from hapi.protocol import DEFAULT_REGISTRY_BUCKET
 
+from ..client._client import AugmentSpec
 from ..planning._split import with_trial
 from ..planning._stats import EpochStats, Meter
 from ._base import DEFAULT_PREFETCH, FeatureSource, Item
@@ -39,10 +40,27 @@ class FeatureDataset(FeatureSource, Dataset[Item]):
     gives the iterable form, since a shard's samples are known only once it is read.
     """
 
-    def __init__(self, prepared: Prepared, *, request_size: int = 32, prefetch: int = 4) -> None:
+    def __init__(
+        self,
+        prepared: Prepared,
+        *,
+        request_size: int = 32,
+        prefetch: int = 4,
+        augment: AugmentSpec = None,
+        views: int = 0,
+        seed: int = 0,
+    ) -> None:
         if prepared.source.shards:
             raise TypeError("shards have no index; use IterableFeatureDataset.from_shards")
-        super().__init__(prepared, request_size=request_size, prefetch=prefetch)
+        super().__init__(
+            prepared,
+            request_size=request_size,
+            prefetch=prefetch,
+            augment=augment,
+            views=views,
+            seed=seed,
+        )
+        self._epoch = 0
         self._choice = with_trial(self._choice, epochs=False)  # no epochs to time it in
         self._meter: Meter | None = None
 
@@ -84,13 +102,29 @@ class FeatureDataset(FeatureSource, Dataset[Item]):
 
     @classmethod
     def _create(cls, prepared: Prepared, request_size: int, dataset: DatasetOptions) -> Self:
-        unknown = sorted(set(dataset) - {"prefetch"})
+        unknown = sorted(set(dataset) - {"prefetch", "augment", "views", "seed"})
         if unknown:
             raise TypeError(
                 f"FeatureDataset takes no {', '.join(unknown)} (the iterable form does)"
             )
-        prefetch = dataset.get("prefetch", DEFAULT_PREFETCH)
-        return cls(prepared, request_size=request_size, prefetch=prefetch)
+        return cls(
+            prepared,
+            request_size=request_size,
+            prefetch=dataset.get("prefetch", DEFAULT_PREFETCH),
+            augment=dataset.get("augment"),
+            views=dataset.get("views", 0),
+            seed=dataset.get("seed", 0),
+        )
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose views (with ``augment=``) items are."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch: with ``augment=``, each epoch's items are fresh views (view
+        ``epoch % views`` with ``views=``), the same on every run with the same ``seed``."""
+        self._epoch = epoch
 
     def __len__(self) -> int:
         return len(self._source.keys)
@@ -114,8 +148,9 @@ class FeatureDataset(FeatureSource, Dataset[Item]):
 
     def _fetch_all(self, chunks: list[Sequence[str]]) -> list[Batch]:
         if len(chunks) == 1:
-            return [self._engine().fetch(self._source.bucket, chunks[0])]
-        with Pipeline(chunks, self._starter(), depth=min(self._prefetch, len(chunks))) as running:
+            return [self._viewing(self._epoch).fetch(self._source.bucket, chunks[0])]
+        starter = self._starter(self._epoch)
+        with Pipeline(chunks, starter, depth=min(self._prefetch, len(chunks))) as running:
             return list(running)
 
     def _current_meter(self) -> Meter:

@@ -24,6 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from hapi.models import RuntimeSettings
 from hapi.protocol import DEFAULT_REGISTRY_BUCKET
 
+from ..client._client import AugmentSpec
 from ..client._errors import StateMismatch
 from ..planning._split import replanned, with_trial
 from ..planning._stats import EpochStats, Meter
@@ -72,6 +73,12 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         with_info: Items are ``(features, label, info)``: ``info["key"]`` names the
             sample (``key``, or ``key#i`` for a shard's ``i``-th), ``info["padded"]`` is
             true for a repeat that evens out the ranks.
+        augment: A random view of each sample in place of the preset's centre crop (an
+            ``AugmentPolicy``, its spec or its mapping form); each epoch draws fresh views
+            from ``seed``, the epoch and the sample alone, so a resumed or re-dealt epoch
+            sees the views the uninterrupted run would have. Leave it out for evaluation.
+        views: Views the gateway's cache keeps per object (epoch ``e`` reads view
+            ``e % views``); 0: a fresh view every epoch, never cached.
     """
 
     def __init__(
@@ -89,6 +96,8 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
         batch_size: int | None = None,
         with_info: bool = False,
+        augment: AugmentSpec = None,
+        views: int = 0,
     ) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass rank and world_size together")
@@ -98,7 +107,14 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
             raise ValueError(f"shuffle_buffer must be >= 0, not {shuffle_buffer}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {batch_size}")
-        super().__init__(prepared, request_size=request_size, prefetch=prefetch)
+        super().__init__(
+            prepared,
+            request_size=request_size,
+            prefetch=prefetch,
+            augment=augment,
+            views=views,
+            seed=seed,
+        )
         self._choice = with_trial(self._choice, epochs=True)
         self._shuffle = shuffle
         self._seed = seed
@@ -221,6 +237,7 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
             split="auto" if choice.policy != "given" else choice.split,
             shuffle=self._shuffle,
             seed=self._seed,
+            augment="" if self.augment is None else f"{self.augment.spec()}; views={self._views}",
         )
 
     def _running(self) -> PassPlan | None:
@@ -286,7 +303,8 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
             resumed=plan.resumed,
         )
         requests = plan.requests(self._source.keys, self._counts, self._request_size)
-        pipeline = Pipeline([r.keys for r in requests], self._starter(), depth=self._prefetch)
+        starter = self._starter(position.epoch)  # the epoch's views, resumed or not
+        pipeline = Pipeline([r.keys for r in requests], starter, depth=self._prefetch)
         complete = False
         try:
             yield from self._deliver(plan, requests, pipeline, meter)

@@ -46,7 +46,8 @@ class Identity:
         freeze: The freeze point.
         split: ``"auto"`` when the planner chooses, else the split asked for.
         shuffle: Whether epochs are shuffled.
-        seed: The shuffle seed.
+        seed: The shuffle seed (and the views').
+        augment: The augmentation policy's spec and views kept (``""``: none).
     """
 
     objects: str
@@ -57,6 +58,7 @@ class Identity:
     split: str | int | None
     shuffle: bool
     seed: int
+    augment: str = ""
 
     def refusal(self, saved: Identity) -> str | None:
         """Why a state saved with ``saved`` cannot continue here; ``None`` when it can."""
@@ -64,7 +66,7 @@ class Identity:
             return None
         changed = [
             f"{name} {getattr(saved, name)!r} (now {getattr(self, name)!r})"
-            for name in ("objects", "model", "freeze", "split", "shuffle", "seed")
+            for name in ("objects", "model", "freeze", "split", "shuffle", "seed", "augment")
             if getattr(saved, name) != getattr(self, name)
         ]
         if changed:

@@ -88,3 +88,19 @@ def test_the_decoder_setting_is_checked() -> None:
     if not cuda_usable():
         with pytest.raises(ValueError, match="dali-gpu needs a usable CUDA GPU"):
             chosen_decoder(_settings("dali-gpu"))
+
+
+def test_a_dali_gateway_refuses_augmentation_before_fetching(
+    dali_gateway, registered, unique_bucket
+) -> None:
+    # DALI's crops and colour adjustments are not torchvision's pixels: a clear 400, and
+    # on a key that does not exist, so the refusal came before any fetch.
+    path = f"/{unique_bucket}/absent.jpg?hapi-model=r18&hapi-split=3&hapi-augment=flip%28p%3D0.5%29"
+    reply = httpx.get(
+        dali_gateway.endpoint_url + path,
+        headers=signed_headers(dali_gateway, "GET", path, body=b""),
+        timeout=120,
+    )
+    assert reply.status_code == 400, reply.text
+    assert "<Code>InvalidArgument</Code>" in reply.text
+    assert "x-hapi-augment" in reply.text and "dali-cpu" in reply.text

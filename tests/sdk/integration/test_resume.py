@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -221,6 +222,9 @@ def test_a_state_of_another_dataset_or_listing_is_refused(gateway, registered, b
         "model 'r18@": _images(data, gateway, shuffle=True, seed=3, model="enl0", split=5),
         "split 6 (now 'auto')": _images(data, gateway, shuffle=True, seed=3, split="auto"),
         "objects 's3://": _shards(data, gateway, shuffle=True, seed=3),
+        "augment '' (now 'flip(p=0.5); views=0')": _images(
+            data, gateway, shuffle=True, seed=3, augment="flip(p=0.5)"
+        ),
     }
     for says, other in refusals.items():
         with pytest.raises(sdk.StateMismatch, match="another dataset") as refused:
@@ -367,3 +371,50 @@ def test_a_ddp_job_killed_mid_epoch_resumes_with_each_sample_once(
     assert seen == Counter(_image_keys()), seen  # every sample of the epoch exactly once
     steps = {len({step for step, _, _ in rows}) for rows in received.values()}
     assert len(received) == ranks and len(steps) == 1  # as many batches on every rank
+
+
+# -- augmented views --------------------------------------------------------------------
+
+AUGMENT = {"crop": {"scale": [0.2, 1]}, "flip": 0.5, "jitter": {"brightness": 0.3}}
+
+
+def _rows(batches: list[Any]) -> dict[str, np.ndarray]:
+    return {
+        key: features[i].numpy()
+        for features, _, info in batches
+        for i, (key, padded) in enumerate(zip(info["key"], info["padded"].tolist(), strict=True))
+        if not padded
+    }
+
+
+def test_a_job_resumed_on_another_world_size_sees_the_uninterrupted_views(
+    gateway, registered, data
+):
+    def build(**more: Any) -> sdk.IterableFeatureDataset:
+        return _images(data, gateway, shuffle=True, seed=5, request_size=2, augment=AUGMENT, **more)
+
+    whole = build()
+    whole.set_epoch(1)
+    want = _rows(list(DataLoader(whole, batch_size=4)))
+    before = build()
+    before.set_epoch(0)
+    epoch0 = _rows(list(DataLoader(before, batch_size=4)))
+    assert all(not np.array_equal(epoch0[k], want[k]) for k in want)  # fresh views per epoch
+    # Epoch 1 on one rank, stopped after two batches, then resumed on two ranks.
+    dataset = build()
+    dataset.set_epoch(1)
+    loader = StatefulDataLoader(dataset, batch_size=4)
+    first = []
+    for batch in loader:
+        first.append(batch)
+        if len(first) == 2:
+            state = loader.state_dict()
+            break
+    seen = _rows(first)
+    for rank in range(2):
+        again = build(rank=rank, world_size=2)
+        again.load_state_dict(state)
+        seen.update(_rows(list(DataLoader(again, batch_size=4))))
+    assert sorted(seen) == sorted(want)
+    for key, features in want.items():
+        np.testing.assert_array_equal(seen[key], features, err_msg=key)

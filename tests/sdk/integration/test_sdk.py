@@ -136,6 +136,71 @@ def test_batch_stacks_in_order_and_reports_failures_by_key(gateway, registered, 
     assert np.abs(reply.features[1] - one[0]).max() <= 1e-2 * np.abs(one).max()
 
 
+def test_get_features_asks_for_augmented_views_in_any_spelling(gateway, registered, data):
+    from hapi.models import decode_object
+    from hapi.protocol import Augmentation, AugmentPolicy
+
+    s3 = sdk.client(gateway.endpoint_url, **_credentials(gateway))
+    bucket, keys = data["bucket"], data["keys"]
+    spec = "crop(scale=0.3:1);flip(p=0.5);jitter(brightness=0.3)"
+    spelled = [
+        spec,
+        AugmentPolicy.parse(spec),
+        {"crop": {"scale": [0.3, 1]}, "flip": 0.5, "jitter": {"brightness": 0.3}},
+    ]
+    replies = [
+        s3.get_features(bucket, keys[0], model="r18", split=0, augment=a, seed=4, epoch=2)
+        for a in spelled
+    ]
+    for reply in replies[1:]:
+        np.testing.assert_array_equal(reply.features, replies[0].features)
+        assert reply.views == replies[0].views
+    assert replies[0].views is not None and replies[0].views[0]["view"] == 2
+    # The SDK's local path (decode_object, as the fallback uses it) draws the same view.
+    raw = s3.get_object(Bucket=bucket, Key=keys[0])["Body"].read()
+    augment = Augmentation(policy=AugmentPolicy.parse(spec), seed=4, epoch=2, bucket=bucket)
+    [local] = decode_object(raw, registered["r18"].preprocess, key=keys[0], augment=augment)
+    np.testing.assert_array_equal(replies[0].features[0], local.array)
+    batch = s3.get_features_batch(
+        bucket, [keys[1], keys[0]], model="r18", split=0, augment=spec, seed=4, epoch=2
+    )
+    assert batch.views is not None and batch.views[1] == replies[0].views[0]
+    np.testing.assert_array_equal(batch.features[1], replies[0].features[0])
+    assert s3.get_features(bucket, keys[0], model="r18", split=0).views is None
+    with pytest.raises(ValueError, match=r"jitter\.hue"):
+        s3.get_features(bucket, keys[0], model="r18", split=0, augment="jitter(hue=2)")
+
+
+def test_datasets_draw_a_fresh_view_each_epoch_on_either_side_of_the_network(
+    gateway, registered, data
+):
+    augment = "crop(scale=0.3:1);flip(p=0.5);jitter(contrast=0.3)"
+
+    def train(split: int | None) -> sdk.FeatureDataset:
+        return sdk.FeatureDataset.from_prefix(
+            f"s3://{data['bucket']}/train/",
+            model="r18",
+            **_through(gateway, split=split, augment=augment, seed=2),
+        )
+
+    pushed, local = train(3), train(None)
+    epochs = []
+    for epoch in (0, 1):
+        pushed.set_epoch(epoch)
+        local.set_epoch(epoch)
+        got = _all(pushed)[0]
+        _close(got, _all(local)[0])  # the gateway's views are the local path's
+        epochs.append(got)
+    assert not np.allclose(epochs[0], epochs[1])  # each epoch a fresh view
+    pushed.set_epoch(0)
+    np.testing.assert_array_equal(_all(pushed)[0], epochs[0])  # and the same one again
+    evaluation = sdk.FeatureDataset.from_prefix(
+        f"s3://{data['bucket']}/train/", model="r18", **_through(gateway, split=3)
+    )
+    assert evaluation.augment is None and pushed.augment is not None
+    assert not np.allclose(_all(evaluation)[0], epochs[0])  # the preset's centre crop
+
+
 def test_endpoint_comes_from_argument_then_s3_variable_then_generic(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://generic.example:1")
     assert sdk.client(region_name="us-east-1").meta.endpoint_url == "http://generic.example:1"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import typing
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -50,6 +52,8 @@ def test_dataset_options_are_typed() -> None:
         "shuffle_buffer": int,
         "batch_size": int | None,
         "with_info": bool,
+        "augment": sdk.AugmentPolicy | str | Mapping[str, Any] | None,
+        "views": int,
     }
 
 
