@@ -25,6 +25,7 @@ from tests.gateway.adversarial._reading import (
     send,
     signed_v4,
 )
+from tests.gateway.adversarial._support import Reply
 from tests.support import RunningGateway, credentials, empty_bucket
 
 REGISTRY = "hapi-models"
@@ -78,21 +79,20 @@ def _client(gateway: RunningGateway) -> Credentials:
     return credentials(gateway)
 
 
+def _batch_delete(gateway: RunningGateway, target: str, keys: list[str]) -> Reply:
+    """A signed DeleteObjects of ``keys`` at ``target`` (path and query as written)."""
+    body = delete_body(keys)
+    headers = [("content-md5", content_md5(body))]
+    raw = signed_v4(gateway.endpoint_url, _client(gateway), "POST", target, headers, body)
+    return send(gateway.endpoint_url, raw)
+
+
 @pytest.mark.parametrize("bucket", [REGISTRY, CACHE])
 @pytest.mark.parametrize("slash", ["%2F", "%2f", "%2F%2F", "/"])
 def test_an_encoded_slash_after_an_internal_bucket_deletes_nothing(
     gateway, backend_s3, sentinels, bucket, slash
 ):
-    body = delete_body([sentinels[bucket]])
-    raw = signed_v4(
-        gateway.endpoint_url,
-        _client(gateway),
-        "POST",
-        f"/{bucket}{slash}?delete",
-        [("content-md5", content_md5(body))],
-        body,
-    )
-    reply = send(gateway.endpoint_url, raw)
+    reply = _batch_delete(gateway, f"/{bucket}{slash}?delete", [sentinels[bucket]])
     assert reply.status in (400, 403, 405), reply
     assert _code(reply.body) in ("InvalidBucketName", "AccessDenied", "MethodNotAllowed")
     _intact(backend_s3, sentinels)
@@ -128,16 +128,7 @@ def test_an_encoded_slash_reads_and_writes_no_internal_bucket(
 )
 def test_a_pushdown_flag_does_not_turn_a_delete_into_a_read(gateway, backend_s3, sentinels, target):
     key = sentinels[REGISTRY]
-    body = delete_body([key])
-    raw = signed_v4(
-        gateway.endpoint_url,
-        _client(gateway),
-        "POST",
-        target.format(key=key),
-        [("content-md5", content_md5(body))],
-        body,
-    )
-    reply = send(gateway.endpoint_url, raw)
+    reply = _batch_delete(gateway, target.format(key=key), [key])
     assert reply.status in (400, 405), reply
     assert _code(reply.body) in ("InvalidRequest", "MethodNotAllowed"), reply.body
     _intact(backend_s3, sentinels)
@@ -156,16 +147,7 @@ def test_an_encoded_subresource_name_is_read_as_the_store_reads_it(
     gateway, backend_s3, sentinels, name
 ):
     """``?%64elete`` is ``?delete`` to the store: a batch delete of the registry, a write."""
-    body = delete_body([sentinels[REGISTRY]])
-    raw = signed_v4(
-        gateway.endpoint_url,
-        _client(gateway),
-        "POST",
-        f"/{REGISTRY}?{name}",
-        [("content-md5", content_md5(body))],
-        body,
-    )
-    reply = send(gateway.endpoint_url, raw)
+    reply = _batch_delete(gateway, f"/{REGISTRY}?{name}", [sentinels[REGISTRY]])
     assert reply.status == 403 and _code(reply.body) == "AccessDenied", reply
     _intact(backend_s3, sentinels)
 

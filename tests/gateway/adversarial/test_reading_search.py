@@ -368,13 +368,13 @@ def _snapshot_or_damage(world: World) -> dict[str, Any]:
         return {"damaged": str(exc)}
 
 
-@pytest.mark.timeout(600)
-def test_no_variant_changes_the_store_or_shows_what_the_caller_may_not_read(world: World) -> None:
+def _search(world: World, examples: int, *, reproducible: bool) -> None:
+    """Send ``examples`` generated variants, each judged against the store as it was."""
     before = world.snapshot()
 
     @settings(
-        max_examples=EXAMPLES,
-        derandomize=True,
+        max_examples=examples,
+        derandomize=reproducible,
         database=None,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
@@ -385,22 +385,14 @@ def test_no_variant_changes_the_store_or_shows_what_the_caller_may_not_read(worl
         _check(world, before, caller, raw)
 
     search()
+
+
+@pytest.mark.timeout(600)
+def test_no_variant_changes_the_store_or_shows_what_the_caller_may_not_read(world: World) -> None:
+    _search(world, EXAMPLES, reproducible=True)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_a_longer_random_search(world: World) -> None:
-    before = world.snapshot()
-
-    @settings(
-        max_examples=EXAMPLES_SLOW,
-        database=None,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-    @given(data=st.data())
-    def search(data: st.DataObject) -> None:
-        caller, raw = data.draw(variants(world))
-        _check(world, before, caller, raw)
-
-    search()
+    _search(world, EXAMPLES_SLOW, reproducible=False)
