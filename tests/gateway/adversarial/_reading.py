@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import hashlib
 import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
 import boto3
@@ -94,13 +96,7 @@ def form_upload(
     policy signed by ``creds`` (boto3's ``generate_presigned_post``), or unsigned."""
     fields = {"key": key}
     if creds is not None:
-        signer = boto3.client(
-            "s3",
-            endpoint_url=endpoint_url,
-            region_name="us-east-1",
-            aws_access_key_id=creds.access_key_id,
-            aws_secret_access_key=creds.secret_access_key,
-        )
+        signer = _presigner(endpoint_url, creds)
         fields = signer.generate_presigned_post(bucket, key, ExpiresIn=300)["fields"]
     boundary = "hapiform" + hashlib.sha256(key.encode()).hexdigest()[:16]
     parts = [
@@ -195,3 +191,15 @@ def delete_body(keys: Sequence[str]) -> bytes:
 
 def content_md5(body: bytes) -> str:
     return base64.b64encode(hashlib.md5(body).digest()).decode()
+
+
+@functools.lru_cache(maxsize=16)
+def _presigner(endpoint_url: str, creds: Credentials) -> Any:
+    """A boto3 client that only signs (made once per credential: making one is slow)."""
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=creds.access_key_id,
+        aws_secret_access_key=creds.secret_access_key,
+    )
