@@ -213,10 +213,6 @@ class S3Operation:
     def resource(self) -> str:
         return f"/{self.bucket}/{self.key}" if self.bucket else "/"
 
-    @property
-    def version_id(self) -> str | None:
-        return dict(self.query).get("versionId")
-
     def query_names(self) -> frozenset[str]:
         return frozenset(name for name, _ in self.query)
 
@@ -227,7 +223,7 @@ class S3Operation:
     def upstream_query(self) -> str:
         """The query to send upstream, re-encoded from the parsed pairs, without any
         presigned URL's authentication parameters."""
-        dropped = PRESIGN_PARAMS | (V2_PRESIGN_PARAMS if self._presigned_v2 else frozenset())
+        dropped = PRESIGN_PARAMS | (V2_PRESIGN_PARAMS if self.presigned_v2 else frozenset())
         pairs = sorted(
             (_encode_query(name), _encode_query(value))
             for name, value in self.query
@@ -236,7 +232,9 @@ class S3Operation:
         return "&".join(f"{name}={value}" for name, value in pairs)
 
     @property
-    def _presigned_v2(self) -> bool:
+    def presigned_v2(self) -> bool:
+        """Whether the query carries a V2 presigned URL's parameters (the one reading the
+        verifier and the upstream query both go by)."""
         names = self.query_names()
         return "Signature" in names and "AWSAccessKeyId" in names
 

@@ -24,7 +24,7 @@ from .._types import ASGIReceive, ASGISend, Scope, request_state
 from ._chunked import decode_body
 from ._form import form_boundary
 from ._post_object import PostObject
-from ._sigv2 import is_presigned_v2, verify_presigned_v2
+from ._sigv2 import verify_presigned_v2
 from ._sigv4 import Verified, verify_request
 
 # Never forwarded: hop-by-hop headers, the client's own signature, and the aws-chunked
@@ -109,7 +109,7 @@ class Proxy:
             if not self._settings.allow_anonymous:
                 raise AccessDenied("Anonymous access is refused by this gateway; sign requests.")
             return None
-        if is_presigned_v2(operation.raw_query):
+        if operation.presigned_v2:
             return verify_presigned_v2(
                 method=operation.method,
                 resource_path=operation.client_path,

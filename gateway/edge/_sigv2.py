@@ -24,7 +24,6 @@ from .._errors import (
 from .._signing import ASCII_WHITESPACE
 from ._sigv4 import Verified
 
-QUERY_PARAMS = frozenset({"AWSAccessKeyId", "Signature", "Expires"})
 # Sub-resources that are part of the string to sign (the list botocore's HmacV1Auth uses).
 _SUBRESOURCES = frozenset(
     [
@@ -65,11 +64,6 @@ _SUBRESOURCES = frozenset(
         "object-lock",
     ]
 )
-
-
-def is_presigned_v2(raw_query: str) -> bool:
-    """Whether a query carries V2 presign parameters."""
-    return "AWSAccessKeyId=" in raw_query and "Signature=" in raw_query
 
 
 def verify_presigned_v2(

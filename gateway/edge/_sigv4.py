@@ -64,8 +64,6 @@ _PRESIGN_PARAMS = (
     "X-Amz-SignedHeaders",
     "X-Amz-Signature",
 )
-# What authenticates a presigned URL: meaningless in any other request.
-_PRESIGN_AUTH = frozenset({*_PRESIGN_PARAMS, "X-Amz-Security-Token", "X-Amz-Content-Sha256"})
 _MAX_EXPIRES = 7 * 24 * 3600
 _AMZ_DATE = re.compile(r"\d{8}T\d{6}Z")
 _SCOPE_DATE = re.compile(r"\d{8}")

@@ -135,7 +135,7 @@ def presigned_v4(
         + [(_enc(_dec(k)), _enc(_dec(v))) for k, v in pairs]
     )
     canonical_query = "&".join(f"{k}={v}" for k, v in canonical_pairs)
-    canonical_path = quote(_unquote_bytes(path), safe="/~")
+    canonical_path = quote(unquote_to_bytes(path), safe="/~")
     canonical = (
         f"{method}\n{canonical_path}\n{canonical_query}\nhost:{host}\n\nhost\nUNSIGNED-PAYLOAD"
     )
@@ -177,11 +177,7 @@ def _enc(text: str) -> str:
 
 
 def _dec(text: str) -> str:
-    return _unquote_bytes(text.replace("+", " ")).decode("utf-8", "replace")
-
-
-def _unquote_bytes(text: str) -> bytes:
-    return unquote_to_bytes(text)
+    return unquote_to_bytes(text.replace("+", " ")).decode("utf-8", "replace")
 
 
 def delete_body(keys: Sequence[str]) -> bytes:
