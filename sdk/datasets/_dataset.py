@@ -8,21 +8,17 @@ shuffling, sharding by rank and worker and resumable positions, is ``_iterable``
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Self, Unpack
+from collections.abc import Sequence
+from typing import Any, Self
 
 from torch.utils.data import Dataset
-
-from hapi.models import RuntimeSettings
-from hapi.protocol import DEFAULT_REGISTRY_BUCKET
 
 from ..client._client import AugmentSpec
 from ..planning._split import with_trial
 from ..planning._stats import EpochStats, Meter
 from ._base import DEFAULT_PREFETCH, FeatureSource, Item
-from ._build import LabelsArg, Prepared, SplitArg
+from ._build import Prepared
 from ._compute import Batch
 from ._constructors import DatasetOptions
 from ._iterable import IterableFeatureDataset
@@ -64,41 +60,9 @@ class FeatureDataset(FeatureSource, Dataset[Item]):
         self._choice = with_trial(self._choice, epochs=False)  # no epochs to time it in
         self._meter: Meter | None = None
 
-    @staticmethod
-    def from_shards(
-        uri: str | Sequence[str],
-        *,
-        model: str,
-        split: SplitArg = "auto",
-        freeze: int | None = None,
-        labels: LabelsArg = "cls",
-        dtype: str = "float32",
-        endpoint_url: str | Sequence[str] | None = None,
-        client_options: Mapping[str, Any] | None = None,
-        registry_bucket: str = DEFAULT_REGISTRY_BUCKET,
-        runtime: RuntimeSettings | None = None,
-        request_size: int = 1,
-        bandwidth: float | str | None = None,
-        local_cache: str | os.PathLike[str] | None = None,
-        **dataset: Unpack[DatasetOptions],
-    ) -> IterableFeatureDataset:
-        """WebDataset shards: returns an :class:`IterableFeatureDataset` (see there)."""
-        return IterableFeatureDataset.from_shards(
-            uri,
-            model=model,
-            split=split,
-            freeze=freeze,
-            labels=labels,
-            dtype=dtype,
-            endpoint_url=endpoint_url,
-            client_options=client_options,
-            registry_bucket=registry_bucket,
-            runtime=runtime,
-            request_size=request_size,
-            bandwidth=bandwidth,
-            local_cache=local_cache,
-            **dataset,
-        )
+    # WebDataset shards have no index: the constructor is the iterable form's, which returns
+    # an IterableFeatureDataset (the same typed signature, written once).
+    from_shards = IterableFeatureDataset.from_shards
 
     @classmethod
     def _create(cls, prepared: Prepared, request_size: int, dataset: DatasetOptions) -> Self:
