@@ -1,7 +1,7 @@
 """``hapi-bench``: the testbed and the micro-benchmarks, one subcommand each.
 
 ``hapi-bench testbed`` is ``hapi bench`` (the two-tier testbed); ``proxy``, ``pushdown``,
-``batching``, ``device`` and ``load`` are the micro-benchmarks the ``make bench-*`` targets
+``batching``, ``device``, ``device-ceiling`` and ``load`` are the micro-benchmarks the ``make bench-*`` targets
 run. Each
 micro-benchmark keeps its own argument parser, so its options and ``--help`` are its own;
 its module is imported only when it runs (``hapi`` loads this package at every start).
@@ -21,6 +21,10 @@ MICRO_BENCHMARKS = {
     "pushdown": ("micro._ceiling", "Pushdown throughput against a bare loop on the same cores."),
     "batching": ("micro._pushdown", "Storage-side throughput, adaptive batching vs fixed sizes."),
     "device": ("micro._device", "The storage side's blocks on an accelerator, checked and timed."),
+    "device-ceiling": (
+        "micro.device_ceiling",
+        "The storage side's ceiling on an accelerator with PyTorch alone (runs by path too).",
+    ),
     "load": ("micro._load", "A bounded load run through the gateway, nginx and the store."),
     "cluster": (
         "cluster._cluster_cli",

@@ -102,10 +102,12 @@ GPU_NODE = StorageNode(
 
 
 def gpu_node_from_device(results: Mapping[str, Any], model: str) -> StorageNode:
-    """The GPU node with ``make bench-device``'s measured blocks rate for ``model`` (its
-    ``bench-device.json``, parsed) in place of the published TensorRT figure: the best
-    batch's samples/s of the deepest split it timed (every block, so a lower bound for
-    the frozen prefix); decoding stays at DALI's published rate.
+    """The GPU node with a device run's measured rates for ``model`` in place of the
+    published ones: ``make bench-device``'s ``bench-device.json`` or ``hapi-bench
+    device-ceiling``'s ``bench-device-ceiling.json``, parsed. Blocks: the best batch's
+    samples/s of the deepest split timed (every frozen block, so a lower bound for the
+    prefix); decoding: the device's measured rate where the run timed one (the ceiling's
+    nvJPEG figure at its best batch), else DALI's published one.
 
     Raises:
         KeyError: The results hold no such model.
@@ -113,12 +115,18 @@ def gpu_node_from_device(results: Mapping[str, Any], model: str) -> StorageNode:
     rows = results["models"][model]["splits"]
     deepest = max(rows, key=lambda row: int(row["split"]))
     blocks = max(float(rate) for rate in deepest["samples_per_s"].values())
+    measured = results.get("decode", {}).get("device", {})
+    decode = max((float(rate) for rate in measured.values()), default=DALI_DECODE_RATE)
+    decode_source = (
+        f"decode {decode:,.0f} img/s measured ({results.get('runtime', 'nvJPEG')})"
+        if measured
+        else "DALI 19,000 img/s decode (NVIDIA CI)"
+    )
     return StorageNode(
         name=f"GPU node, {results.get('device', 'device')} measured + 32 cores",
         cores=GPU_NODE.cores,
-        device_rate=min(DALI_DECODE_RATE, blocks),
-        source=f"DALI 19,000 img/s decode (NVIDIA CI), blocks {blocks:,.0f}/s "
-        f"(make bench-device, split {deepest['split']})",
+        device_rate=min(decode, blocks),
+        source=f"{decode_source}, blocks {blocks:,.0f}/s (measured, split {deepest['split']})",
     )
 
 

@@ -133,6 +133,21 @@ def test_bench_device_figures_replace_the_published_blocks_rate() -> None:
     assert model.gpu_node_from_device(results, "resnet18").device_rate == model.DALI_DECODE_RATE
 
 
+def test_a_measured_decode_rate_replaces_the_published_one() -> None:
+    # hapi-bench device-ceiling's shape: nvJPEG's rate per batch beside the blocks.
+    results = {
+        "device": "NVIDIA H200",
+        "runtime": "torch 2.11.0",
+        "decode": {"host_one_thread": 437.0, "device": {"8": 4_590.0, "256": 7_470.0}},
+        "models": {"resnet18": {"splits": [{"split": 10, "samples_per_s": {"256": 10_643.0}}]}},
+    }
+    node = model.gpu_node_from_device(results, "resnet18")
+    # min(best decode 7,470/s, blocks 10,643/s): the decoder bounds this node.
+    assert node.device_rate == 7_470.0
+    assert "7,470 img/s measured (torch 2.11.0)" in node.source
+    assert "DALI" not in node.source
+
+
 def test_few_batches_pay_the_pipelines_fill() -> None:
     # 1000 samples, 4 cores, 1 Gbit/s: client 20 s, link 0.8 s, storage 0.25 s. In 10
     # batches: 9 batches of the client's 2 s, plus one through all three stages
