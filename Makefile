@@ -12,7 +12,7 @@ MYPY_TREE := build/mypy/hapi
 # The benchmarks (benchmarks/hapi_bench, the hapi-bench distribution) sit beside it.
 BENCH_TREE := build/mypy/hapi_bench
 
-.PHONY: wrk run test test-slow test-cluster check lint format bench-proxy bench-pushdown bench-device bench-load bench-cluster bench bench-headtohead clean venv
+.PHONY: wrk run test test-slow test-cluster check lint format bench-proxy bench-pushdown bench-device bench-load bench-cluster bench bench-headtohead bench-augment clean venv
 
 venv: $(STAMP)
 
@@ -98,6 +98,11 @@ clean:
 # The two-tier testbed (root: network namespace, veth, tc tbf); `make bench QUICK=1` for --quick.
 bench: $(STAMP)
 	$(VENV)/bin/hapi-bench testbed $(if $(QUICK),--quick) --out bench-results/testbed
+
+# Augmentation next to the data, its effect on learning: one head trained with no
+# augmentation, fresh views, and K cached views (K = 1, 2, 4) over 3 seeds (5-10 minutes).
+bench-augment: $(STAMP)
+	$(VENV)/bin/hapi-bench augment --out bench-results/augment $(AUGMENT_ARGS)
 
 # The same training job through s3torchconnector and hapi (root: the testbed), every cell
 # (20-40 minutes: quiet or shared cores); `make bench-headtohead QUICK=1` for --quick (3-6).

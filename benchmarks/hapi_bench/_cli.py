@@ -77,7 +77,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def signals_interrupt() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP interrupt, so the same teardown runs. SIGINT is handled
     explicitly too: a background job of a non-interactive shell (a CI script) starts with
     it ignored, and Python then never turns it into KeyboardInterrupt."""
@@ -226,7 +226,7 @@ def _execute(config: BenchConfig, runner: Runner | None = None) -> tuple[list[An
     console = Console(stderr=True)
     progress = RichProgress(console)
     try:
-        with _signals_interrupt(), progress.bar:
+        with signals_interrupt(), progress.bar:
             return (runner or run_bench)(config, progress)
     except TestbedUnavailable as exc:
         raise UserError(str(exc)) from exc

@@ -30,6 +30,10 @@ MICRO_BENCHMARKS = {
         "cluster._cluster_cli",
         "The multi-node store: up, down, and scaling over 1-3 nodes.",
     ),
+    "augment": (
+        "epochs._augment_effect",
+        "Augmentation's effect on a head's accuracy: none, fresh views, K cached views.",
+    ),
     "headtohead": ("headtohead._cli", "The same training job through s3torchconnector and hapi."),
 }
 

@@ -86,6 +86,26 @@ def list_objects(
     return sorted(found)
 
 
+SIZE_SAMPLES = 8
+"""Objects a planner HEADs for their mean size when no listing gave the sizes."""
+
+
+def sampled_object_bytes(s3: Any, bucket: str, keys: Sequence[str]) -> float | None:
+    """The mean size of up to :data:`SIZE_SAMPLES` of ``keys``, spread evenly over them
+    (a HEAD each): what raw reads cost per sample when the objects were named, not
+    listed. ``None`` when none could be read (the caller then assumes a default)."""
+    if not keys:
+        return None
+    step = max(1, len(keys) // SIZE_SAMPLES)
+    sizes = []
+    for key in list(keys)[::step][:SIZE_SAMPLES]:
+        try:
+            sizes.append(int(s3.head_object(Bucket=bucket, Key=key)["ContentLength"]))
+        except (ClientError, BotoCoreError):
+            continue  # a missing object fails its own request later, with its own error
+    return sum(sizes) / len(sizes) if sizes else None
+
+
 @dataclass(frozen=True)
 class Labels:
     """Labels of a dataset's objects, resolved once and shared by every worker.

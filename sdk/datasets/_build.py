@@ -27,6 +27,7 @@ from ..client._sources import (
     parse_uri,
     resolve_labels,
     same_bucket,
+    sampled_object_bytes,
 )
 from ..planning._link import Bandwidth, BandwidthMemory, endpoint_key
 from ..planning._split import (
@@ -227,6 +228,9 @@ def _choose(
         return SplitChoice(None, "no pushdown, as asked: raw objects, every block here", "given")
     if split == "auto":
         raw = source.raw_bytes
+        per_sample = raw / len(source.keys) if raw else None
+        if per_sample is None and not source.shards:  # named, not listed: ask the store
+            per_sample = sampled_object_bytes(s3, source.bucket, source.keys)
         runtime = options.runtime or RuntimeSettings()
         registry = Registry(s3, options.registry_bucket)
 
@@ -243,7 +247,7 @@ def _choose(
             endpoints=endpoints,
             bandwidth=start if isinstance(start, Bandwidth) else None,
             probe=start == PROBE,
-            raw_bytes=raw / len(source.keys) if raw else None,
+            raw_bytes=per_sample,
             dataset_size=len(source.keys),
             batch_size=options.request_size,
             auth=gateway_auth(s3),

@@ -5,8 +5,9 @@ core), so the cache's cost on a cold epoch is measured against the same split wi
 it. Per cell (one model at one regime's bandwidth): shape the link; take the planner's
 split (the first of ``--splits`` if given); build and warm every configuration's dataset
 with the link lifted, then empty both caches; measure ``N`` baseline epochs, then
-alternately an epoch without the cache and a cold epoch with it (twice; the first cold
-epoch goes on with ``N - 1`` warm ones), then ``N`` epochs with the client-side cache.
+alternately an epoch without the cache and a cold epoch with it (``--repeats`` pairs, at
+least 2, the order swapped every other pair; the first cold epoch goes on with ``N - 1``
+warm ones), then ``N`` epochs with the client-side cache.
 Each series starts from empty caches (every entry in the cache bucket deleted, the
 ``local_cache`` directory emptied), and each epoch with a cache ends once the gateway
 has written its entries (``hapi_cache_writes_pending`` back to 0 on ``/metrics``).
@@ -319,13 +320,19 @@ def cache_cell(
     client.prepare(split)
     epochs = config.epochs
     runs = [client.baseline_epoch(epoch, progress) for epoch in range(1, epochs + 1)]
-    for repeat in (1, 2):
+    # The cold pairs: without the cache and cold with it, interleaved, the order swapped
+    # every other pair so that drift on the host counts against both alike; the first
+    # cold epoch goes on with the warm ones.
+    for repeat in range(1, max(2, config.repeats) + 1):
+        if repeat % 2 == 0:
+            runs += client.series(GATEWAY, split, 1, progress, repeat)
         head = Head()
         advance = progress.run(f"{measured.manifest.name} {UNCACHED}", len(client.keys))
         uncached, result = client.epoch(UNCACHED, split, head, advance, repeat=repeat)
         progress.done(result)
         runs.append(uncached)
-        runs += client.series(GATEWAY, split, epochs if repeat == 1 else 1, progress, repeat)
+        if repeat % 2:
+            runs += client.series(GATEWAY, split, epochs if repeat == 1 else 1, progress, repeat)
     runs += client.series(CLIENT, split, epochs, progress)
     sweep = None
     if config.sweep_jobs:

@@ -28,10 +28,10 @@ DEFINITIONS = """\
   store, same core); *gateway cache*: the split through the gateway with its cache,
   emptied before epoch 1; *client cache*: the same plus the SDK's `local_cache` on the
   client's disk, both emptied before epoch 1.
-- *cold overhead*: the gateway cache's epoch 1 / *no cache*'s epoch, minus 1 (both are
-  measured twice, interleaved; the faster of each counts); *cold storage CPU*: the same
-  with the storage tier's CPU seconds (the fewer of each), less sensitive to other work
-  on the machine than wall time. *warm speedup*: the baseline's
+- *cold overhead*: the gateway cache's epoch 1 / *no cache*'s epoch, minus 1, per
+  interleaved pair (`--repeats` pairs, the order swapped every other pair): the median,
+  the least and the most in brackets; *cold storage CPU*: the same with the storage
+  tier's CPU seconds, less sensitive to other work on the machine than wall time. *warm speedup*: the baseline's
   mean epoch / the gateway cache's mean of epochs 2+. *client / head*: the client cache's
   epochs 2+ / the time their head's SGD steps took (1.0: the epoch is the head alone).
 - Between epochs the runner waits until the gateway has written every entry (*drain*,
@@ -43,6 +43,15 @@ DEFINITIONS = """\
 
 def _opt(value: float | None, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
+
+
+def _spread(value: float | None, bounds: tuple[float, float] | None) -> str:
+    """A median overhead with its range: ``+1.2% (-0.4..+2.0%)``."""
+    if value is None:
+        return "n/a"
+    if bounds is None:
+        return format(value, "+.1%")
+    return f"{value:+.1%} ({bounds[0] * 100:+.1f}..{bounds[1]:+.1%})"
 
 
 def _mbit(bps: float) -> str:
@@ -63,7 +72,8 @@ def summary_table(summaries: Sequence[CacheSummary]) -> list[str]:
             f"| {_opt(s.baseline_s, '.2f')} | {_opt(s.uncached_s, '.2f')} "
             f"| {_opt(s.cold_s, '.2f')} | {_opt(s.warm_s, '.2f')} "
             f"| {_opt(s.client_warm_s, '.2f')} | {_opt(s.head_s, '.3f')} "
-            f"| {_opt(s.cold_overhead, '+.1%')} | {_opt(s.cold_cpu_overhead, '+.1%')} "
+            f"| {_spread(s.cold_overhead, s.cold_overhead_range)} "
+            f"| {_spread(s.cold_cpu_overhead, s.cold_cpu_overhead_range)} "
             f"| {_opt(s.warm_speedup, '.1f')}x "
             f"| {_opt(s.client_speedup, '.1f')}x | {_opt(s.client_over_head, '.1f')}x "
             f"| {_opt(s.warm_hit_ratio, '.0%')} |"
@@ -171,8 +181,9 @@ def summary_text(cells: Sequence[CacheCell]) -> str:
         lines.append(
             f"{s.model:<10} {s.regime:<14} {_mbit(s.bandwidth_bps):>13} split {s.split}: "
             f"baseline {_opt(s.baseline_s, '.2f')} s, no cache {_opt(s.uncached_s, '.2f')} s, "
-            f"cold {_opt(s.cold_s, '.2f')} s ({_opt(s.cold_overhead, '+.1%')}; storage CPU "
-            f"{_opt(s.cold_cpu_overhead, '+.1%')}), "
+            f"cold {_opt(s.cold_s, '.2f')} s ({_spread(s.cold_overhead, s.cold_overhead_range)}"
+            f"; storage CPU {_spread(s.cold_cpu_overhead, s.cold_cpu_overhead_range)}, "
+            f"{s.cold_pairs} pairs), "
             f"warm {_opt(s.warm_s, '.2f')} s ({_opt(s.warm_speedup, '.1f')}x), "
             f"client cache {_opt(s.client_warm_s, '.2f')} s (head {_opt(s.head_s, '.3f')} s)"
         )

@@ -182,8 +182,9 @@ class CacheSummary:
     """The headline figures of one cell.
 
     ``cold_overhead``: the gateway cache's epoch 1 over the same split without a cache,
-    minus one; ``cold_cpu_overhead`` the same with the storage tier's CPU seconds (the
-    fewest of each configuration's repeats). ``warm_speedup``: the baseline epoch over the gateway cache's epochs 2+;
+    minus one, the median over the interleaved pairs (``cold_overhead_range``: the least
+    and the most); ``cold_cpu_overhead`` (and its range) the same with the storage tier's
+    CPU seconds. ``warm_speedup``: the baseline epoch over the gateway cache's epochs 2+;
     ``client_speedup`` likewise with the client cache. ``client_over_head``: the client
     cache's epochs 2+ over the time its head's training took in them (1.0: the epoch
     is the head's training alone).
@@ -201,6 +202,9 @@ class CacheSummary:
     head_s: float | None
     cold_overhead: float | None
     cold_cpu_overhead: float | None
+    cold_overhead_range: tuple[float, float] | None
+    cold_cpu_overhead_range: tuple[float, float] | None
+    cold_pairs: int
     warm_speedup: float | None
     client_speedup: float | None
     client_over_head: float | None
@@ -211,10 +215,22 @@ def _ratio(top: float | None, bottom: float | None) -> float | None:
     return None if top is None or not bottom else top / bottom
 
 
-def _least_cpu(cell: CacheCell, config: str) -> float | None:
-    """The fewest storage CPU seconds of ``config``'s epoch 1 over its repeats."""
-    spent = [r.storage_cpu_s for r in cell.runs if r.config == config and r.epoch == 1]
-    return min(spent, default=None)
+def cold_pairs(cell: CacheCell) -> list[tuple[EpochRun, EpochRun]]:
+    """(without the cache, cold with it) per repeat that ran both: the interleaved pairs."""
+    firsts = {(r.config, r.repeat): r for r in cell.runs if r.epoch == 1}
+    repeats = sorted({repeat for config, repeat in firsts if config == GATEWAY})
+    return [
+        (firsts[(UNCACHED, repeat)], firsts[(GATEWAY, repeat)])
+        for repeat in repeats
+        if (UNCACHED, repeat) in firsts
+    ]
+
+
+def _paired(ratios: list[float]) -> tuple[float | None, tuple[float, float] | None]:
+    """The median of ``ratios`` minus one, and the least and most minus one."""
+    if not ratios:
+        return None, None
+    return statistics.median(ratios) - 1.0, (min(ratios) - 1.0, max(ratios) - 1.0)
 
 
 def summarize(cell: CacheCell) -> CacheSummary:
@@ -225,8 +241,11 @@ def summarize(cell: CacheCell) -> CacheSummary:
     cold, warm = cell.cold_s(GATEWAY), cell.warm_s(GATEWAY)
     client, head = cell.warm_s(CLIENT), cell.warm_head_s(CLIENT)
     hits = [r.gateway_hit_ratio for r in cell.runs if r.config == GATEWAY and r.epoch > 1]
-    overhead = _ratio(cold, uncached)
-    cpu = _ratio(_least_cpu(cell, GATEWAY), _least_cpu(cell, UNCACHED))
+    pairs = cold_pairs(cell)
+    overhead, overhead_range = _paired([c.epoch_s / u.epoch_s for u, c in pairs if u.epoch_s > 0])
+    cpu, cpu_range = _paired(
+        [c.storage_cpu_s / u.storage_cpu_s for u, c in pairs if u.storage_cpu_s > 0]
+    )
     return CacheSummary(
         model=cell.model,
         regime=cell.regime,
@@ -238,8 +257,11 @@ def summarize(cell: CacheCell) -> CacheSummary:
         warm_s=warm,
         client_warm_s=client,
         head_s=head,
-        cold_overhead=None if overhead is None else overhead - 1.0,
-        cold_cpu_overhead=None if cpu is None else cpu - 1.0,
+        cold_overhead=overhead,
+        cold_cpu_overhead=cpu,
+        cold_overhead_range=overhead_range,
+        cold_cpu_overhead_range=cpu_range,
+        cold_pairs=len(pairs),
         warm_speedup=_ratio(baseline, warm),
         client_speedup=_ratio(baseline, client),
         client_over_head=_ratio(client, head),

@@ -117,10 +117,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _run(config: HeadToHeadConfig) -> tuple[list[Any], dict[str, Any]]:
+    from hapi_bench._cli import signals_interrupt
+
     from ._run import run_headtohead
 
     try:
-        return run_headtohead(config, lambda line: print(line, flush=True))
+        with signals_interrupt():  # SIGTERM and SIGHUP tear the testbed down as Ctrl-C does
+            return run_headtohead(config, lambda line: print(line, flush=True))
     except TestbedUnavailable as exc:
         print(f"hapi-bench headtohead: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

@@ -205,7 +205,9 @@ def block_rates(
             batch = example[torch.arange(size) % len(example)].to(device)
             for mode in ("fp32", "tf32"):
                 _tf32(mode == "tf32")
-                rates[mode][str(size)] = _rate(lambda b=batch: model(b).cpu(), size, device, repeats)
+                rates[mode][str(size)] = _rate(
+                    lambda b=batch: model(b).cpu(), size, device, repeats
+                )
             if device == "cuda":
                 _tf32(False)
                 shape = model(batch).shape
@@ -216,9 +218,9 @@ def block_rates(
                     device,
                     repeats,
                 )
-                half = model.half()
+                half, half_batch = model.half(), batch.half()
                 rates["fp16"][str(size)] = _rate(
-                    lambda b=batch.half(): half(b).float().cpu(), size, device, repeats
+                    lambda m=half, b=half_batch: m(b).float().cpu(), size, device, repeats
                 )
                 model.float()
         _tf32(False)
@@ -312,8 +314,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"onnxruntime providers there: {results['onnxruntime_providers']}",
         "",
         f"Decode + resize + crop + normalize: host, one thread {decode['host_one_thread']:.0f}/s; "
-        "on the device "
-        + ", ".join(f"b{b} {r:,.0f}/s" for b, r in decode["device"].items()),
+        "on the device " + ", ".join(f"b{b} {r:,.0f}/s" for b, r in decode["device"].items()),
         "",
         "| model | split | error fp32 | error TF32 | "
         + " | ".join(f"b{b} fp32 (pinned, TF32, fp16)" for b in BATCHES)
@@ -361,8 +362,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("device-ceiling: torch finds no CUDA device (try --device cpu)", file=sys.stderr)
         raise SystemExit(2)
     if args.images < max(DECODE_BATCHES) or args.repeats < 1:
-        print(f"device-ceiling: need --images >= {max(DECODE_BATCHES)} and --repeats >= 1",
-              file=sys.stderr)
+        print(
+            f"device-ceiling: need --images >= {max(DECODE_BATCHES)} and --repeats >= 1",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     run(args.out, args.device, args.images, args.repeats)
     print(f"wrote {args.out / 'bench-device-ceiling.json'} and .md", flush=True)

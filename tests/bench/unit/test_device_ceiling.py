@@ -32,8 +32,13 @@ def test_the_report_names_every_split_and_the_pinned_rate() -> None:
         "mean_jpeg_bytes": 29_000,
         "onnxruntime_providers": ["CPUExecutionProvider"],
         "decode": {"host_one_thread": 437.0, "device": {"64": 7151.0}},
-        "models": {"resnet18": {"freeze": 10, "splits": [_row(2), _row(10)],
-                                "pipeline": {"64": 4124.0, "256": 4834.0}}},
+        "models": {
+            "resnet18": {
+                "freeze": 10,
+                "splits": [_row(2), _row(10)],
+                "pipeline": {"64": 4124.0, "256": 4834.0},
+            }
+        },
     }
     text = ceiling.markdown(results)
     assert "| resnet18 | 2 |" in text and "| resnet18 | 10 |" in text

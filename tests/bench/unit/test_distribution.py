@@ -54,9 +54,11 @@ def test_hapi_bench_has_the_testbed_and_the_micro_benchmarks() -> None:
         "pushdown",
         "batching",
         "device",
+        "device-ceiling",
         "load",
         "cluster",
         "headtohead",
+        "augment",
     }
     assert main.commands["testbed"] is bench
 

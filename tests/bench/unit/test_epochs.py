@@ -99,12 +99,34 @@ def test_summary_figures() -> None:
 
     assert summary.baseline_s == pytest.approx(20.0)
     assert summary.uncached_s == 4.0
-    assert summary.cold_overhead == pytest.approx(4.1 / 4.0 - 1)
-    assert summary.cold_cpu_overhead == pytest.approx(4.2 / 4.0 - 1)  # the fewest of each
+    # Two interleaved pairs: (4.4 s, 4.3 s) and (4.0 s, 4.1 s); CPU (4.0, 4.2), (4.1, 4.4).
+    assert summary.cold_pairs == 2
+    assert summary.cold_overhead == pytest.approx((4.3 / 4.4 + 4.1 / 4.0) / 2 - 1)
+    assert summary.cold_overhead_range == pytest.approx((4.3 / 4.4 - 1, 4.1 / 4.0 - 1))
+    assert summary.cold_cpu_overhead == pytest.approx((4.2 / 4.0 + 4.4 / 4.1) / 2 - 1)
     assert summary.warm_speedup == pytest.approx(20.0 / 1.25)
     assert summary.client_speedup == pytest.approx(100.0)
     assert summary.client_over_head == pytest.approx(2.0)
     assert summary.warm_hit_ratio == pytest.approx(0.75)
+
+
+def test_the_cold_overhead_is_the_median_pair_not_the_fastest_of_each() -> None:
+    runs = (
+        epoch(UNCACHED, 1, 4.0, storage_cpu_s=4.0),
+        epoch(GATEWAY, 1, 4.4, storage_cpu_s=4.0),  # +10%
+        epoch(GATEWAY, 1, 3.9, repeat=2, storage_cpu_s=4.0),  # +0% (4.0 s, CPU +0%)
+        epoch(UNCACHED, 1, 3.9, repeat=2, storage_cpu_s=4.0),
+        epoch(UNCACHED, 1, 5.0, repeat=3, storage_cpu_s=4.0),
+        epoch(GATEWAY, 1, 5.1, repeat=3, storage_cpu_s=4.2),  # +2%, CPU +5%
+        epoch(GATEWAY, 1, 2.0, repeat=4),  # no pair: not counted
+    )
+    summary = summarize(cache_cell(runs=runs, sweep=None))
+
+    assert summary.cold_pairs == 3
+    assert summary.cold_overhead == pytest.approx(5.1 / 5.0 - 1)
+    assert summary.cold_overhead_range == pytest.approx((0.0, 0.1))
+    assert summary.cold_cpu_overhead == pytest.approx(0.0)
+    assert summary.cold_cpu_overhead_range == pytest.approx((0.0, 0.05))
 
 
 def test_a_cell_without_the_cache_runs_has_no_figures_for_them() -> None:
@@ -165,7 +187,7 @@ def test_report_has_the_tables_the_sweep_and_the_goals() -> None:
     assert "| baseline | 20.00 | 20.00 | 20.00 |" in text
     assert "| no cache | 4.00 |  |  |" in text
     assert "| gateway cache | 15.0 | 6.0, 3.0, 3.0, 3.0 | 3.20x |" in text
-    assert "| +2.5% | +5.0% | 16.0x |" in text
+    assert "| +0.1% (-2.3..+2.5%) | +6.2% (+5.0..+7.3%) | 16.0x |" in text
     assert "(target >= 10x): met" in text
     assert "(target <= 1.5x): MISSED" in text
     printed = summary_text([cache_cell()])
@@ -179,7 +201,7 @@ def test_write_puts_json_markdown_and_a_png(tmp_path: Path) -> None:
 
     assert [p.name for p in paths] == ["epochs.json", "epochs.md", "epochs.png"]
     data = json.loads(paths[0].read_text())
-    assert data["summary"][0]["cold_overhead"] == pytest.approx(0.025)
+    assert data["summary"][0]["cold_overhead"] == pytest.approx((4.3 / 4.4 + 4.1 / 4.0) / 2 - 1)
     assert data["cells"][0]["sweep"]["total_s"]["no cache"] == pytest.approx(48.0)
     assert [CacheCell.from_dict(c) for c in data["cells"]] == cells
     image = paths[2].read_bytes()

@@ -104,6 +104,6 @@ def test_the_command_renders_a_results_file_again_with_device_figures(tmp_path: 
     device.write_text(json.dumps({"device": "cuda", "models": {"resnet18": {"splits": rows}}}))
     main(["--from-json", str(results), "--device-json", str(device), "--out", str(tmp_path / "o")])
     text = (tmp_path / "o" / "headtohead.md").read_text()
-    assert "blocks 7,000/s (make bench-device, split 10)" in text
+    assert "blocks 7,000/s (measured, split 10)" in text
     assert (tmp_path / "o" / "headtohead.png").stat().st_size > 0
     assert not (tmp_path / "o" / "headtohead.json").exists()

@@ -4,8 +4,11 @@
 (torch.multiprocessing, gloo), each with a ``StatefulDataLoader`` of DataLoader workers
 over an ``IterableFeatureDataset`` on the gateway, and trains a linear head with DDP. Every
 rank appends ``step<TAB>key<TAB>padded`` for each sample it receives to ``rank<R>.log``
-(before the step's all-reduce, so a step rank 0 has finished is logged by every rank); after
-each step rank 0 replaces ``state.pt`` with ``{"epoch", "step", "workers", "loader"}``.
+(before the step's all-reduce, so a step rank 0 has finished is logged by every rank), and
+with ``--digests`` ``step<TAB>key<TAB>sha256 of its features`` to ``rank<R>.views`` (which view of an
+augmented sample it got); after each step rank 0 replaces ``state.pt`` with
+``{"epoch", "step", "workers", "loader"}``. ``--options`` is JSON of more dataset options
+(``{"augment": ..., "views": 2}``).
 With ``--resume FILE`` every rank loads that state into its dataset, and into its loader
 when it has as many workers, as docs/sdk.md tells users to, and runs the rest of the epoch.
 """
@@ -13,6 +16,7 @@ when it has as many workers, as docs/sdk.md tells users to, and runs the rest of
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
@@ -60,9 +64,14 @@ def _rank(rank: int, args: argparse.Namespace) -> None:
     train.set_epoch(epoch)
     head: torch.nn.Module | None = None
     out = Path(args.out)
+    views = (out / f"rank{rank}.views").open("a", buffering=1) if args.digests else None
     with (out / f"rank{rank}.log").open("a", buffering=1) as log:
         for step, (features, _, info) in enumerate(loader):
-            for key, padded in zip(info["key"], info["padded"].tolist(), strict=True):
+            rows = zip(info["key"], info["padded"].tolist(), features, strict=True)
+            for key, padded, row in rows:
+                if views is not None and not padded:
+                    digest = hashlib.sha256(row.float().numpy().tobytes()).hexdigest()
+                    views.write(f"{step}\t{key}\t{digest}\n")
                 log.write(f"{step}\t{key}\t{int(padded)}\n")  # flushed: a line at a time
             if head is None:
                 head = torch.nn.parallel.DistributedDataParallel(
@@ -79,6 +88,8 @@ def _rank(rank: int, args: argparse.Namespace) -> None:
                 torch.save(state, out / "state.tmp")
                 os.replace(out / "state.tmp", out / "state.pt")
             time.sleep(args.pause)
+    if views is not None:
+        views.close()
     dist.barrier()
     dist.destroy_process_group()
 
@@ -92,6 +103,7 @@ def main() -> None:
         parser.add_argument(f"--{name}", type=int, required=True)
     parser.add_argument("--pause", type=float, default=0.0)
     parser.add_argument("--resume", default="")
+    parser.add_argument("--digests", action="store_true")
     args = parser.parse_args()
     mp.spawn(_rank, args=(args,), nprocs=args.ranks, join=True)
 

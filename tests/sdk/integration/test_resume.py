@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import os
 import secrets
 import signal
@@ -321,12 +322,10 @@ def _logged(out: Path) -> dict[str, list[tuple[int, str, bool]]]:
     return found
 
 
-@pytest.fixture(scope="module")
-def killed(gateway, registered, data, tmp_path_factory) -> tuple[Path, list[tuple[str, bool]]]:
-    """A job of 2 ranks x 2 workers, SIGKILLed mid-epoch: its last state, and the samples
-    its ranks received up to that state's step."""
-    out = tmp_path_factory.mktemp("killed")
-    job = _job(gateway, data, out, "--ranks=2", "--workers=2", "--pause=0.2")
+def _kill_mid_epoch(gateway: Any, data: str, out: Path, *flags: str) -> dict[str, Any]:
+    """Run a job of 2 ranks x 2 workers and SIGKILL it once its state is past step 2;
+    its last state."""
+    job = _job(gateway, data, out, "--ranks=2", "--workers=2", "--pause=0.2", *flags)
     deadline = time.monotonic() + 120
     try:
         while time.monotonic() < deadline and job.poll() is None:
@@ -338,7 +337,16 @@ def killed(gateway, registered, data, tmp_path_factory) -> tuple[Path, list[tupl
         os.killpg(job.pid, signal.SIGKILL)
     finally:
         job.wait(30)
-    saved = torch.load(out / "state.pt", weights_only=True)  # the last one written
+    saved: dict[str, Any] = torch.load(out / "state.pt", weights_only=True)  # the last one
+    return saved
+
+
+@pytest.fixture(scope="module")
+def killed(gateway, registered, data, tmp_path_factory) -> tuple[Path, list[tuple[str, bool]]]:
+    """A job of 2 ranks x 2 workers, SIGKILLed mid-epoch: its last state, and the samples
+    its ranks received up to that state's step."""
+    out = tmp_path_factory.mktemp("killed")
+    saved = _kill_mid_epoch(gateway, data, out)
     received = _logged(out)
     assert max(step for rows in received.values() for step, _, _ in rows) < 6  # mid-epoch
     before = [
@@ -418,3 +426,61 @@ def test_a_job_resumed_on_another_world_size_sees_the_uninterrupted_views(
     assert sorted(seen) == sorted(want)
     for key, features in want.items():
         np.testing.assert_array_equal(seen[key], features, err_msg=key)
+
+
+# -- augmented views, through a real job killed with SIGKILL --------------------------------
+
+VIEWS_OPTIONS = json.dumps({"augment": AUGMENT, "views": 2})
+
+
+def _views(out: Path, last_step: int | None = None) -> dict[str, str]:
+    """key -> the digest of the features each rank received (up to ``last_step``)."""
+    found: dict[str, str] = {}
+    for log in sorted(out.glob("rank*.views")):
+        for step, key, digest in (line.split("\t") for line in log.read_text().splitlines()):
+            if last_step is None or int(step) <= last_step:
+                assert found.setdefault(key, digest) == digest, key  # a key once, one view
+    return found
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_views(gateway, registered, data, tmp_path_factory) -> dict[str, str]:
+    """The views (digests) of epoch 1 seen by an uninterrupted augmented job on one rank."""
+    out = tmp_path_factory.mktemp("views-whole")
+    job = _job(
+        gateway, data, out, "--ranks=1", "--workers=1", "--digests", f"--options={VIEWS_OPTIONS}"
+    )
+    _, errors = job.communicate(timeout=180)
+    assert job.returncode == 0, errors[-3000:]
+    views = _views(out)
+    assert sorted(views) == sorted(_image_keys())
+    return views
+
+
+@pytest.mark.parametrize(
+    "ranks", [1, pytest.param(3, marks=pytest.mark.slow)], ids=["on-1-rank", "on-3-ranks"]
+)
+def test_an_augmented_job_killed_mid_epoch_resumes_with_the_uninterrupted_views(
+    gateway, registered, data, tmp_path, uninterrupted_views, ranks
+):
+    flags = ["--digests", f"--options={VIEWS_OPTIONS}"]
+    saved = _kill_mid_epoch(gateway, data, tmp_path / "killed", *flags)
+    seen = _views(tmp_path / "killed", saved["step"])
+    assert seen, "the killed job received nothing before its last state"
+    resumed = _job(
+        gateway,
+        data,
+        tmp_path / "resumed",
+        *flags,
+        f"--ranks={ranks}",
+        "--workers=1",
+        f"--resume={tmp_path / 'killed' / 'state.pt'}",
+    )
+    _, errors = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0, errors[-3000:]
+    after = _views(tmp_path / "resumed")
+    assert not set(seen) & set(after)  # nothing received twice
+    seen.update(after)
+    assert sorted(seen) == sorted(uninterrupted_views)  # every sample of the epoch once
+    differing = [k for k, digest in seen.items() if digest != uninterrupted_views[k]]
+    assert not differing, f"views differ from the uninterrupted run's: {differing}"

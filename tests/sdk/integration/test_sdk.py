@@ -557,6 +557,28 @@ def test_auto_split_on_one_box_never_receives_more_than_the_raw_objects(gateway,
     assert dataset.raw_bytes is not None and stats.bytes_received <= dataset.raw_bytes
 
 
+def test_named_objects_are_planned_at_their_own_size_not_a_default(
+    gateway, registered, data, backend_s3
+):
+    # from_objects lists nothing, so no sizes come with the keys: the planner must price
+    # raw reads at what the objects weigh (a HEAD of a few), not at its 110 KB default,
+    # which made pushdown look better than it is for small images.
+    keys = data["keys"]
+    dataset = sdk.FeatureDataset.from_objects(
+        [f"s3://{data['bucket']}/{key}" for key in keys],
+        model="enl0",
+        labels="folder",
+        **_through(gateway, split="auto", bandwidth="10mbit"),
+    )
+    assert dataset.raw_bytes is None  # nothing was listed
+    sizes = [backend_s3.head_object(Bucket=data["bucket"], Key=k)["ContentLength"] for k in keys]
+    sampled = sizes[:: max(1, len(keys) // 8)][:8]
+    plan = dataset.split_choice.plan
+    assert plan is not None
+    assert plan.profile.raw_bytes == pytest.approx(sum(sampled) / len(sampled))
+    assert plan.profile.raw_bytes < 0.5 * 110_000  # the test's pictures are small
+
+
 def test_auto_split_times_the_client_here(gateway, registered, data, monkeypatch):
     # On one machine only a request's CPU is timed here (the gateway's figures price the
     # blocks); across machines the blocks and decoding are timed on a dataset object,
