@@ -169,6 +169,7 @@ class Pushdown:
     async def _serve(
         self, send: ASGISend, bucket: str, keys: Sequence[str], params: Params, *, batch: bool
     ) -> None:
+        started = time.perf_counter()
         self._admit()
         if params.augment is not None:  # a sample's identity includes its bucket
             params = replace(params, augment=replace(params.augment, bucket=bucket))
@@ -191,6 +192,7 @@ class Pushdown:
                 self.stats.requests_cancelled += 1
                 raise
             answer, writer = self._answer(keys, hits, listing, manifest, params, cache, timings)
+            answer.started = started
             await self._run(send, answer, arrival, writer)
 
     def _admit(self) -> None:

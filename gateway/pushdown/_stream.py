@@ -10,6 +10,7 @@ keeps running figures instead of the rows and is sent whole at the end.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ class Answer:
     timings: dict[str, float] = field(default_factory=dict)
     batch_size: int = 0
     cache: str = "bypass"  # the x-hapi-cache answer: hit, miss or bypass
+    started: float | None = None  # time.perf_counter() when the request reached pushdown
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -80,8 +82,18 @@ class Answer:
         head = safetensors_header(tensors, self.metadata())
         return head, len(head) + sum(size for *_, size in tensors)
 
+    def server_timing(self) -> dict[str, float]:
+        """The stages' milliseconds so far, and ``total``: the gateway's whole time since
+        the request arrived (the stages overlap, a window decoding while the previous one
+        runs, and leave out the time queued behind other requests), so that a client can
+        tell its time on the wire from the gateway's."""
+        timings = dict(self.timings)
+        if self.started is not None:
+            timings["total"] = (time.perf_counter() - self.started) * 1000
+        return timings
+
     def response_headers(self, content_type: bytes, length: int) -> list[tuple[bytes, bytes]]:
-        timing = ", ".join(f"{name};dur={ms:.2f}" for name, ms in self.timings.items())
+        timing = ", ".join(f"{name};dur={ms:.2f}" for name, ms in self.server_timing().items())
         return [
             (b"content-type", content_type),
             (b"content-length", str(length).encode()),
@@ -112,38 +124,51 @@ def _wire(outputs: np.ndarray, dtype: str) -> bytes | memoryview:
     return to_wire_dtype(outputs, dtype)[1]
 
 
-class FeatureStream:
-    """Sends an :class:`Answer`'s rows as they come (``safetensors``).
+WHOLE_RESPONSE_BYTES = 1 << 20
+"""A features response up to this size is sent whole once every window is computed, so
+that its ``Server-Timing`` covers all of them and a client can tell its time on the wire
+from the gateway's; a larger one streams from its first window (its ``Server-Timing`` then
+covers the first window only)."""
 
-    The response starts with the first rows, so that an error in the first window is
-    still an S3 XML error; an error after that can only cut the body short (its
-    ``Content-Length`` tells the client).
+
+class FeatureStream:
+    """Sends an :class:`Answer`'s rows (``safetensors``): whole when the response is at
+    most :data:`WHOLE_RESPONSE_BYTES`, else as they come.
+
+    A streamed response starts with the first rows, so that an error in the first window
+    is still an S3 XML error; an error after that can only cut the body short (its
+    ``Content-Length`` tells the client). A whole one is an S3 XML error up to its end.
     """
 
     def __init__(self, send: ASGISend, answer: Answer) -> None:
         self._send = send
         self._answer = answer
         self._started = False
+        self._held: list[bytes] | None = None
 
     async def rows(self, outputs: np.ndarray) -> None:
-        """Send the next rows ``[n, ...]`` (float32; converted to the wire dtype here)."""
+        """Send (or hold) the next rows ``[n, ...]`` (float32; converted to the wire dtype
+        here)."""
+        body = _wire(outputs, self._answer.params.dtype)
+        if self._held is None and not self._started:
+            _, total = self._answer.safetensors_head()
+            if total <= WHOLE_RESPONSE_BYTES:
+                self._held = []
+        if self._held is not None:
+            self._held.append(bytes(body))
+            return
         if not self._started:
             await self._start()
-        await self._send(
-            {
-                "type": "http.response.body",
-                "body": _wire(outputs, self._answer.params.dtype),
-                "more_body": True,
-            }
-        )
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
 
     async def finish(self) -> None:
-        """Send the labels and end the body."""
+        """Send the labels and end the body (with every held row before them)."""
         if not self._started:
             await self._start()
         labels = self._answer.labels()
         tail = b"" if labels is None else np.ascontiguousarray(labels, "<i8").tobytes()
-        await self._send({"type": "http.response.body", "body": tail})
+        held, self._held = self._held or [], None
+        await self._send({"type": "http.response.body", "body": b"".join([*held, tail])})
 
     async def _start(self) -> None:
         self._started = True

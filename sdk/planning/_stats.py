@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +24,11 @@ class EpochStats:
         server_ms: The gateway's ``Server-Timing`` durations summed, by stage.
         transfer_seconds: Wall time during which responses were on the wire (request
             round trips less the gateway's own time, overlapping requests counted once).
-        storage_seconds: Wall time during which the gateway decoded or ran blocks for
-            this pass (overlapping requests counted once, so concurrent requests that
-            queue behind each other do not inflate it).
+        storage_seconds: Wall time during which the gateway held this pass's requests
+            after fetching their objects: decoding, running blocks, or queued behind other
+            work (its ``total``: another tenant's batches on a loaded storage side count);
+            overlapping requests counted once, so concurrent requests that queue behind
+            each other do not inflate it.
         local_samples: Samples served from the local cache (``local_cache=``).
         gateway_hits: Requests the gateway answered from its feature cache.
         resumed: The pass continued an epoch from a saved state: its figures are the
@@ -155,7 +158,7 @@ class Meter:
         self.gateway_hits += gateway_cache == "hit"
         if round_trip is not None:
             start, end = round_trip
-            served = sum(server_ms.values()) / 1000
+            served = gateway_seconds(server_ms)
             fetched = server_ms.get("fetch", 0.0) / 1000
             self._storage.append((start + fetched, min(end, start + served)))
             self._transfers.append(transfer_span(round_trip, server_ms))
@@ -202,9 +205,19 @@ def transfer_span(
     round_trip: tuple[float, float], server_ms: dict[str, float]
 ) -> tuple[float, float]:
     """When a response was on the wire: its request's round trip (start, end) less the
-    gateway's own time (its ``Server-Timing`` durations)."""
+    gateway's own time (:func:`gateway_seconds`)."""
     start, end = round_trip
-    return min(end, start + sum(server_ms.values()) / 1000), end
+    return min(end, start + gateway_seconds(server_ms)), end
+
+
+def gateway_seconds(server_ms: Mapping[str, float]) -> float:
+    """The gateway's whole time for a request: its ``Server-Timing`` ``total`` (from the
+    request's arrival to the response's start, queueing behind other requests included;
+    without it, a storage side slower than the link made the link look as slow as the
+    storage side), else the sum of its stages (a gateway that sends no ``total``)."""
+    if "total" in server_ms:
+        return server_ms["total"] / 1000
+    return sum(server_ms.values()) / 1000
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

@@ -229,7 +229,7 @@ class ModelRun:
         """One bandwidth, quiet or loaded: every configuration, epochs interleaved."""
         rate = BANDWIDTHS[bandwidth]
         self.log(f"{self.manifest.name} at {bandwidth}, {load}")
-        with self._second(load) as job_pid:
+        with _fresh_bandwidth_memory(), self._second(load) as job_pid:
             self._job_pid = job_pid
             if rate is not None:
                 self.link.shape(rate)
@@ -360,6 +360,24 @@ class ModelRun:
         client, storage = self._client_cpu(), self.tier.cpu_seconds()
         rx = self.link.rx_bytes()
         return _Counters(wall or time.perf_counter(), rx, client, storage)
+
+
+@contextmanager
+def _fresh_bandwidth_memory() -> Iterator[None]:
+    """An empty bandwidth memory for the block (``XDG_CACHE_HOME`` in a temporary folder):
+    each cell is a first job on its link, which an earlier cell's figure, measured on
+    another link through the same gateway URL, must not decide; nor may the run leave
+    its figures in the user's own cache."""
+    previous = os.environ.get("XDG_CACHE_HOME")
+    with tempfile.TemporaryDirectory(prefix="hapi-h2h-cache-") as folder:
+        os.environ["XDG_CACHE_HOME"] = folder
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop("XDG_CACHE_HOME", None)
+            else:
+                os.environ["XDG_CACHE_HOME"] = previous
 
 
 @contextmanager

@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -118,15 +119,15 @@ def _normalize(batch: torch.Tensor) -> torch.Tensor:
 
 def preprocess_cpu(blob: bytes) -> torch.Tensor:
     """Pillow: decode, resize the shorter side to 256 (bilinear), centre-crop 224."""
-    with Image.open(io.BytesIO(blob)) as image:
-        image = image.convert("RGB")
-        w, h = image.size
-        scale = RESIZE / min(w, h)
-        image = image.resize((round(w * scale), round(h * scale)), Image.Resampling.BILINEAR)
-        w, h = image.size
-        left, top = (w - CROP) // 2, (h - CROP) // 2
-        image = image.crop((left, top, left + CROP, top + CROP))
-        return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
+    with Image.open(io.BytesIO(blob)) as opened:
+        rgb = opened.convert("RGB")
+    w, h = rgb.size
+    scale = RESIZE / min(w, h)
+    resized = rgb.resize((round(w * scale), round(h * scale)), Image.Resampling.BILINEAR)
+    w, h = resized.size
+    left, top = (w - CROP) // 2, (h - CROP) // 2
+    cropped = resized.crop((left, top, left + CROP, top + CROP))
+    return torch.from_numpy(np.asarray(cropped).copy()).permute(2, 0, 1)
 
 
 def preprocess_device(blobs: Sequence[bytes], device: str) -> torch.Tensor:
@@ -171,7 +172,7 @@ def decode_rates(blobs: list[bytes], device: str, repeats: int) -> dict[str, Any
     host = _rate(lambda: [preprocess_cpu(b) for b in blobs[:32]], 32, "cpu", max(2, repeats // 3))
     torch.set_num_threads(threads)
     on_device = {
-        str(size): _rate(lambda s=size: preprocess_device(blobs[:s], device), size, device, repeats)
+        str(size): _rate(partial(preprocess_device, blobs[:size], device), size, device, repeats)
         for size in DECODE_BATCHES
         if size <= len(blobs)
     }
@@ -206,25 +207,33 @@ def block_rates(
             for mode in ("fp32", "tf32"):
                 _tf32(mode == "tf32")
                 rates[mode][str(size)] = _rate(
-                    lambda b=batch: model(b).cpu(), size, device, repeats
+                    partial(_to_host, model, batch), size, device, repeats
                 )
             if device == "cuda":
                 _tf32(False)
                 shape = model(batch).shape
                 pinned = torch.empty(shape, pin_memory=True)
                 rates["fp32_pinned"][str(size)] = _rate(
-                    lambda b=batch, o=pinned: o.copy_(model(b), non_blocking=True),
-                    size,
-                    device,
-                    repeats,
+                    partial(_to_pinned, model, batch, pinned), size, device, repeats
                 )
                 half, half_batch = model.half(), batch.half()
                 rates["fp16"][str(size)] = _rate(
-                    lambda m=half, b=half_batch: m(b).float().cpu(), size, device, repeats
+                    partial(_to_host, half, half_batch), size, device, repeats
                 )
                 model.float()
         _tf32(False)
     return rates
+
+
+def _to_host(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """The model's output in a fresh (pageable) host tensor, float32."""
+    out: torch.Tensor = model(batch)
+    return out.float().cpu()
+
+
+def _to_pinned(model: nn.Module, batch: torch.Tensor, pinned: torch.Tensor) -> torch.Tensor:
+    """The model's output copied into a reused pinned host buffer."""
+    return pinned.copy_(model(batch), non_blocking=True)
 
 
 def pipeline_rate(

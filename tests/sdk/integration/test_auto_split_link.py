@@ -168,3 +168,42 @@ def test_a_corrupt_cache_file_is_ignored_with_one_warning(
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned) == 1 and "bandwidth.json" in warned[0], warned
     assert choice.bandwidth_source == "default" and choice.policy == "fewest-bytes"
+
+
+def test_a_storage_side_slower_than_the_link_is_not_taken_for_a_slow_link(
+    link, gateway, registered, photos
+):
+    # EfficientNet-Lite0 to its freeze point: a few KB a sample on the wire, tens of ms of
+    # the storage side's core. With four requests in flight they queue in the gateway; the
+    # link estimate must come from their time on the wire. Before the gateway reported its
+    # `total` time (and sent small responses whole, so that their Server-Timing covers
+    # every window), the queue counted as wire time: a 40 Mbit/s link measured as the features'
+    # own rate, bytes over the epoch's seconds (0.7 Mbit/s here), which the planner then
+    # remembered. The tiers share this machine's two cores, so the gateway's event loop
+    # delays a response's send by tens of ms: the estimate stays below the link's rate, but
+    # far above the features' rate.
+    freeze = registered["enl0"].freeze
+    dataset = sdk.IterableFeatureDataset.from_prefix(
+        f"s3://{photos}/",
+        model="enl0",
+        split=freeze,
+        endpoint_url=link.endpoint_url,
+        client_options={
+            "aws_access_key_id": gateway.access_key_id,
+            "aws_secret_access_key": gateway.secret_access_key,
+            "region_name": "us-east-1",
+        },
+        request_size=8,
+        prefetch=4,
+        dtype="float16",
+    )
+    assert len(list(dataset)) == OBJECTS
+    stats = dataset.stats
+    assert stats is not None and stats.mode == "pushdown" and stats.requests == OBJECTS // 8
+    assert stats.server_ms["total"] > stats.server_ms["infer"]  # reported, and it adds up
+    bits = stats.bandwidth_bps
+    goodput = stats.bytes_received * 8 / stats.seconds
+    assert bits is not None and bits > 3 * goodput, (bits, goodput, stats.server_ms)
+    # ... and the storage side's time per sample is its own rate, queue included once.
+    assert stats.storage_ms_per_sample is not None
+    assert stats.storage_ms_per_sample * stats.samples / 1000 <= stats.seconds
