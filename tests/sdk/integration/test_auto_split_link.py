@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hapi import sdk
+from hapi import planner, sdk
 from tests.sdk.shaper import Shaper
 from tests.sdk.support import picture
 from tests.support import control_get, empty_bucket
@@ -100,7 +100,7 @@ def test_the_link_is_learned_within_the_first_epoch_and_remembered(
     assert len(features) == OBJECTS
     choice = dataset.split_choice
     assert choice.bandwidth_source == "measured" and choice.plan is not None
-    assert dataset.split == probed.split, choice.reason
+    _same_or_near_tie(choice.plan, dataset.split, probed.split)
     if start != probed.split:  # it changed during the first epoch, not after it
         after = re.search(r"re-planned after (\d+) responses", choice.reason)
         assert after is not None and int(after.group(1)) < OBJECTS, choice.reason
@@ -112,7 +112,18 @@ def test_the_link_is_learned_within_the_first_epoch_and_remembered(
     again, planned = _moved(link, gateway, photos)
     assert planned - fixed <= _control_plane(gateway), (planned, fixed)
     assert again.split_choice.bandwidth_source == "remembered"
-    assert again.split == probed.split, again.split_choice.reason
+    assert again.split_choice.plan is not None
+    _same_or_near_tie(again.split_choice.plan, again.split, probed.split)
+
+
+def _same_or_near_tie(plan: Any, split: int | None, probed: int | None) -> None:
+    """``split`` is the probe's pick, or ``plan`` (at the learned figure) predicts the
+    probe's pick no more than the keeper's minimum gain faster: a near tie, which the
+    hysteresis rightly does not chase (the two runs' figures differ by a few percent)."""
+    if split == probed:
+        return
+    kept, best = plan.candidate(split).epoch_s, plan.candidate(probed).epoch_s
+    assert kept <= best * (1 + planner.DEFAULT_MIN_GAIN), (split, probed, plan.reason())
 
 
 def _direct(gateway: Any, bucket: str) -> Any:
