@@ -166,7 +166,9 @@ def _config(quick: bool, out: Path, options: dict[str, Any]) -> BenchConfig:
     type=click.IntRange(min=1),
     help="Epochs of each contender of a cell (the pick, the baseline, the SDK without "
     "pushdown, every run within 15% of the best), in interleaved rounds; the median "
-    "counts (the faster of two) [default: 3; 2 with --quick].",
+    "counts (the faster of two). With --epochs: the interleaved pairs of an epoch without "
+    "the cache and a cold one with it, whose median ratio is the cold overhead (at least "
+    "2) [default: 3; 2 with --quick].",
 )
 @click.option(
     "--nice",
