@@ -29,7 +29,10 @@ class GatewayProfile:
             with its source and age.
         memory_bytes: A new tenant's share of the memory budget: unused bytes divided
             among the active tenants and one more. ``None`` when unknown.
-        busy_tenants: Tenants other than this model's with work queued now.
+        busy_tenants: Tenants with work queued now, this model's included: a view is
+            taken when a job plans, before it has sent anything, so whatever is queued
+            is another job's (another job of the same model shares the batches, and the
+            storage side's throughput with them).
     """
 
     model: str
@@ -136,8 +139,8 @@ def _ranges(indices: Sequence[int]) -> str:
 
 
 def gateway_view(model: ModelProfile, stats: GatewayStats) -> GatewayProfile:
-    """The planner's view of ``model`` from the gateway's typed answers."""
-    ours_busy = any(tenant.queue_depth for tenant in model.served)
+    """The planner's view of ``model`` from the gateway's typed answers, for a job that
+    has sent nothing yet (every queued tenant is another job's)."""
     busy = sum(1 for t in stats.tenants if t.queue_depth)
     budget = stats.memory_budget
     return GatewayProfile(
@@ -145,5 +148,5 @@ def gateway_view(model: ModelProfile, stats: GatewayStats) -> GatewayProfile:
         cpu_ms=tuple(block.cpu_ms for block in model.blocks[: model.freeze]),
         storage=model.storage,
         memory_bytes=budget.new_tenant_share() if budget.total_bytes else None,
-        busy_tenants=max(0, busy - (1 if ours_busy else 0)),
+        busy_tenants=busy,
     )

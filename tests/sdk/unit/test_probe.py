@@ -236,6 +236,17 @@ def test_a_loaded_storage_side_is_divided_by_its_availability() -> None:
         replace(profile, storage_available=0.0)
 
 
+def test_another_job_of_the_same_model_is_a_busy_tenant() -> None:
+    # A second training job of this very model keeps the batcher queued: a new job
+    # shares the storage side with it (its view is taken before it sends anything).
+    # Counting only other models' queues showed the planner an idle storage side.
+    ours = [_tenant(["synthetic@1:2"], 30.0, 100, queued=16)]
+    model = _model_json(ours, _storage({0: 6.0, 1: 8.0}, decode_ms=4.5, available=1.0))
+    with httpx.Client(transport=_transport(model, _stats(ours, active=1))) as client:
+        view = fetch_gateway_profile(GATEWAY, "synthetic", client=client)
+    assert view.busy_tenants == 1 and view.storage_load == 2.0
+
+
 def test_gateway_view_of_an_unserved_model_is_the_manifest() -> None:
     model = _model_json([])
     with httpx.Client(transport=_transport(model, _stats([], active=0))) as client:
