@@ -72,15 +72,22 @@ class Answer:
             return None
         return [view_dict(s) for s in self.samples]
 
-    def safetensors_head(self) -> tuple[bytes, int]:
-        """The safetensors header (length prefix included) and the whole payload's size."""
+    def _tensors(self) -> list[tuple[str, str, tuple[int, ...], int]]:
+        """(name, dtype code, shape, bytes) of each tensor the answer sends."""
         code, itemsize = _CODES[self.params.dtype]
-        features = itemsize * int(np.prod(self.shape))
-        tensors = [("features", code, self.shape, features)]
+        tensors = [("features", code, self.shape, itemsize * int(np.prod(self.shape)))]
         if self.labels() is not None:
             tensors.append(("labels", "I64", (len(self.samples),), 8 * len(self.samples)))
-        head = safetensors_header(tensors, self.metadata())
-        return head, len(head) + sum(size for *_, size in tensors)
+        return tensors
+
+    def tensor_bytes(self) -> int:
+        """The tensors' bytes, the safetensors header left out."""
+        return sum(size for *_, size in self._tensors())
+
+    def safetensors_head(self) -> tuple[bytes, int]:
+        """The safetensors header (length prefix included) and the whole payload's size."""
+        head = safetensors_header(self._tensors(), self.metadata())
+        return head, len(head) + self.tensor_bytes()
 
     def server_timing(self) -> dict[str, float]:
         """The stages' milliseconds so far, and ``total``: the gateway's whole time since
@@ -125,14 +132,14 @@ def _wire(outputs: np.ndarray, dtype: str) -> bytes | memoryview:
 
 
 WHOLE_RESPONSE_BYTES = 1 << 20
-"""A features response up to this size is sent whole once every window is computed, so
+"""A features response whose tensors are at most this size is sent whole once every window is computed, so
 that its ``Server-Timing`` covers all of them and a client can tell its time on the wire
 from the gateway's; a larger one streams from its first window (its ``Server-Timing`` then
 covers the first window only)."""
 
 
 class FeatureStream:
-    """Sends an :class:`Answer`'s rows (``safetensors``): whole when the response is at
+    """Sends an :class:`Answer`'s rows (``safetensors``): whole when its tensors are at
     most :data:`WHOLE_RESPONSE_BYTES`, else as they come.
 
     A streamed response starts with the first rows, so that an error in the first window
@@ -144,18 +151,16 @@ class FeatureStream:
         self._send = send
         self._answer = answer
         self._started = False
-        self._held: list[bytes] | None = None
+        # The rows held until the end (a whole response), or None (streamed).
+        whole = answer.tensor_bytes() <= WHOLE_RESPONSE_BYTES
+        self._held: list[bytes | memoryview] | None = [] if whole else None
 
     async def rows(self, outputs: np.ndarray) -> None:
         """Send (or hold) the next rows ``[n, ...]`` (float32; converted to the wire dtype
-        here)."""
+        here; rows are never written to once given, so holding them needs no copy)."""
         body = _wire(outputs, self._answer.params.dtype)
-        if self._held is None and not self._started:
-            _, total = self._answer.safetensors_head()
-            if total <= WHOLE_RESPONSE_BYTES:
-                self._held = []
         if self._held is not None:
-            self._held.append(bytes(body))
+            self._held.append(body)
             return
         if not self._started:
             await self._start()

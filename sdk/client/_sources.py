@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,8 @@ from urllib.parse import urlsplit
 from botocore.exceptions import BotoCoreError, ClientError
 
 from ._errors import LabelError, RequestError, request_error
+
+logger = logging.getLogger("hapi.sdk")
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 SHARD_SUFFIXES = (".tar",)
@@ -96,14 +99,18 @@ def sampled_object_bytes(s3: Any, bucket: str, keys: Sequence[str]) -> float | N
     listed. ``None`` when none could be read (the caller then assumes a default)."""
     if not keys:
         return None
-    step = max(1, len(keys) // SIZE_SAMPLES)
-    sizes = []
-    for key in list(keys)[::step][:SIZE_SAMPLES]:
+    sizes, failure = [], None
+    for key in keys[:: max(1, len(keys) // SIZE_SAMPLES)][:SIZE_SAMPLES]:
         try:
             sizes.append(int(s3.head_object(Bucket=bucket, Key=key)["ContentLength"]))
-        except (ClientError, BotoCoreError):
-            continue  # a missing object fails its own request later, with its own error
-    return sum(sizes) / len(sizes) if sizes else None
+        except (ClientError, BotoCoreError) as exc:
+            failure = exc  # the object's own request fails later, with its own error
+    if not sizes:
+        logger.warning(
+            "planning with a default object size: no HEAD of s3://%s answered (%s)", bucket, failure
+        )
+        return None
+    return sum(sizes) / len(sizes)
 
 
 @dataclass(frozen=True)

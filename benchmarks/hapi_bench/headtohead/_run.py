@@ -363,25 +363,33 @@ class ModelRun:
 
 
 @contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    """``name`` set to ``value`` in this process's environment for the block."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+@contextmanager
 def _fresh_bandwidth_memory() -> Iterator[None]:
     """An empty bandwidth memory for the block (``XDG_CACHE_HOME`` in a temporary folder):
     each cell is a first job on its link, which an earlier cell's figure, measured on
     another link through the same gateway URL, must not decide; nor may the run leave
     its figures in the user's own cache."""
-    previous = os.environ.get("XDG_CACHE_HOME")
-    with tempfile.TemporaryDirectory(prefix="hapi-h2h-cache-") as folder:
-        os.environ["XDG_CACHE_HOME"] = folder
-        try:
-            yield
-        finally:
-            if previous is None:
-                os.environ.pop("XDG_CACHE_HOME", None)
-            else:
-                os.environ["XDG_CACHE_HOME"] = previous
+    with (
+        tempfile.TemporaryDirectory(prefix="hapi-h2h-cache-") as folder,
+        _environ("XDG_CACHE_HOME", folder),
+    ):
+        yield
 
 
-@contextmanager
-def _profiles(tier: StorageTier, directory: Path) -> Iterator[None]:
+def _profiles(tier: StorageTier, directory: Path) -> AbstractContextManager[None]:
     """The CRT client's credentials: a shared credentials file with one profile for the
     store and one for the gateway, named in the environment for the block."""
     path = credentials_file(
@@ -391,15 +399,7 @@ def _profiles(tier: StorageTier, directory: Path) -> Iterator[None]:
             GATEWAY_PROFILE: (tier.spec.client_key, tier.spec.client_secret),
         },
     )
-    previous = os.environ.get("AWS_SHARED_CREDENTIALS_FILE")
-    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(path)
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("AWS_SHARED_CREDENTIALS_FILE", None)
-        else:
-            os.environ["AWS_SHARED_CREDENTIALS_FILE"] = previous
+    return _environ("AWS_SHARED_CREDENTIALS_FILE", str(path))
 
 
 def run_headtohead(config: HeadToHeadConfig, log: Log) -> tuple[list[Cell], dict[str, Any]]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import platform
 import statistics
 import sys
@@ -301,8 +302,6 @@ def run(out: Path, device: str, images: int, repeats: int) -> dict[str, Any]:
 
 
 def _cores() -> int:
-    import os
-
     return len(os.sched_getaffinity(0))
 
 

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,8 @@ def _rank(rank: int, args: argparse.Namespace) -> None:
     train.set_epoch(epoch)
     head: torch.nn.Module | None = None
     out = Path(args.out)
-    views = (out / f"rank{rank}.views").open("a", buffering=1) if args.digests else None
-    with (out / f"rank{rank}.log").open("a", buffering=1) as log:
+    digests = (out / f"rank{rank}.views").open("a", buffering=1) if args.digests else None
+    with (out / f"rank{rank}.log").open("a", buffering=1) as log, digests or nullcontext() as views:
         for step, (features, _, info) in enumerate(loader):
             rows = zip(info["key"], info["padded"].tolist(), features, strict=True)
             for key, padded, row in rows:
@@ -88,8 +89,6 @@ def _rank(rank: int, args: argparse.Namespace) -> None:
                 torch.save(state, out / "state.tmp")
                 os.replace(out / "state.tmp", out / "state.pt")
             time.sleep(args.pause)
-    if views is not None:
-        views.close()
     dist.barrier()
     dist.destroy_process_group()
 

@@ -47,18 +47,17 @@ def link(gateway: Any) -> Iterator[Shaper]:
 
 
 def _build(link: Shaper, gateway: Any, bucket: str, **options: Any) -> Any:
+    """A dataset of ``bucket`` through ``link``: r18, one object a request, float16,
+    unless ``options`` say otherwise."""
     return sdk.IterableFeatureDataset.from_prefix(
         f"s3://{bucket}/",
-        model="r18",
         endpoint_url=link.endpoint_url,
         client_options={
             "aws_access_key_id": gateway.access_key_id,
             "aws_secret_access_key": gateway.secret_access_key,
             "region_name": "us-east-1",
         },
-        request_size=1,
-        dtype="float16",
-        **options,
+        **{"model": "r18", "request_size": 1, "dtype": "float16", **options},
     )
 
 
@@ -194,20 +193,7 @@ def test_a_storage_side_slower_than_the_link_is_not_taken_for_a_slow_link(
     # delays a response's send by tens of ms: the estimate stays below the link's rate, but
     # far above the features' rate.
     freeze = registered["enl0"].freeze
-    dataset = sdk.IterableFeatureDataset.from_prefix(
-        f"s3://{photos}/",
-        model="enl0",
-        split=freeze,
-        endpoint_url=link.endpoint_url,
-        client_options={
-            "aws_access_key_id": gateway.access_key_id,
-            "aws_secret_access_key": gateway.secret_access_key,
-            "region_name": "us-east-1",
-        },
-        request_size=8,
-        prefetch=4,
-        dtype="float16",
-    )
+    dataset = _build(link, gateway, photos, model="enl0", split=freeze, request_size=8, prefetch=4)
     assert len(list(dataset)) == OBJECTS
     stats = dataset.stats
     assert stats is not None and stats.mode == "pushdown" and stats.requests == OBJECTS // 8
