@@ -16,6 +16,8 @@ from hapi.protocol import Figure, GatewayStats, ModelProfile, StorageLoad, Stora
 
 from ._profile import Profile
 
+BUSY_SHARE = 0.05  # a tenant running batches less of the time than this is idle
+
 
 @dataclass(frozen=True, kw_only=True)
 class GatewayProfile:
@@ -29,10 +31,15 @@ class GatewayProfile:
             with its source and age.
         memory_bytes: A new tenant's share of the memory budget: unused bytes divided
             among the active tenants and one more. ``None`` when unknown.
-        busy_tenants: Tenants with work queued now, this model's included: a view is
-            taken when a job plans, before it has sent anything, so whatever is queued
-            is another job's (another job of the same model shares the batches, and the
-            storage side's throughput with them).
+        busy_tenants: Tenants with work queued now or running lately, this model's
+            included: a view is taken when a job plans, before it has sent anything, so
+            whatever runs is another job's (another job of the same model shares the
+            batches, and the storage side's throughput with them).
+        busy_work: The device those tenants take, in devices: 1 for each tenant with
+            work queued (it takes its turn at every batch), its busy share of the last
+            seconds for one without a queue now (a job that sends its next request when
+            its last is answered keeps the device busy with an empty queue). ``None``:
+            each busy tenant counts 1.
     """
 
     model: str
@@ -40,6 +47,7 @@ class GatewayProfile:
     storage: StorageProfile
     memory_bytes: int | None
     busy_tenants: int
+    busy_work: float | None = None
 
     @property
     def scale(self) -> float:
@@ -63,12 +71,20 @@ class GatewayProfile:
 
     @property
     def storage_load(self) -> float:
-        """Factor for time-sharing the device in turn with the other busy tenants."""
-        return 1.0 + self.busy_tenants
+        """Factor for time-sharing the device with the other busy tenants' work."""
+        return 1.0 + (self.busy_tenants if self.busy_work is None else self.busy_work)
 
     def origin(self) -> str:
-        """Where the storage-side figures came from and how old they are, in words."""
-        return describe_storage(self.storage, self.scale)
+        """Where the storage-side figures came from and how old they are, and what other
+        jobs take of the device, in words."""
+        origin = describe_storage(self.storage, self.scale)
+        if not self.busy_tenants:
+            return origin
+        jobs = "job" if self.busy_tenants == 1 else "jobs"
+        return (
+            f"{origin} {self.busy_tenants} other {jobs} busy on the storage side: its "
+            f"blocks priced x{self.storage_load:.2f} for sharing the device."
+        )
 
     def apply(self, profile: Profile) -> Profile:
         """``profile`` with this view's storage-side times, decode, memory budget and load.
@@ -140,13 +156,14 @@ def _ranges(indices: Sequence[int]) -> str:
 
 def gateway_view(model: ModelProfile, stats: GatewayStats) -> GatewayProfile:
     """The planner's view of ``model`` from the gateway's typed answers, for a job that
-    has sent nothing yet (every queued tenant is another job's)."""
-    busy = sum(1 for t in stats.tenants if t.queue_depth)
+    has sent nothing yet (every busy tenant is another job's)."""
+    work = [1.0 if t.queue_depth else t.busy_share for t in stats.tenants]
     budget = stats.memory_budget
     return GatewayProfile(
         model=model.ref,
         cpu_ms=tuple(block.cpu_ms for block in model.blocks[: model.freeze]),
         storage=model.storage,
         memory_bytes=budget.new_tenant_share() if budget.total_bytes else None,
-        busy_tenants=busy,
+        busy_tenants=sum(1 for w in work if w >= BUSY_SHARE),
+        busy_work=sum(w for w in work if w >= BUSY_SHARE),
     )

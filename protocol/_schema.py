@@ -57,6 +57,7 @@ class TenantStats(_Schema):
     mean_batch_size: float | None
     samples_dropped: int = 0
     requests_cancelled: int = 0
+    busy_share: float = 0.0  # of the last 10 s spent running batches (work in progress)
 
     def serves(self, ref: str) -> list[int]:
         """The splits of model version ``ref`` this tenant runs."""

@@ -65,6 +65,7 @@ Observer = Callable[[int, float, Sequence[float]], None]
 _SLICE_S = 0.010
 _WAIT_SHARE = 0.25  # of a batch's expected run time, the most it waits for announced requests
 _SHARING_S = 2.0  # an identity whose samples ran this recently still shares the batcher
+BUSY_WINDOW_S = 10.0  # the span /_hapi/stats' busy share covers
 
 
 class OutOfMemory(Exception):
@@ -472,13 +473,28 @@ class BatcherStats:
     _window: collections.deque[tuple[float, int]] = field(
         default_factory=lambda: collections.deque(maxlen=256)
     )
+    _runs: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
 
     def record(self, size: int, seconds: float, queued: int) -> None:
         self.batches += 1
         self.samples += size
         self.busy_s += seconds
         self.recent_sizes.append(size)
-        self._window.append((time.monotonic(), size))
+        now = time.monotonic()
+        self._window.append((now, size))
+        self._runs.append((now, seconds))
+        while self._runs and self._runs[0][0] <= now - BUSY_WINDOW_S:
+            self._runs.popleft()
+
+    def busy_share(self, now: float | None = None) -> float:
+        """The share of the last :data:`BUSY_WINDOW_S` seconds this batcher spent running
+        batches: its work in progress, which a queue read between two of a job's requests
+        does not show (a job that sends its next request when the last one is answered
+        leaves the queue empty most of the time it keeps the device busy)."""
+        now = time.monotonic() if now is None else now
+        start = now - BUSY_WINDOW_S
+        busy = sum(min(seconds, end - start) for end, seconds in self._runs if end > start)
+        return min(1.0, busy / BUSY_WINDOW_S)
 
     def samples_per_s(self) -> float:
         if len(self._window) < 2:
@@ -498,6 +514,7 @@ class BatcherStats:
             "ms_per_sample": round(1000 * self.busy_s / self.samples, 3) if self.samples else None,
             "recent_batch_sizes": sizes,
             "mean_batch_size": round(sum(sizes) / len(sizes), 2) if sizes else None,
+            "busy_share": round(self.busy_share(), 3),
         }
 
 

@@ -6,12 +6,16 @@ can make the storage node work, and it crosses the link too. It runs as its own 
 (``python -m hapi_bench.headtohead._second_job``, its settings in one environment
 variable so the secret stays out of ``ps``) on the client's core at a lower priority, so
 what it takes from the job being measured is the storage node's core and the link.
+:func:`second_job` returns once the job has been answered and then kept working for
+:data:`SETTLE_S` (the span of the gateway's busy share): a neighbour's job has been
+running for a while when another plans, and the planner reads its load from that span.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -23,6 +27,9 @@ from types import FrameType
 
 ENV = "HAPI_H2H_SECOND_JOB"
 NICENESS = 10
+READY = b"answered\n"  # the job's one line on stdout, after its first answer
+START_TIMEOUT_S = 120.0
+SETTLE_S = 10.0  # the gateway's BUSY_WINDOW_S
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,20 +56,41 @@ def command(cpu: int) -> list[str]:
 
 @contextmanager
 def second_job(job: SecondJob, cpu: int) -> Iterator[int]:
-    """Run the job for the block; yields its pid."""
+    """Run the job for the block; yields its pid once it is established (answered, then
+    :data:`SETTLE_S` of work).
+
+    Raises:
+        RuntimeError: The job exited or had no answer within :data:`START_TIMEOUT_S`.
+    """
     env = {**os.environ, ENV: json.dumps(asdict(job))}
     process = subprocess.Popen(
-        command(cpu), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        command(cpu), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
     )
     try:
+        _wait_answered(process)
+        time.sleep(SETTLE_S)
         yield process.pid
     finally:
+        assert process.stdout is not None
+        process.stdout.close()
         process.terminate()
         try:
             process.wait(10)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _wait_answered(process: subprocess.Popen[bytes]) -> None:
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], START_TIMEOUT_S)
+    line = process.stdout.readline() if ready else b""
+    if line != READY:
+        code = process.poll()
+        state = f"exited with {code}" if code is not None else "is still silent"
+        raise RuntimeError(
+            f"the second job had no answer within {START_TIMEOUT_S:.0f} s and {state}"
+        )
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
@@ -82,6 +110,7 @@ def main() -> None:
         aws_secret_access_key=job.secret_access_key,
         region_name="us-east-1",
     )
+    announced = False
     while True:
         for start in range(0, len(job.keys), job.batch_size):
             keys = list(job.keys[start : start + job.batch_size])
@@ -89,6 +118,11 @@ def main() -> None:
                 client.get_features_batch(job.bucket, keys, model=job.model, split=job.split)
             except sdk.SDKError:  # e.g. SlowDown: a job backs off and goes on
                 time.sleep(0.1)
+                continue
+            if not announced:
+                sys.stdout.buffer.write(READY)
+                sys.stdout.buffer.flush()
+                announced = True
 
 
 if __name__ == "__main__":

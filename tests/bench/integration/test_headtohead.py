@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from hapi import models
+from hapi.sdk import GatewayAuth, fetch_gateway_profile
+from hapi_bench.headtohead import _second_job
 from hapi_bench.headtohead._loaders import (
     Endpoint,
     FrozenBlocks,
@@ -20,6 +22,7 @@ from hapi_bench.headtohead._loaders import (
 )
 from hapi_bench.headtohead._same import Trace, check, compare
 from hapi_bench.testbed._data import generate
+from tests.support import store_gateway
 
 SAMPLES = 24
 
@@ -84,3 +87,62 @@ def test_s3torchconnector_and_hapi_deliver_the_same_samples_in_the_same_order(
     assert check(traces, "s3torch") is None
     # The epochs are shuffled differently, and the check sees it.
     assert compare(traces["s3torch"][1], traces["hapi"][2]) is not None
+
+
+def test_the_second_job_shows_a_planner_a_busy_storage_side(
+    store: Any,
+    backend_s3: Any,
+    registered: dict[str, Any],
+    unique_bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The loaded cells' neighbour sends its next batch when its last is answered, so the
+    # gateway's queue reads empty between its requests. A job planning beside it must
+    # still see the storage side busy (the busy share of the last seconds): with queues
+    # alone, the view showed an idle storage side and hapi pushed down into a full core.
+    from botocore.credentials import Credentials as BotoCredentials
+
+    for sample in generate(16, models.sample_images(), seed=2):
+        backend_s3.put_object(Bucket=unique_bucket, Key=sample.key, Body=sample.data)
+    keys = tuple(o["Key"] for o in backend_s3.list_objects_v2(Bucket=unique_bucket)["Contents"])
+    manifest = registered["r18"]
+    monkeypatch.setattr(_second_job, "SETTLE_S", 3.0)
+    # As in the loaded cells, the neighbour's gateway has no feature cache: every batch
+    # it sends is computed.
+    with store_gateway(store, tmp_path, env={"HAPI_CACHE_ENABLED": "false"}) as uncached:
+        job = _second_job.SecondJob(
+            endpoint=uncached.endpoint_url,
+            access_key_id=uncached.access_key_id,
+            secret_access_key=uncached.secret_access_key,
+            bucket=unique_bucket,
+            keys=keys,
+            model=manifest.name,
+            split=manifest.freeze,
+        )
+        auth = GatewayAuth(BotoCredentials(uncached.access_key_id, uncached.secret_access_key))
+        with _second_job.second_job(job, cpu=0):
+            view = fetch_gateway_profile(uncached.endpoint_url, manifest.ref, auth=auth)
+    assert view.busy_tenants >= 1
+    assert view.storage_load > 1.05
+    assert "busy on the storage side" in view.origin()
+
+
+def test_a_second_job_that_cannot_start_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A job whose gateway is not there never answers: the runner stops with the reason
+    # rather than measure a loaded cell without its load.
+    job = _second_job.SecondJob(
+        endpoint="http://127.0.0.1:9",
+        access_key_id="k",
+        secret_access_key="s",
+        bucket="b",
+        keys=("a.jpg",),
+        model="r18",
+        split=1,
+    )
+    monkeypatch.setattr(_second_job, "START_TIMEOUT_S", 20.0)
+    with (
+        pytest.raises(RuntimeError, match="second job had no answer"),
+        _second_job.second_job(job, cpu=0),
+    ):
+        pass

@@ -307,3 +307,39 @@ def test_a_waiting_submit_gets_room_instead_of_slowdown():
 
     (_, _), (out, _) = asyncio.run(main())
     assert out.tolist() == (_samples(5, 50) * 2).tolist()
+
+
+def test_busy_share_is_the_running_time_of_the_last_window(monkeypatch):
+    # Batches of 2 s ending at t=100, 104 and 108 fill 6 s of the 10 s before t=108; as
+    # the window moves on, each batch leaves it, the last one second by second.
+    from hapi.gateway.pushdown import _batcher
+
+    stats = _batcher.BatcherStats()
+    clock = iter([100.0, 104.0, 108.0])
+    monkeypatch.setattr(_batcher.time, "monotonic", lambda: next(clock))
+    for _ in range(3):
+        stats.record(4, 2.0, 0)
+    assert _batcher.BUSY_WINDOW_S == 10.0
+    assert stats.busy_share(108.0) == pytest.approx(0.6)
+    assert stats.busy_share(111.0) == pytest.approx(0.4)  # the first batch left the window
+    assert stats.busy_share(117.0) == pytest.approx(0.1)  # 1 s of the last one's 2 s
+    assert stats.busy_share(119.0) == 0.0
+    assert _batcher.BatcherStats().busy_share(0.0) == 0.0
+
+
+def test_a_job_sending_one_request_at_a_time_shows_busy_with_an_empty_queue():
+    # What the planner's view reads between a sequential job's requests: no queue, but
+    # the device ran that job's batches for most of the last seconds.
+    device = FakeDevice(delay=0.05)
+
+    async def main():
+        batcher = _batcher(device)
+        for _ in range(6):
+            await batcher.submit(np.ones((2, 4), np.float32), identity="other")
+        assert batcher.queued == 0
+        share = batcher.stats.as_dict()["busy_share"]
+        await batcher.close()
+        return share
+
+    share = asyncio.run(main())
+    assert 6 * 0.05 / 10.0 * 0.9 <= share <= 1.0

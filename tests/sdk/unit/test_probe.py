@@ -151,7 +151,9 @@ def _storage(measured: dict[int, float], decode_ms: float | None, available: flo
     return {"blocks": [block(i) for i in range(4)], "decode": decode, "load": load}
 
 
-def _tenant(served_as: list[str], ms: float | None, samples: int, queued: int = 0) -> dict:
+def _tenant(
+    served_as: list[str], ms: float | None, samples: int, queued: int = 0, busy: float = 0.0
+) -> dict:
     return {
         "blocks": served_as[0].replace(":", "[0:") + "]",
         "served_as": [
@@ -168,6 +170,7 @@ def _tenant(served_as: list[str], ms: float | None, samples: int, queued: int = 
         "ms_per_sample": ms,
         "recent_batch_sizes": [4],
         "mean_batch_size": 4.0,
+        "busy_share": busy,
     }
 
 
@@ -245,6 +248,39 @@ def test_another_job_of_the_same_model_is_a_busy_tenant() -> None:
     with httpx.Client(transport=_transport(model, _stats(ours, active=1))) as client:
         view = fetch_gateway_profile(GATEWAY, "synthetic", client=client)
     assert view.busy_tenants == 1 and view.storage_load == 2.0
+
+
+def test_a_job_keeping_the_device_busy_between_requests_is_a_busy_tenant() -> None:
+    # A second job that sends its next request when its last is answered leaves the
+    # queue empty at most reads of it, while its batches fill 80% of the device's time.
+    # A queue-only view showed the planner an idle storage side under that job.
+    ours = [_tenant(["synthetic@1:2"], 30.0, 100, busy=0.8)]
+    idle = _tenant(["other@1:5"], 3.0, 50, busy=0.01)
+    queued = _tenant(["other@1:3"], 3.0, 50, queued=2, busy=0.3)
+    model = _model_json(ours, _storage({0: 6.0, 1: 8.0}, decode_ms=4.5, available=1.0))
+    for tenants, busy, load in (
+        ([*ours, idle], 1, 1.8),  # the idle tenant's 1% is noise, not a job
+        ([*ours, idle, queued], 2, 2.8),  # a queued tenant takes a turn at every batch
+        ([idle], 0, 1.0),
+    ):
+        with httpx.Client(transport=_transport(model, _stats(tenants, active=1))) as client:
+            view = fetch_gateway_profile(GATEWAY, "synthetic", client=client)
+        assert view.busy_tenants == busy
+        assert view.storage_load == pytest.approx(load)
+        applied = view.apply(profile_from_manifest(manifest(freeze=4)))
+        assert applied.storage_load == pytest.approx(load)
+        assert (f"priced x{load:.2f}" in view.origin()) == (busy > 0)
+
+
+def test_a_busy_storage_side_moves_the_pick_towards_the_client() -> None:
+    # The same view, quiet and with another job's work on the device: the loaded plan's
+    # storage stage is slower by the load, so its pick never runs more blocks there.
+    synthetic, profile = r18()
+    quiet = plan(synthetic, profile, 1e9, batch_size=8)
+    loaded = plan(synthetic, replace(profile, storage_load=1.9), 1e9, batch_size=8)
+    for a, b in zip(quiet.candidates, loaded.candidates, strict=True):
+        assert b.storage_ms == pytest.approx(1.9 * a.storage_ms)
+    assert (loaded.split or 0) <= (quiet.split or 0)
 
 
 def test_gateway_view_of_an_unserved_model_is_the_manifest() -> None:
