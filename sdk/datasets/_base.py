@@ -20,7 +20,7 @@ import torch
 from hapi.protocol import Augmentation, AugmentPolicy
 
 from ..client._client import AugmentSpec, policy_of
-from ..planning._link import LinkEstimate, endpoint_key
+from ..planning._link import MIN_RESPONSES, LinkEstimate, SpanLog, endpoint_key
 from ..planning._split import SplitChoice, learned
 from ..planning._stats import Meter, transfer_span
 from ._build import Prepared
@@ -32,6 +32,7 @@ Item = tuple[torch.Tensor, int]
 DEFAULT_PREFETCH = 4
 LIVE_CHECKPOINTS = 4
 """Stable estimates of the link planned with while a job runs (then epochs take over)."""
+CHECKPOINT_STEP = max(1, MIN_RESPONSES // 2)  # as LinkEstimate.checkpoint's
 logger = logging.getLogger("hapi.sdk")
 
 
@@ -64,7 +65,10 @@ class FeatureSource(Constructors):
         self._runtime: tuple[int, Engine] | None = (os.getpid(), Engine(prepared.spec, prepared.s3))
         self._memory = prepared.memory
         learns = prepared.choice.basis is not None and prepared.choice.measured_bandwidth
-        self._link: LinkEstimate | None = LinkEstimate() if learns else None
+        # Every process reading for this dataset (DataLoader workers too) logs its
+        # responses' wire spans in one place; each plans from all of them.
+        self._spans: SpanLog | None = SpanLog() if learns else None
+        self._replayed = 0  # spans of the log this process has planned with
         self._checkpoints = 0
 
     # -- per-process state --------------------------------------------------------------
@@ -78,7 +82,6 @@ class FeatureSource(Constructors):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_runtime"] = None  # clients and sessions never cross processes
-        state["_link"] = None  # the process that owns the dataset measures the link
         return state
 
     def _starter(self, epoch: int = 0) -> Callable[[Sequence[str]], Fetch[Batch]]:
@@ -136,21 +139,39 @@ class FeatureSource(Constructors):
     # -- learning the link from the job's own responses -------------------------------------
 
     def _observe(self, batch: Batch) -> None:
-        """Count a pushdown response towards the link estimate; at each stable checkpoint,
-        plan with it (through the keeper's hysteresis) and remember it."""
-        link = self._link
-        if link is None or batch.mode != "pushdown" or batch.round_trip is None:
+        """Log a pushdown response's wire span; once the log (every process's responses)
+        has reached this process's next checkpoint, plan with it."""
+        log = self._spans
+        if log is None or batch.mode != "pushdown" or batch.round_trip is None:
             return
-        link.add(batch.nbytes, transfer_span(batch.round_trip, batch.server_ms))
-        bits = link.checkpoint()
-        if bits is None:
+        log.add(batch.nbytes, transfer_span(batch.round_trip, batch.server_ms))
+        if len(log) >= self._replayed + CHECKPOINT_STEP:
+            self._learn("after {n} responses")
+
+    def _learn(self, when: str) -> None:
+        """Go through the span log as one process receiving every response would: at each
+        stable checkpoint this process has not planned with, plan with the estimate
+        (through the keeper's hysteresis) and remember it; after
+        :data:`LIVE_CHECKPOINTS`, stop (epochs take over). ``when`` may name ``{n}``,
+        the responses counted at the checkpoint."""
+        log = self._spans
+        if log is None:
             return
-        when = f"after {link.responses} responses"
-        self._take(learned(self._choice, self._spec.manifest, bits, when))
-        self._remember(bits)
-        self._checkpoints += 1
-        if self._checkpoints >= LIVE_CHECKPOINTS:
-            self._link = None
+        spans = log.spans()
+        link = LinkEstimate()
+        for nbytes, span in spans:
+            link.add(nbytes, span)
+            bits = link.checkpoint()
+            if bits is None or link.responses <= self._replayed:
+                continue
+            text = when.format(n=link.responses)
+            self._take(learned(self._choice, self._spec.manifest, bits, text))
+            self._remember(bits)
+            self._checkpoints += 1
+            if self._checkpoints >= LIVE_CHECKPOINTS:
+                self._spans = None
+                break
+        self._replayed = max(self._replayed, link.responses)
 
     def _take(self, choice: SplitChoice) -> None:
         """Use ``choice`` from the next request on (requests already made keep theirs:

@@ -87,7 +87,15 @@ class FeatureDataset(FeatureSource, Dataset[Item]):
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch: with ``augment=``, each epoch's items are fresh views (view
-        ``epoch % views`` with ``views=``), the same on every run with the same ``seed``."""
+        ``epoch % views`` with ``views=``), the same on every run with the same ``seed``.
+
+        It is also where this process plans with the link its DataLoader workers measured
+        (their responses are logged for it): a job that started without a known bandwidth
+        takes the planner's split from the next epoch on, through the same hysteresis as
+        a job measuring its own responses, and remembers the figure. Workers created for
+        the next epoch start from that split; persistent workers plan from the same log
+        themselves."""
+        self._learn(f"after {{n}} responses (the workers', before epoch {epoch})")
         self._epoch = epoch
 
     def __len__(self) -> int:

@@ -360,7 +360,7 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         remember the bandwidth the epoch measured; only here, in the process that owns
         the dataset (workers' copies are rebuilt). From the first full epoch on, epochs
         re-plan: the link estimate of the job's first responses has done its part."""
-        self._link = None
+        self._spans = None
         bits = stats.bandwidth_bps if stats.mode == "pushdown" else None
         if bits and self._choice.measured_bandwidth and self._memory is not None:
             self._remember(bits)

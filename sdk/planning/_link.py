@@ -21,8 +21,10 @@ import json
 import logging
 import math
 import os
+import struct
 import tempfile
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,3 +208,69 @@ class LinkEstimate:
         if self.responses % step or not self.stable:
             return None
         return self.bandwidth_bps()
+
+
+_SPAN = struct.Struct("<ddq")  # start, end (the monotonic clock, shared by processes), bytes
+
+
+class SpanLog:
+    """The wire spans of a dataset's pushdown responses, from every process that reads
+    for it: the process that owns the dataset and its DataLoader workers, forked or
+    spawned, persistent or not.
+
+    Each process appends one fixed record per response to one file (a single append of
+    24 bytes, which the kernel does not interleave) and reads everyone's, so that a worker
+    estimates the link the whole job uses, not its own share of it, and the owner can plan
+    with what its workers measured (they run the requests; it runs none). The owner
+    creates the file and removes it when the log is collected or the process exits;
+    copies in other processes only name it.
+    """
+
+    def __init__(self) -> None:
+        handle, path = tempfile.mkstemp(prefix="hapi-link-", suffix=".spans")
+        os.close(handle)
+        self.path = path
+        self._owner = os.getpid()
+        self._finalizer = weakref.finalize(self, _remove_if_owner, path, self._owner)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "_owner": self._owner}  # no finalizer: copies remove nothing
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def add(self, nbytes: int, span: tuple[float, float]) -> None:
+        """Record one response of ``nbytes`` on the wire during ``span``."""
+        record = _SPAN.pack(span[0], span[1], nbytes)
+        try:  # never created here: once the owner removed it, nobody would
+            handle = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            logger.debug("the link's span log %s is gone: %s", self.path, exc)
+            return
+        try:
+            os.write(handle, record)
+        finally:
+            os.close(handle)
+
+    def __len__(self) -> int:
+        try:
+            return os.stat(self.path).st_size // _SPAN.size
+        except OSError:
+            return 0
+
+    def spans(self) -> list[tuple[int, tuple[float, float]]]:
+        """Every response recorded so far, ``(bytes, (start, end))``, in the order the
+        requests started (whole records only)."""
+        try:
+            data = Path(self.path).read_bytes()
+        except OSError:
+            return []
+        whole = len(data) - len(data) % _SPAN.size
+        found = [(n, (start, end)) for start, end, n in _SPAN.iter_unpack(data[:whole])]
+        return sorted(found, key=lambda item: item[1][0])
+
+
+def _remove_if_owner(path: str, owner: int) -> None:
+    if os.getpid() == owner:  # a forked copy of the finalizer removes nothing
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -202,8 +202,12 @@ class Loader:
         self.name, self.loader, self.sampler, self._blocks = name, loader, sampler, blocks
 
     def set_epoch(self, epoch: int) -> None:
-        """The permutation of the next pass."""
+        """The permutation of the next pass; a dataset with epochs (hapi's) is told too,
+        as a training loop tells it."""
         self.sampler.set_epoch(epoch)
+        set_dataset_epoch = getattr(self.loader.dataset, "set_epoch", None)
+        if set_dataset_epoch is not None:
+            set_dataset_epoch(epoch)
 
     def warm(self, batch_size: int, workers: int) -> None:
         """Start the workers and load the sessions: a pass of one batch per worker, of an

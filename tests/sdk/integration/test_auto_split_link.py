@@ -204,3 +204,48 @@ def test_a_storage_side_slower_than_the_link_is_not_taken_for_a_slow_link(
     # ... and the storage side's time per sample is its own rate, queue included once.
     assert stats.storage_ms_per_sample is not None
     assert stats.storage_ms_per_sample * stats.samples / 1000 <= stats.seconds
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["workers", "persistent-workers"])
+def test_a_map_style_job_learns_the_link_its_dataloader_workers_measure(
+    link, gateway, registered, photos, bandwidth_memory, persistent
+):
+    # The map-style form's requests run in the DataLoader's workers, never in the process
+    # that owns the dataset: before the span log, no process learned the link (a forked
+    # worker only its share of it), so a job started without a known bandwidth kept the
+    # fewest-bytes split for good. Now the owner plans at set_epoch with every worker's
+    # responses, and the figure is remembered.
+    from torch.utils.data import DataLoader
+
+    probed = _build(link, gateway, photos, bandwidth="probe").split_choice
+    dataset = sdk.FeatureDataset.from_prefix(
+        f"s3://{photos}/",
+        endpoint_url=link.endpoint_url,
+        client_options={
+            "aws_access_key_id": gateway.access_key_id,
+            "aws_secret_access_key": gateway.secret_access_key,
+            "region_name": "us-east-1",
+        },
+        model="r18",
+        request_size=1,
+        dtype="float16",
+    )
+    assert dataset.split_choice.bandwidth_source == "default"
+    loader = DataLoader(
+        dataset, batch_size=2, num_workers=2, persistent_workers=persistent, shuffle=False
+    )
+    rows = sum(len(features) for features, _ in loader)
+    assert rows == OBJECTS
+    assert dataset.split_choice.bandwidth_source == "default"  # nothing ran here yet
+
+    dataset.set_epoch(1)
+
+    choice = dataset.split_choice
+    assert choice.bandwidth_source == "measured" and choice.plan is not None, choice.reason
+    assert 0.3 * RATE_BPS < choice.plan.bandwidth_bps < 1.5 * RATE_BPS, choice.plan.reason()
+    _same_or_near_tie(choice.plan, dataset.split, probed.split)
+    assert "the workers', before epoch 1" in choice.reason or dataset.split == probed.split
+    saved = json.loads((bandwidth_memory / "bandwidth.json").read_text())
+    assert link.endpoint_url in saved["endpoints"]
+    # The next epoch's workers start from the learned split, and features stay whole.
+    assert sum(len(features) for features, _ in loader) == OBJECTS

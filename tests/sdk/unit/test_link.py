@@ -3,14 +3,23 @@ directory), and the estimate it makes from its own responses."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
+import multiprocessing
+import os
+import pickle
 import threading
 from pathlib import Path
 
 import pytest
 
-from hapi.sdk.planning._link import DEFAULT_LIFETIME_S, BandwidthMemory, LinkEstimate
+from hapi.sdk.planning._link import (
+    DEFAULT_LIFETIME_S,
+    BandwidthMemory,
+    LinkEstimate,
+    SpanLog,
+)
 
 GATEWAY = "http://gateway.test:9080"
 
@@ -147,3 +156,44 @@ def test_a_link_still_changing_is_not_stable() -> None:
     _fed(estimate, [(100_000, 0.1)] * 4 + [(100_000, 1.0)] * 4)  # ten times slower now
     assert estimate.responses == 8 and not estimate.stable
     assert estimate.checkpoint() is None
+
+
+def _append(log: SpanLog, first: int) -> None:
+    for i in range(first, first + 50):
+        log.add(1000 + i, (float(i), float(i) + 0.5))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_span_log_gathers_every_process_and_only_its_owner_removes_it(method) -> None:
+    log = SpanLog()
+    context = multiprocessing.get_context(method)
+    workers = [context.Process(target=_append, args=(log, first)) for first in (0, 50)]
+    for worker in workers:
+        worker.start()
+    _append(log, 100)
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    spans = log.spans()
+    assert len(log) == len(spans) == 150
+    # whole records from three processes, in the order the requests started
+    assert [start for _, (start, _) in spans] == [float(i) for i in range(150)]
+    assert all(nbytes == 1000 + int(start) for nbytes, (start, _) in spans)
+    assert os.path.exists(log.path)  # the workers' exits removed nothing
+    path = log.path
+    del log, spans
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_a_span_log_whose_owner_went_away_is_not_written_again(tmp_path: Path) -> None:
+    owner = SpanLog()
+    copy = pickle.loads(pickle.dumps(owner))  # as a spawned worker holds it
+    copy.add(10, (0.0, 1.0))
+    assert len(owner) == 1
+    path = owner.path
+    del owner
+    gc.collect()
+    copy.add(10, (1.0, 2.0))  # logged nowhere, and no stray file created
+    assert not os.path.exists(path)
+    assert len(copy) == 0 and copy.spans() == []
