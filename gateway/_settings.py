@@ -126,6 +126,10 @@ class GatewaySettings:
         identity_cache_write_bytes: Bytes of entries one identity's requests may have
             waiting to be written, e.g. 64MiB; beyond it that identity's writes are skipped,
             so one key cannot fill the queue for the others (0: no limit of its own).
+        cache_write_defer_s: How long (seconds) an entry write waits for the gateway to
+            serve no pushdown request for a quarter of a second, so that a cold epoch's
+            writes use the storage side's idle time (0: write at once); a queue three
+            quarters full writes at once.
         cache_touch_s: A hit on an entry older than this (seconds) refreshes its last use.
         cache_prune_interval_s: Seconds between checks of the cache against its size cap.
         cache_secret: A file holding the secret cache entries are authenticated with (the
@@ -211,6 +215,7 @@ class GatewaySettings:
     identity_cache_write_bytes: int = field(
         default=64 * 1024**2, metadata=knob(shown_default="64MiB")
     )
+    cache_write_defer_s: float = 30.0
     cache_touch_s: float = 3600.0
     cache_prune_interval_s: float = 300.0
     cache_secret: str | None = field(
@@ -264,6 +269,8 @@ class GatewaySettings:
             )
         if self.identity_requests_per_s < 0:
             raise ValueError("identity_requests_per_s must be 0 (no limit) or positive")
+        if not 0 <= self.cache_write_defer_s < float("inf"):
+            raise ValueError("cache_write_defer_s must be 0 (write at once) or positive")
         edge = (self.max_header_bytes, self.header_timeout_s, self.keep_alive_timeout_s)
         if min(*edge, self.max_connections, self.workers) <= 0:
             raise ValueError(

@@ -8,7 +8,10 @@ gateway, written directly into the store, or another key's entry copied over) is
 counted as ``rejected``, never served. Nothing here may fail a request: a cache bucket
 that is missing, full or unreadable degrades to computing, with one warning per kind of
 failure. Writes go through a bounded queue drained by one
-background task; a full queue skips the write rather than delay an answer. A hit on an
+background task; a full queue skips the write rather than delay an answer. A queued
+write waits while pushdown requests are being served (``cache_write_defer_s`` at most,
+and not once the queue is three quarters full), so a cold epoch's entry writes take the
+storage side's idle time instead of its cores. A hit on an
 entry not touched for ``cache_touch_s`` is refreshed in the background (a copy onto
 itself), so ``LastModified`` tracks last use for least-recently-used eviction, which a
 background task applies when ``cache_max_bytes`` is set.
@@ -22,6 +25,7 @@ import hashlib
 import hmac
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -52,6 +56,7 @@ from .._store import StoreClient
 
 logger = logging.getLogger("hapi.gateway.cache")
 MAC_HEADER = "x-amz-meta-hapi-mac"
+IDLE_POLL_S = 0.02  # how often a deferred write looks whether the requests have ended
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class _Job:
     run: Callable[[], Any]
     size: int = 0
     owner: str = ""
+    queued_at: float = 0.0  # time.monotonic()
 
 
 class FeatureCache:
@@ -85,6 +91,9 @@ class FeatureCache:
         settings: Gateway settings (backend, credentials, the cache's bucket and limits).
         store: The gateway's store client.
         metrics: Where hits, misses, bytes and writes are counted.
+        busy: Whether pushdown requests are being served now: a queued write waits for
+            them to end (``cache_write_defer_s`` at most, and not once the queue is three
+            quarters full). ``None``: writes go at once.
     """
 
     def __init__(
@@ -92,11 +101,15 @@ class FeatureCache:
         settings: GatewaySettings,
         store: StoreClient,
         metrics: Metrics | None = None,
+        *,
+        busy: Callable[[], bool] | None = None,
     ) -> None:
         self._settings = settings
         self._store = store
         self._bucket = settings.cache_bucket
         self._metrics = metrics
+        self._busy = busy
+        self.deferred_writes = 0  # writes that waited for the requests being served
         # (the model of an entry write, None for a touch; the job; its bytes; whose)
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=max(1, settings.cache_write_queue))
         self.queued_bytes = 0  # of every write waiting, bounded by cache_write_queue_bytes
@@ -206,7 +219,8 @@ class FeatureCache:
             return False
         path = entry_path(_key(identity, manifest, split, dtype, view))
         model = manifest.name
-        job = _Job(model, lambda: self._put(path, entry, model), len(entry), owner)
+        now = time.monotonic()
+        job = _Job(model, lambda: self._put(path, entry, model), len(entry), owner, now)
         if not self._enqueue(job):
             self.skipped_writes += 1
             self._count_write(model, "skipped")
@@ -249,6 +263,7 @@ class FeatureCache:
         while True:
             job = await self._queue.get()
             try:
+                await self._when_idle(job)
                 await job.run()
             except Exception as exc:  # a failed write never reaches a request
                 if job.model is not None:
@@ -256,6 +271,26 @@ class FeatureCache:
                 self._warn("write", f"a feature cache write failed: {exc!r}")
             finally:
                 self._done(job)
+
+    async def _when_idle(self, job: _Job) -> None:
+        """Wait while pushdown requests are being served, so that entry writes (a PUT to
+        the store each) take the storage side's idle time rather than the cold epoch's:
+        until ``cache_write_defer_s`` after the job was queued, or until the queue is
+        three quarters full (a full one would skip the next writes)."""
+        busy = self._busy
+        if busy is None or not busy():
+            return
+        self.deferred_writes += 1
+        deadline = job.queued_at + self._settings.cache_write_defer_s
+        while busy() and time.monotonic() < deadline and not self._nearly_full():
+            await asyncio.sleep(IDLE_POLL_S)
+
+    def _nearly_full(self) -> bool:
+        settings = self._settings
+        return (
+            4 * self._queue.qsize() >= 3 * max(1, settings.cache_write_queue)
+            or 4 * self.queued_bytes >= 3 * settings.cache_write_queue_bytes
+        )
 
     async def _put(self, path: str, body: bytes, model: str) -> None:
         await self._ensure_bucket()
@@ -302,7 +337,8 @@ class FeatureCache:
             return
         if age < self._settings.cache_touch_s:
             return
-        self._enqueue(_Job(None, lambda: self._touch(path, mac)))  # a full queue skips it
+        now = time.monotonic()
+        self._enqueue(_Job(None, lambda: self._touch(path, mac), queued_at=now))  # or skipped
 
     async def _touch(self, path: str, mac: str) -> None:
         source = f"/{self._bucket}/{path}"

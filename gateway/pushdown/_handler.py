@@ -169,6 +169,12 @@ class Pushdown:
     async def _serve(
         self, send: ASGISend, bucket: str, keys: Sequence[str], params: Params, *, batch: bool
     ) -> None:
+        with self.tenants.serving_one():
+            await self._serving(send, bucket, keys, params, batch=batch)
+
+    async def _serving(
+        self, send: ASGISend, bucket: str, keys: Sequence[str], params: Params, *, batch: bool
+    ) -> None:
         started = time.perf_counter()
         self._admit()
         if params.augment is not None:  # a sample's identity includes its bucket

@@ -106,7 +106,8 @@ async def open_pushdown(
             observe=metrics.batch_observer if metrics is not None else None,
         )
         try:
-            async with FeatureCache(settings, store, metrics).running() as cache:
+            busy = tenants.is_serving
+            async with FeatureCache(settings, store, metrics, busy=busy).running() as cache:
                 yield Pushdown(
                     settings, store, tenants, decode_pool, cache, metrics, fetches, decoding
                 )

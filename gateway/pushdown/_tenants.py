@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,10 @@ from ._params import check_split
 from ._profiles import ChainedRun, ProfiledRun, StorageProfiler, TimedRun
 from ._registry import AsyncRegistry
 
+QUIET_S = 0.25
+"""How long no pushdown request must have been served before the gateway counts as idle
+(the feature cache writes its entries then): longer than the gaps between one job's
+requests, shorter than the pause between its epochs."""
 _OOM_MARKERS = (
     "failed to allocate memory",
     "out of memory",
@@ -183,6 +188,8 @@ class Tenants:
         self._tenants: collections.OrderedDict[tuple[str, ...], _Tenant] = collections.OrderedDict()
         self._creating: dict[tuple[str, ...], asyncio.Task[_Tenant]] = {}
         self.requests = RequestStats()
+        self.serving = 0  # pushdown requests being served now (the cache's writes wait)
+        self._idle_since = time.monotonic()
 
     async def manifest(self, ref: str) -> Manifest:
         """Resolve ``NAME`` or ``NAME@VERSION``.
@@ -324,6 +331,22 @@ class Tenants:
         for tenant in self._tenants.values():
             await tenant.close()
         self._tenants.clear()
+
+    @contextlib.contextmanager
+    def serving_one(self) -> Iterator[None]:
+        """Count a pushdown request as served for the block."""
+        self.serving += 1
+        try:
+            yield
+        finally:
+            self.serving -= 1
+            if not self.serving:
+                self._idle_since = time.monotonic()
+
+    def is_serving(self) -> bool:
+        """Whether pushdown requests are being served now, or were in the last
+        :data:`QUIET_S`: the gaps between a job's requests do not count as idle."""
+        return self.serving > 0 or time.monotonic() - self._idle_since < QUIET_S
 
     def queued_samples(self) -> int:
         """Samples waiting in every batcher."""

@@ -209,6 +209,7 @@ class CacheClient:
             split, stats, before, after, self.link.rate_bps, batch_size=self.settings.batch_size
         )
         drained = 0.0 if config == UNCACHED else self.drain()
+        drain_cpu = Snapshot.take(self.link, self.tier).storage_cpu - after.storage_cpu
         run = EpochRun(
             config=config,
             epoch=epoch,
@@ -222,6 +223,7 @@ class CacheClient:
             drain_s=drained,
             storage_cpu_s=result.storage_cpu_s,
             client_cpu_s=result.client_cpu_s,
+            drain_cpu_s=drain_cpu if config != UNCACHED else 0.0,
         )
         return run, result
 

@@ -48,6 +48,9 @@ class EpochRun:
             and the store): what the cache costs or saves there, less sensitive than the
             wall time to other work on the machine.
         client_cpu_s: CPU seconds of the client process during the epoch.
+        drain_cpu_s: CPU seconds of the storage tier during the drain: the entry writes
+            the gateway left for after the epoch (it writes them once no request is
+            being served), which ``storage_cpu_s`` does not hold.
     """
 
     config: str
@@ -62,6 +65,7 @@ class EpochRun:
     drain_s: float = 0.0
     storage_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
+    drain_cpu_s: float = 0.0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EpochRun:
@@ -184,7 +188,8 @@ class CacheSummary:
     ``cold_overhead``: the gateway cache's epoch 1 over the same split without a cache,
     minus one, the median over the interleaved pairs (``cold_overhead_range``: the least
     and the most); ``cold_cpu_overhead`` (and its range) the same with the storage tier's
-    CPU seconds. ``warm_speedup``: the baseline epoch over the gateway cache's epochs 2+;
+    CPU seconds, and ``cold_cpu_with_drain`` with the CPU of the writes left for after
+    the epoch counted too (the cache's whole cost on the storage side). ``warm_speedup``: the baseline epoch over the gateway cache's epochs 2+;
     ``client_speedup`` likewise with the client cache. ``client_over_head``: the client
     cache's epochs 2+ over the time its head's training took in them (1.0: the epoch
     is the head's training alone).
@@ -205,6 +210,8 @@ class CacheSummary:
     cold_overhead_range: tuple[float, float] | None
     cold_cpu_overhead_range: tuple[float, float] | None
     cold_pairs: int
+    cold_cpu_with_drain: float | None = None
+    cold_cpu_with_drain_range: tuple[float, float] | None = None
     warm_speedup: float | None
     client_speedup: float | None
     client_over_head: float | None
@@ -246,6 +253,13 @@ def summarize(cell: CacheCell) -> CacheSummary:
     cpu, cpu_range = _paired(
         [c.storage_cpu_s / u.storage_cpu_s for u, c in pairs if u.storage_cpu_s > 0]
     )
+    whole, whole_range = _paired(
+        [
+            (c.storage_cpu_s + c.drain_cpu_s) / u.storage_cpu_s
+            for u, c in pairs
+            if u.storage_cpu_s > 0
+        ]
+    )
     return CacheSummary(
         model=cell.model,
         regime=cell.regime,
@@ -262,6 +276,8 @@ def summarize(cell: CacheCell) -> CacheSummary:
         cold_overhead_range=overhead_range,
         cold_cpu_overhead_range=cpu_range,
         cold_pairs=len(pairs),
+        cold_cpu_with_drain=whole,
+        cold_cpu_with_drain_range=whole_range,
         warm_speedup=_ratio(baseline, warm),
         client_speedup=_ratio(baseline, client),
         client_over_head=_ratio(client, head),

@@ -1,0 +1,157 @@
+"""The feature cache's entry writes wait for the pushdown requests being served to end, so
+that a cold epoch's PUTs take the storage side's idle time: at most
+``cache_write_defer_s``, and not once the write queue is three quarters full."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from hapi.gateway import ClientKey, GatewaySettings
+from hapi.gateway._store import StoreClient
+from hapi.gateway.pushdown import _cache
+from hapi.gateway.pushdown._cache import FeatureCache
+from hapi.protocol import Credentials, ObjectIdentity
+from tests.planner.synthetic import manifest as synthetic_manifest
+
+
+class _Store:
+    """A store that records when each entry PUT arrives (the event loop's clock)."""
+
+    def __init__(self) -> None:
+        self.puts: list[tuple[str, float]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT" and "/features/" in request.url.path:
+            self.puts.append((request.url.path, time.monotonic()))
+        return httpx.Response(200)
+
+
+def _cache_with(store: _Store, busy: Callable[[], bool], **changes: Any) -> FeatureCache:
+    settings = GatewaySettings(
+        backend_url="http://store.internal:8333",
+        backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
+        clients={"K": ClientKey("s")},
+        **changes,
+    )
+    client = httpx.AsyncClient(transport=httpx.MockTransport(store))
+    return FeatureCache(settings, StoreClient.of(settings, lambda: client), busy=busy)
+
+
+def _queue(cache: FeatureCache, name: str) -> bool:
+    identity = ObjectIdentity(bucket="b", key=name, etag=name, size=1)
+    return cache.store(identity, synthetic_manifest(freeze=4), 1, "float32", b"x" * 100)
+
+
+def test_a_write_waits_for_the_requests_being_served_to_end(monkeypatch) -> None:
+    monkeypatch.setattr(_cache, "IDLE_POLL_S", 0.005)
+    store, serving = _Store(), [True]
+
+    async def main() -> tuple[float, float]:
+        cache = _cache_with(store, lambda: serving[0])
+        async with cache.running():
+            assert _queue(cache, "a") and _queue(cache, "b")
+            await asyncio.sleep(0.2)
+            assert store.puts == []  # requests are being served: nothing written
+            ended = time.monotonic()
+            serving[0] = False
+            await asyncio.wait_for(cache.drain(), 5)
+            return ended, cache.deferred_writes
+
+    ended, deferred = asyncio.run(main())
+    assert len(store.puts) == 2 and all(at >= ended for _, at in store.puts)
+    assert deferred >= 1
+
+
+def test_a_write_goes_ahead_after_its_longest_wait(monkeypatch) -> None:
+    monkeypatch.setattr(_cache, "IDLE_POLL_S", 0.005)
+    store = _Store()
+
+    async def main() -> float:
+        cache = _cache_with(store, lambda: True, cache_write_defer_s=0.15)
+        async with cache.running():
+            queued = time.monotonic()
+            assert _queue(cache, "a")
+            await asyncio.wait_for(cache.drain(), 5)
+            return queued
+
+    queued = asyncio.run(main())
+    (_, at), *_ = store.puts
+    assert at - queued >= 0.15
+
+
+def test_a_queue_three_quarters_full_writes_at_once(monkeypatch) -> None:
+    # Deferring further would make the next writes be skipped: entries are worth more
+    # written under load than computed again next epoch.
+    monkeypatch.setattr(_cache, "IDLE_POLL_S", 0.005)
+    store = _Store()
+
+    async def main() -> list[bool]:
+        cache = _cache_with(store, lambda: True, cache_write_queue=4, cache_write_defer_s=60.0)
+        async with cache.running():
+            queued = [_queue(cache, name) for name in "abcd"]
+            await asyncio.sleep(0.3)
+            return queued
+
+    queued = asyncio.run(main())
+    assert queued == [True, True, True, True]
+    # The writer took "a" off the queue (3 left = three quarters of 4), so it was written;
+    # then 2 left: the rest wait for the requests to end.
+    assert len(store.puts) == 1
+
+
+@pytest.mark.parametrize("defer", [0.0, 30.0])
+def test_no_wait_when_nothing_is_served_or_waiting_is_off(monkeypatch, defer) -> None:
+    store = _Store()
+    busy = defer == 0.0  # with 0, even a busy gateway writes at once
+
+    async def main() -> None:
+        cache = _cache_with(store, lambda: busy, cache_write_defer_s=defer)
+        async with cache.running():
+            assert _queue(cache, "a")
+            await asyncio.wait_for(cache.drain(), 1)
+
+    asyncio.run(main())
+    assert len(store.puts) == 1
+
+
+def test_a_negative_wait_is_refused() -> None:
+    with pytest.raises(ValueError, match="cache_write_defer_s"):
+        GatewaySettings(
+            backend_url="http://store.internal:8333",
+            backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
+            clients={"K": ClientKey("s")},
+            cache_write_defer_s=-1.0,
+        )
+
+
+def test_the_gateway_is_idle_only_after_a_quiet_spell(monkeypatch) -> None:
+    # The gaps between one job's requests are not idle time: writing an entry there would
+    # take the storage core from the job's next request.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hapi.gateway.pushdown import _tenants
+    from hapi.gateway.pushdown._batcher import MemoryBudget
+
+    clock = [100.0]
+    monkeypatch.setattr(_tenants.time, "monotonic", lambda: clock[0])
+    with ThreadPoolExecutor(1) as pool:
+        tenants = _tenants.Tenants(None, MemoryBudget(10**9), pool)  # type: ignore[arg-type]
+        clock[0] += 1.0
+        assert not tenants.is_serving()  # never served: idle
+        with tenants.serving_one():
+            with tenants.serving_one():
+                assert tenants.is_serving()
+            assert tenants.is_serving()  # one still served
+        clock[0] += _tenants.QUIET_S / 2
+        assert tenants.is_serving()  # a gap between requests
+        clock[0] += _tenants.QUIET_S
+        assert not tenants.is_serving()
+        with pytest.raises(RuntimeError), tenants.serving_one():
+            raise RuntimeError("a request that fails still ends")
+        assert tenants.serving == 0 and tenants.is_serving()
