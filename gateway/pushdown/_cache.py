@@ -11,7 +11,8 @@ failure. Writes go through a bounded queue drained by one
 background task; a full queue skips the write rather than delay an answer. A queued
 write waits while pushdown requests are being served (``cache_write_defer_s`` at most,
 and not once the queue is three quarters full), so a cold epoch's entry writes take the
-storage side's idle time instead of its cores. A hit on an
+storage side's idle time instead of its cores; meanwhile the queued entry answers this
+gateway's lookups, so an epoch that follows at once does not compute it again. A hit on an
 entry not touched for ``cache_touch_s`` is refreshed in the background (a copy onto
 itself), so ``LastModified`` tracks last use for least-recently-used eviction, which a
 background task applies when ``cache_max_bytes`` is set.
@@ -57,6 +58,7 @@ from .._store import StoreClient
 logger = logging.getLogger("hapi.gateway.cache")
 MAC_HEADER = "x-amz-meta-hapi-mac"
 IDLE_POLL_S = 0.02  # how often a deferred write looks whether the requests have ended
+SHUTDOWN_FLUSH_S = 5.0  # the most a stopping gateway spends writing the entries still queued
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class _Job:
     size: int = 0
     owner: str = ""
     queued_at: float = 0.0  # time.monotonic()
+    path: str = ""  # an entry write's path (its bytes answer lookups while it waits)
 
 
 class FeatureCache:
@@ -110,6 +113,7 @@ class FeatureCache:
         self._metrics = metrics
         self._busy = busy
         self.deferred_writes = 0  # writes that waited for the requests being served
+        self._pending: dict[str, bytes] = {}  # entries queued for writing, by path
         # (the model of an entry write, None for a touch; the job; its bytes; whose)
         self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=max(1, settings.cache_write_queue))
         self.queued_bytes = 0  # of every write waiting, bounded by cache_write_queue_bytes
@@ -130,6 +134,9 @@ class FeatureCache:
         try:
             yield self
         finally:
+            self._busy = None  # what waits for idle time is written now, for a moment
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._queue.join(), SHUTDOWN_FLUSH_S)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -168,6 +175,12 @@ class FeatureCache:
         if not self.enabled:
             return None
         path = entry_path(_key(identity, manifest, split, dtype, view))
+        queued = self._pending.get(path)
+        if queued is not None:  # computed here and waiting to be written: as good as stored
+            found = _parse(queued)
+            if found is not None:
+                self._count(manifest, "hit", found.nbytes)
+                return found
         try:
             reply = await self._store.request("GET", self._bucket, path)
         except httpx.TransportError as exc:
@@ -220,11 +233,12 @@ class FeatureCache:
         path = entry_path(_key(identity, manifest, split, dtype, view))
         model = manifest.name
         now = time.monotonic()
-        job = _Job(model, lambda: self._put(path, entry, model), len(entry), owner, now)
+        job = _Job(model, lambda: self._put(path, entry, model), len(entry), owner, now, path)
         if not self._enqueue(job):
             self.skipped_writes += 1
             self._count_write(model, "skipped")
             return False
+        self._pending[path] = entry
         return True
 
     def _enqueue(self, job: _Job) -> bool:
@@ -248,6 +262,8 @@ class FeatureCache:
         return True
 
     def _done(self, job: _Job) -> None:
+        if job.path:
+            self._pending.pop(job.path, None)
         self.queued_bytes -= job.size
         if job.size:
             left = self._queued_by[job.owner] - job.size
@@ -277,13 +293,15 @@ class FeatureCache:
         the store each) take the storage side's idle time rather than the cold epoch's:
         until ``cache_write_defer_s`` after the job was queued, or until the queue is
         three quarters full (a full one would skip the next writes)."""
-        busy = self._busy
-        if busy is None or not busy():
+        if self._busy is None or not self._busy():
             return
         self.deferred_writes += 1
         deadline = job.queued_at + self._settings.cache_write_defer_s
-        while busy() and time.monotonic() < deadline and not self._nearly_full():
+        while self._waiting() and time.monotonic() < deadline and not self._nearly_full():
             await asyncio.sleep(IDLE_POLL_S)
+
+    def _waiting(self) -> bool:
+        return self._busy is not None and self._busy()  # None once the cache stops
 
     def _nearly_full(self) -> bool:
         settings = self._settings

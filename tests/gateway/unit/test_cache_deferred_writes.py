@@ -91,18 +91,18 @@ def test_a_queue_three_quarters_full_writes_at_once(monkeypatch) -> None:
     monkeypatch.setattr(_cache, "IDLE_POLL_S", 0.005)
     store = _Store()
 
-    async def main() -> list[bool]:
+    async def main() -> tuple[list[bool], int]:
         cache = _cache_with(store, lambda: True, cache_write_queue=4, cache_write_defer_s=60.0)
         async with cache.running():
             queued = [_queue(cache, name) for name in "abcd"]
             await asyncio.sleep(0.3)
-            return queued
+            return queued, len(store.puts)
 
-    queued = asyncio.run(main())
+    queued, written = asyncio.run(main())
     assert queued == [True, True, True, True]
     # The writer took "a" off the queue (3 left = three quarters of 4), so it was written;
-    # then 2 left: the rest wait for the requests to end.
-    assert len(store.puts) == 1
+    # then 2 left: the rest wait for the requests to end (or for the cache to stop).
+    assert written == 1 and len(store.puts) == 4
 
 
 @pytest.mark.parametrize("defer", [0.0, 30.0])
@@ -155,3 +155,59 @@ def test_the_gateway_is_idle_only_after_a_quiet_spell(monkeypatch) -> None:
         with pytest.raises(RuntimeError), tenants.serving_one():
             raise RuntimeError("a request that fails still ends")
         assert tenants.serving == 0 and tenants.is_serving()
+
+
+def test_a_queued_entry_answers_lookups_before_it_is_written() -> None:
+    # An epoch that follows at once finds its entries still waiting to be written: it must
+    # not compute them again (nor ask the store for them).
+    import numpy as np
+
+    store, gets = _Store(), []
+
+    def transport(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and "/features/" in request.url.path:
+            gets.append(request.url.path)
+            return httpx.Response(404)
+        return store(request)
+
+    settings = GatewaySettings(
+        backend_url="http://store.internal:8333",
+        backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
+        clients={"K": ClientKey("s")},
+    )
+    client = httpx.AsyncClient(transport=httpx.MockTransport(transport))
+    cache = FeatureCache(settings, StoreClient.of(settings, lambda: client), busy=lambda: True)
+    manifest = synthetic_manifest(freeze=4)
+    identity = ObjectIdentity(bucket="b", key="a.jpg", etag="e1", size=1)
+    rows = np.arange(12, dtype=np.float32).reshape(1, 12)
+    entry = _cache.encode_entry(rows, "float32", None, ["a.jpg"], None)
+
+    async def main() -> tuple[Any, Any]:
+        async with cache.running():
+            missed = await cache.lookup(identity, manifest, 1, "float32")
+            assert cache.store(identity, manifest, 1, "float32", entry)
+            found = await cache.lookup(identity, manifest, 1, "float32")
+            other = ObjectIdentity(bucket="b", key="a.jpg", etag="e2", size=1)  # overwritten
+            assert await cache.lookup(other, manifest, 1, "float32") is None
+            assert store.puts == []  # still waiting: requests are being served
+            return missed, found
+
+    missed, found = asyncio.run(main())
+    assert missed is None and found is not None
+    assert found.keys == ["a.jpg"] and np.array_equal(found.features, rows)
+    assert len(gets) == 2  # the first miss and the overwritten object's; none for the hit
+    assert len(store.puts) == 1  # a stopping cache writes what still waits
+
+
+def test_a_stopping_cache_writes_what_waits_for_idle_time(monkeypatch) -> None:
+    store = _Store()
+
+    async def main() -> None:
+        cache = _cache_with(store, lambda: True)
+        async with cache.running():
+            assert _queue(cache, "a") and _queue(cache, "b")
+            await asyncio.sleep(0.1)
+            assert store.puts == []
+
+    asyncio.run(main())
+    assert len(store.puts) == 2
