@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -272,3 +273,19 @@ def read_until(
             return "".join(lines)
     (kill or proc.kill)()
     pytest.fail(f"no {marker!r} in the output of {proc.args!r}:\n" + "".join(lines))
+
+
+def cache_writes_settled(gateway: RunningGateway) -> None:
+    """Wait until the gateway has no feature-cache write queued or running (it writes
+    once no pushdown request has been served for a moment), so a listing of the cache
+    bucket holds every entry requested so far, earlier tests' included."""
+    url = f"{gateway.endpoint_url}/metrics"
+
+    def idle() -> bool:
+        headers = signed_headers(gateway, "GET", "/metrics", body=b"")
+        text = httpx.get(url, headers=headers, timeout=30).text
+        found = re.search(r"^hapi_cache_writes_pending (\S+)$", text, re.M)
+        assert found, "the gateway exposes no pending-writes gauge"
+        return float(found.group(1)) == 0
+
+    wait_for(idle, "the cache writes to finish")

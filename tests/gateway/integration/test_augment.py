@@ -21,7 +21,14 @@ from hapi.models import testing
 from hapi.protocol import ViewParams
 from hapi.protocol import decode_features as decode
 from tests.models.unit.test_augment import torchvision_input
-from tests.support import RunningGateway, encode_image, signed_headers, store_gateway, wait_for
+from tests.support import (
+    RunningGateway,
+    cache_writes_settled,
+    encode_image,
+    signed_headers,
+    store_gateway,
+    wait_for,
+)
 
 POLICY = (
     "crop(scale=0.08:1,ratio=0.75:1.3333);flip(p=0.5);"
@@ -177,6 +184,14 @@ def test_bad_input_is_a_400_naming_the_field_before_any_fetch(
 
 
 # -- views in the feature cache ------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_write_pending(request: pytest.FixtureRequest) -> None:
+    """Each test that reads the cache bucket starts with no entry of an earlier test still
+    to land (the gateway writes entries once it has served no request for a moment)."""
+    if "gateway" in request.fixturenames:
+        cache_writes_settled(request.getfixturevalue("gateway"))
 
 
 def _entries(backend_s3) -> set[str]:

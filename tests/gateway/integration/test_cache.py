@@ -21,6 +21,7 @@ from hapi.protocol import Credentials
 from hapi.protocol import decode_features as decode
 from tests.support import (
     HAPI,
+    cache_writes_settled,
     control_get,
     encode_image,
     signed_headers,
@@ -66,18 +67,7 @@ def _entries(backend_s3) -> dict[str, object]:
 
 
 def _settled(gateway) -> None:
-    """Wait until the gateway has no cache write queued or running, so a listing of the
-    cache bucket holds every entry requested so far (earlier tests' included)."""
-    url = f"{gateway.endpoint_url}/metrics"
-
-    def idle() -> bool:
-        headers = signed_headers(gateway, "GET", "/metrics", body=b"")
-        text = httpx.get(url, headers=headers, timeout=30).text
-        found = re.search(r"^hapi_cache_writes_pending (\S+)$", text, re.M)
-        assert found, "the gateway exposes no pending-writes gauge"
-        return float(found.group(1)) == 0
-
-    wait_for(idle, "the cache writes to finish")
+    cache_writes_settled(gateway)
 
 
 @pytest.fixture(autouse=True)
