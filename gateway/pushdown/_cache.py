@@ -28,7 +28,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -83,7 +83,7 @@ class _Job:
     run: Callable[[], Any]
     size: int = 0
     owner: str = ""
-    queued_at: float = 0.0  # time.monotonic()
+    queued_at: float = field(default_factory=time.monotonic)
     path: str = ""  # an entry write's path (its bytes answer lookups while it waits)
 
 
@@ -232,8 +232,7 @@ class FeatureCache:
             return False
         path = entry_path(_key(identity, manifest, split, dtype, view))
         model = manifest.name
-        now = time.monotonic()
-        job = _Job(model, lambda: self._put(path, entry, model), len(entry), owner, now, path)
+        job = _Job(model, lambda: self._put(path, entry, model), len(entry), owner, path=path)
         if not self._enqueue(job):
             self.skipped_writes += 1
             self._count_write(model, "skipped")
@@ -293,7 +292,7 @@ class FeatureCache:
         the store each) take the storage side's idle time rather than the cold epoch's:
         until ``cache_write_defer_s`` after the job was queued, or until the queue is
         three quarters full (a full one would skip the next writes)."""
-        if self._busy is None or not self._busy():
+        if not self._waiting():
             return
         self.deferred_writes += 1
         deadline = job.queued_at + self._settings.cache_write_defer_s
@@ -355,8 +354,7 @@ class FeatureCache:
             return
         if age < self._settings.cache_touch_s:
             return
-        now = time.monotonic()
-        self._enqueue(_Job(None, lambda: self._touch(path, mac), queued_at=now))  # or skipped
+        self._enqueue(_Job(None, lambda: self._touch(path, mac)))  # a full queue skips it
 
     async def _touch(self, path: str, mac: str) -> None:
         source = f"/{self._bucket}/{path}"

@@ -20,7 +20,7 @@ import torch
 from hapi.protocol import Augmentation, AugmentPolicy
 
 from ..client._client import AugmentSpec, policy_of
-from ..planning._link import MIN_RESPONSES, LinkEstimate, SpanLog, endpoint_key
+from ..planning._link import LinkEstimate, SpanLog, checkpoint_step, endpoint_key
 from ..planning._split import SplitChoice, learned
 from ..planning._stats import Meter, transfer_span
 from ._build import Prepared
@@ -32,7 +32,6 @@ Item = tuple[torch.Tensor, int]
 DEFAULT_PREFETCH = 4
 LIVE_CHECKPOINTS = 4
 """Stable estimates of the link planned with while a job runs (then epochs take over)."""
-CHECKPOINT_STEP = max(1, MIN_RESPONSES // 2)  # as LinkEstimate.checkpoint's
 logger = logging.getLogger("hapi.sdk")
 
 
@@ -145,7 +144,7 @@ class FeatureSource(Constructors):
         if log is None or batch.mode != "pushdown" or batch.round_trip is None:
             return
         log.add(batch.nbytes, transfer_span(batch.round_trip, batch.server_ms))
-        if len(log) >= self._replayed + CHECKPOINT_STEP:
+        if len(log) >= self._replayed + checkpoint_step():
             self._learn("after {n} responses")
 
     def _learn(self, when: str) -> None:

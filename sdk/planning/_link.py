@@ -153,6 +153,11 @@ STABLE_WITHIN = 0.25
 """Stable: the estimate over all responses is within 25% of the one over the first half."""
 
 
+def checkpoint_step(min_responses: int = MIN_RESPONSES) -> int:
+    """Responses between two checkpoints of a link estimate."""
+    return max(1, min_responses // 2)
+
+
 @dataclass
 class LinkEstimate:
     """The bandwidth of the job's own responses, and whether it has settled.
@@ -204,8 +209,7 @@ class LinkEstimate:
     def checkpoint(self) -> float | None:
         """The estimate to plan with after this response, or ``None`` (not stable yet, or
         not a checkpoint: one every ``min_responses // 2`` responses)."""
-        step = max(1, self.min_responses // 2)
-        if self.responses % step or not self.stable:
+        if self.responses % checkpoint_step(self.min_responses) or not self.stable:
             return None
         return self.bandwidth_bps()
 
@@ -230,14 +234,9 @@ class SpanLog:
         handle, path = tempfile.mkstemp(prefix="hapi-link-", suffix=".spans")
         os.close(handle)
         self.path = path
-        self._owner = os.getpid()
-        self._finalizer = weakref.finalize(self, _remove_if_owner, path, self._owner)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "_owner": self._owner}  # no finalizer: copies remove nothing
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        # Only this object removes the file: a pickled copy has no finalizer, and a forked
+        # copy's finalizer checks the process.
+        weakref.finalize(self, _remove_if_owner, path, os.getpid())
 
     def add(self, nbytes: int, span: tuple[float, float]) -> None:
         """Record one response of ``nbytes`` on the wire during ``span``."""

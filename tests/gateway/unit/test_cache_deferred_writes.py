@@ -32,7 +32,9 @@ class _Store:
         return httpx.Response(200)
 
 
-def _cache_with(store: _Store, busy: Callable[[], bool], **changes: Any) -> FeatureCache:
+def _cache_with(
+    store: Callable[[httpx.Request], httpx.Response], busy: Callable[[], bool], **changes: Any
+) -> FeatureCache:
     settings = GatewaySettings(
         backend_url="http://store.internal:8333",
         backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
@@ -170,13 +172,7 @@ def test_a_queued_entry_answers_lookups_before_it_is_written() -> None:
             return httpx.Response(404)
         return store(request)
 
-    settings = GatewaySettings(
-        backend_url="http://store.internal:8333",
-        backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
-        clients={"K": ClientKey("s")},
-    )
-    client = httpx.AsyncClient(transport=httpx.MockTransport(transport))
-    cache = FeatureCache(settings, StoreClient.of(settings, lambda: client), busy=lambda: True)
+    cache = _cache_with(transport, lambda: True)
     manifest = synthetic_manifest(freeze=4)
     identity = ObjectIdentity(bucket="b", key="a.jpg", etag="e1", size=1)
     rows = np.arange(12, dtype=np.float32).reshape(1, 12)

@@ -46,10 +46,12 @@ def link(gateway: Any) -> Iterator[Shaper]:
         yield shaper
 
 
-def _build(link: Shaper, gateway: Any, bucket: str, **options: Any) -> Any:
-    """A dataset of ``bucket`` through ``link``: r18, one object a request, float16,
-    unless ``options`` say otherwise."""
-    return sdk.IterableFeatureDataset.from_prefix(
+def _build(
+    link: Shaper, gateway: Any, bucket: str, form: Any = sdk.IterableFeatureDataset, **options: Any
+) -> Any:
+    """A dataset of ``bucket`` through ``link`` (the iterable ``form`` unless told):
+    r18, one object a request, float16, unless ``options`` say otherwise."""
+    return form.from_prefix(
         f"s3://{bucket}/",
         endpoint_url=link.endpoint_url,
         client_options={
@@ -218,18 +220,7 @@ def test_a_map_style_job_learns_the_link_its_dataloader_workers_measure(
     from torch.utils.data import DataLoader
 
     probed = _build(link, gateway, photos, bandwidth="probe").split_choice
-    dataset = sdk.FeatureDataset.from_prefix(
-        f"s3://{photos}/",
-        endpoint_url=link.endpoint_url,
-        client_options={
-            "aws_access_key_id": gateway.access_key_id,
-            "aws_secret_access_key": gateway.secret_access_key,
-            "region_name": "us-east-1",
-        },
-        model="r18",
-        request_size=1,
-        dtype="float16",
-    )
+    dataset = _build(link, gateway, photos, form=sdk.FeatureDataset)
     assert dataset.split_choice.bandwidth_source == "default"
     loader = DataLoader(
         dataset, batch_size=2, num_workers=2, persistent_workers=persistent, shuffle=False

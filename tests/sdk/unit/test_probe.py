@@ -228,13 +228,25 @@ def test_gateway_view_takes_measured_blocks_and_scales_the_others() -> None:
     assert origin in plan(synthetic, applied, 1e9).explain()
 
 
-def test_a_loaded_storage_side_is_divided_by_its_availability() -> None:
+@pytest.mark.parametrize(
+    ("change", "factor"),
+    [
+        ({"storage_available": 0.5}, 2.0),  # half a core for the gateway's host
+        ({"storage_load": 1.9}, 1.9),  # another job's work on the device
+    ],
+)
+def test_a_loaded_storage_side_is_slower_and_its_pick_moves_to_the_client(change, factor) -> None:
     synthetic, profile = r18()
     quiet = plan(synthetic, profile, 1e9, batch_size=8)
-    loaded = plan(synthetic, replace(profile, storage_available=0.5), 1e9, batch_size=8)
+    loaded = plan(synthetic, replace(profile, **change), 1e9, batch_size=8)
     for a, b in zip(quiet.candidates, loaded.candidates, strict=True):
-        assert b.storage_ms == pytest.approx(2 * a.storage_ms)
+        assert b.storage_ms == pytest.approx(factor * a.storage_ms)
         assert b.client_ms == a.client_ms
+    assert (loaded.split or 0) <= (quiet.split or 0)  # never more blocks on the storage side
+
+
+def test_no_availability_is_refused() -> None:
+    _, profile = r18()
     with pytest.raises(InvalidInput, match="storage_available"):
         replace(profile, storage_available=0.0)
 
@@ -270,17 +282,6 @@ def test_a_job_keeping_the_device_busy_between_requests_is_a_busy_tenant() -> No
         applied = view.apply(profile_from_manifest(manifest(freeze=4)))
         assert applied.storage_load == pytest.approx(load)
         assert (f"priced x{load:.2f}" in view.origin()) == (busy > 0)
-
-
-def test_a_busy_storage_side_moves_the_pick_towards_the_client() -> None:
-    # The same view, quiet and with another job's work on the device: the loaded plan's
-    # storage stage is slower by the load, so its pick never runs more blocks there.
-    synthetic, profile = r18()
-    quiet = plan(synthetic, profile, 1e9, batch_size=8)
-    loaded = plan(synthetic, replace(profile, storage_load=1.9), 1e9, batch_size=8)
-    for a, b in zip(quiet.candidates, loaded.candidates, strict=True):
-        assert b.storage_ms == pytest.approx(1.9 * a.storage_ms)
-    assert (loaded.split or 0) <= (quiet.split or 0)
 
 
 def test_gateway_view_of_an_unserved_model_is_the_manifest() -> None:
