@@ -19,7 +19,7 @@ from ._settings import GatewaySettings
 from ._store import StoreClient
 from ._types import ASGIReceive, ASGISend, Scope
 from .edge._proxy import Proxy
-from .edge._transport import UpstreamTransport
+from .edge._transport import Incoming, Outgoing, UpstreamTransport
 from .pushdown._handler import Pushdown
 from .pushdown._registry import AsyncRegistry
 from .pushdown._resources import open_pushdown
@@ -55,6 +55,18 @@ class _Upstream:
         if self._transports is None:  # an injected client: its own transports decide
             return await self.get().send(request, stream=True)
         return await self._transports[request.url.scheme].handle_async_request(request)
+
+    async def exchange(self, outgoing: Outgoing) -> Incoming:
+        """:meth:`send` for a request already encoded (the pass-through's): straight to the
+        lean transport where it serves the scheme, else through httpx's models."""
+        transport = None if self._transports is None else self._transports[outgoing.scheme]
+        if isinstance(transport, UpstreamTransport):
+            return await transport.exchange(outgoing)
+        if transport is None:
+            response = await self.get().send(outgoing.to_httpx(), stream=True)
+        else:
+            response = await transport.handle_async_request(outgoing.to_httpx())
+        return Incoming.of(response)
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
@@ -133,7 +145,7 @@ class Gateway:
         self.settings = settings
         self.metrics = Metrics()
         self.upstream = _Upstream(settings, upstream)
-        self.proxy = Proxy(settings, self.upstream.get, self.upstream.send)
+        self.proxy = Proxy(settings, self.upstream.get, self.upstream.exchange)
         self.router = Router(settings, self.proxy, self.metrics)
         self.store = StoreClient.of(settings, self.upstream.get, self.upstream.send)
         self._registry = registry

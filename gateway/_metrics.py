@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -183,6 +184,7 @@ class Metrics:
             per_model,
             registry=self.registry,
         )
+        self._series: dict[tuple[str, int], _RequestSeries] = {}
         self.device_memory = Gauge(
             "hapi_device_memory_used_bytes",
             "Memory in use on the inference GPU, read at each scrape (0 on a CPU-only node).",
@@ -193,12 +195,20 @@ class Metrics:
         self, operation: str, status: int, seconds: float, sent: int, received: int
     ) -> None:
         """Record one finished request."""
-        self.requests.labels(operation, str(status)).inc()
-        self.latency.labels(operation).observe(seconds)
+        series = self._series.get((operation, status))
+        if series is None:  # labels() locks and builds tuples: once per pair, not per request
+            series = self._series[operation, status] = _RequestSeries(
+                self.requests.labels(operation, str(status)),
+                self.latency.labels(operation),
+                self.bytes_out.labels(operation),
+                self.bytes_in.labels(operation),
+            )
+        series.requests.inc()
+        series.latency.observe(seconds)
         if sent:
-            self.bytes_out.labels(operation).inc(sent)
+            series.bytes_out.inc(sent)
         if received:
-            self.bytes_in.labels(operation).inc(received)
+            series.bytes_in.inc(received)
 
     def computed(self, identity: str, samples: int, seconds: float) -> None:
         """Meter one identity's samples of one storage-side batch and its share of the
@@ -232,6 +242,15 @@ class Metrics:
         if identity == ALL_IDENTITIES:
             return generate_latest(self.registry), CONTENT_TYPE_LATEST
         return generate_latest(_OnlyIdentity(self.registry, identity)), CONTENT_TYPE_LATEST
+
+
+class _RequestSeries(NamedTuple):
+    """One (operation, status)'s children of the per-request metrics."""
+
+    requests: Counter
+    latency: Histogram
+    bytes_out: Counter
+    bytes_in: Counter
 
 
 @dataclass(frozen=True)

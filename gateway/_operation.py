@@ -357,6 +357,8 @@ def _key(raw_key: str) -> str:
 
 
 def _decode(raw: str, what: str, *, plus_is_space: bool = False) -> str:
+    if raw.isascii() and "%" not in raw and (not plus_is_space or "+" not in raw):
+        return raw  # nothing to decode (most names and values)
     if plus_is_space:
         raw = raw.replace("+", " ")
     try:

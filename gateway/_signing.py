@@ -12,13 +12,14 @@ import functools
 import hashlib
 import hmac
 import re
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from urllib.parse import SplitResult, quote, unquote_to_bytes, urlsplit
 
 from hapi.protocol import Credentials
 
-__all__ = ["ALGORITHM", "UNSIGNED_PAYLOAD", "sign_request"]
+__all__ = ["ALGORITHM", "UNSIGNED_PAYLOAD", "sign_request", "sign_target"]
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
@@ -77,19 +78,45 @@ def sign_request(
         ``x-amz-content-sha256`` and ``authorization``.
     """
     parts = urlsplit(url)
-    when = utc(now or datetime.now(UTC))
-    amz_date = f"{when:%Y%m%dT%H%M%SZ}"
+    return sign_target(
+        method=method,
+        host=host_from_url(parts),
+        path=parts.path,
+        query=parts.query,
+        headers=headers,
+        credentials=credentials,
+        region=region,
+        payload_sha256=payload_sha256,
+        now=now,
+    )
+
+
+def sign_target(
+    *,
+    method: str,
+    host: str,
+    path: str,
+    query: str,
+    headers: Mapping[str, str],
+    credentials: Credentials,
+    region: str = "us-east-1",
+    payload_sha256: str = UNSIGNED_PAYLOAD,
+    now: datetime | None = None,
+) -> dict[str, str]:
+    """:func:`sign_request` for a URL already in parts: ``host`` (the ``Host`` header, with a
+    port other than the scheme's), the percent-encoded ``path`` and ``query``."""
+    amz_date = amz_date_of(now or datetime.now(UTC))
     out = {name.lower(): value for name, value in headers.items()}
     out.pop("authorization", None)
-    out.setdefault("host", host_from_url(parts))
+    out.setdefault("host", host)
     out["x-amz-date"] = amz_date
     out["x-amz-content-sha256"] = payload_sha256
     names = sorted(name for name in out if name not in _UNSIGNABLE)
     signed = ";".join(names)
     canonical_headers = "".join(f"{name}:{trim(out[name])}\n" for name in names)
-    query = canonical_query(split_query(parts.query), plus_is_space=True)
+    canonical_qs = canonical_query(split_query(query), plus_is_space=True)
     canonical = (
-        f"{method}\n{canonical_path(parts.path)}\n{query}\n"
+        f"{method}\n{canonical_path(path)}\n{canonical_qs}\n"
         f"{canonical_headers}\n{signed}\n{payload_sha256}"
     )
     scope = f"{amz_date[:8]}/{region}/s3/aws4_request"
@@ -100,6 +127,16 @@ def sign_request(
         f"SignedHeaders={signed}, Signature={signature}"
     )
     return out
+
+
+def amz_date_of(when: datetime) -> str:
+    """``when`` as an ``X-Amz-Date`` (``20261201T194650Z``), formatted once a second."""
+    return _amz_date(int(utc(when).timestamp()))
+
+
+@functools.lru_cache(maxsize=4)
+def _amz_date(second: int) -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(second))
 
 
 @functools.lru_cache(maxsize=256)

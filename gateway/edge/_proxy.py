@@ -8,6 +8,7 @@ chunk, with ASGI back-pressure bounding what is held in memory.
 from __future__ import annotations
 
 import asyncio
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,13 +20,14 @@ from .._errors import AccessDenied, InvalidRequest, ServiceUnavailable
 from .._identities import Caller, caller_of
 from .._operation import COPY_SOURCE, S3Operation
 from .._settings import GatewaySettings
-from .._signing import sign_request
+from .._signing import host_from_url, sign_target
 from .._types import ASGIReceive, ASGISend, Scope, request_state
 from ._chunked import decode_body
 from ._form import form_boundary
 from ._post_object import PostObject
 from ._sigv2 import verify_presigned_v2
 from ._sigv4 import Verified, verify_request
+from ._transport import Incoming, Outgoing
 
 # Never forwarded: hop-by-hop headers, the client's own signature, and the aws-chunked
 # framing headers (the upstream body is the decoded payload).
@@ -54,6 +56,8 @@ _DROP_REQUEST = frozenset(
 _DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"})
 # Headers we sign upstream besides host and x-amz-*: the ones S3 requires to be signed.
 _SIGN_EXTRA = frozenset({"content-md5", "content-type"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # an empty body is Content-Length: 0
 # A rejected request's unread body up to this size is read and dropped, so its connection
 # stays usable; beyond it (or when it does not come in time) the connection is closed.
 _DRAIN_BYTES = 64 * 1024
@@ -74,7 +78,7 @@ class Proxy:
         settings: The gateway's settings.
         client: The upstream HTTP client (owned by the caller).
         send: Sends an upstream request and returns its response, body unread (the app
-            sends straight to the client's transport); the client's ``send`` by default.
+            sends straight to the client's transport); through the client by default.
         now: Clock, injectable for tests of skew handling.
     """
 
@@ -82,15 +86,23 @@ class Proxy:
         self,
         settings: GatewaySettings,
         client: Callable[[], httpx.AsyncClient],
-        send: Callable[[httpx.Request], Awaitable[httpx.Response]] | None = None,
+        send: Callable[[Outgoing], Awaitable[Incoming]] | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
         self._client = client
-        self._send = send or (lambda request: client().send(request, stream=True))
+        self._send = send or (lambda outgoing: _through(client(), outgoing))
         self._timeout = httpx.Timeout(
             settings.read_timeout_s, connect=settings.connect_timeout_s
         ).as_dict()
+        backend = urllib.parse.urlsplit(settings.backend_url)
+        self._backend = (
+            backend.scheme,
+            backend.hostname or "",
+            backend.port or _DEFAULT_PORTS.get(backend.scheme, 80),
+        )
+        self._backend_host = host_from_url(backend)
+        self._backend_prefix = backend.path.rstrip("/")
         self._now = now
         self._post_object = PostObject(settings, client, now)
 
@@ -220,7 +232,7 @@ class Proxy:
         try:
             await _relay(response, send)
         finally:
-            await response.aclose()
+            await response.body.aclose()
 
     async def _upstream_body(
         self, scope: Scope, receive: ASGIReceive, verified: Verified | None
@@ -253,13 +265,11 @@ class Proxy:
         caller: Caller,
         length: int | None,
         content: AsyncIterator[bytes] | None,
-    ) -> httpx.Request:
+    ) -> Outgoing:
         """The upstream request, built from the parsed operation: its path, query and copy
         source encoded anew, its headers the parsed ones (one value a name)."""
+        path = self._backend_prefix + operation.upstream_path()
         query = operation.upstream_query()
-        url = (
-            self._settings.backend_url + operation.upstream_path() + ("?" + query if query else "")
-        )
         to_sign: dict[str, str] = {}
         plain: dict[str, str] = {}
         for name, value in operation.headers.items():
@@ -275,27 +285,43 @@ class Proxy:
             to_sign[COPY_SOURCE] = operation.copy_source.header
         if length is not None:
             plain["content-length"] = str(length)
+        elif content is not None:
+            plain["transfer-encoding"] = "chunked"
+        elif operation.method in _BODY_METHODS:
+            plain["content-length"] = "0"
+        to_sign.setdefault("host", self._backend_host)
         # Signed as the caller's own store identity; an anonymous caller's request goes
         # unsigned (the backend's credentials never sign for it).
         signed = (
             to_sign
             if caller.upstream is None
-            else sign_request(
+            else sign_target(
                 method=operation.method,
-                url=url,
+                host=self._backend_host,
+                path=path,
+                query=query,
                 headers=to_sign,
                 credentials=caller.upstream,
                 region=self._settings.region,
                 now=self._now(),
             )
         )
-        return httpx.Request(
+        scheme, host, port = self._backend
+        return Outgoing(
             operation.method,
-            url,
-            headers=_latin1({**plain, **signed}),
-            content=content,
-            extensions={"timeout": self._timeout},
+            scheme,
+            host,
+            port,
+            (path + "?" + query if query else path).encode("ascii"),
+            _latin1({**plain, **signed}),
+            content,
+            self._timeout,
         )
+
+
+async def _through(client: httpx.AsyncClient, outgoing: Outgoing) -> Incoming:
+    """Send ``outgoing`` through an httpx client (its transports and mocks decide)."""
+    return Incoming.of(await client.send(outgoing.to_httpx(), stream=True))
 
 
 async def _primed(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes] | None:
@@ -317,21 +343,19 @@ async def _primed(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes] | None:
     return chained()
 
 
-async def _relay(response: httpx.Response, send: ASGISend) -> None:
+async def _relay(response: Incoming, send: ASGISend) -> None:
     headers, length = [], -1
-    for name, value in response.headers.raw:
+    for name, value in response.headers:
         lower = name.lower()
         if lower == b"content-length" and value.isdigit():
             length = int(value)
         if lower not in _DROP_RESPONSE:
             headers.append((name, value))
-    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
     # The chunk that completes a known length ends the response: no extra empty message.
     # The raw stream as the transport yields it: no decoding, no re-chunking.
     sent = 0
-    stream = response.stream
-    assert isinstance(stream, httpx.AsyncByteStream)
-    async for chunk in stream:
+    async for chunk in response.body:
         sent += len(chunk)
         await send({"type": "http.response.body", "body": chunk, "more_body": sent != length})
     if sent != length or not sent:
@@ -399,9 +423,9 @@ def is_unsigned(operation: S3Operation) -> bool:
     return not operation.query_names() & _SIGNATURE_PARAMS
 
 
-def _latin1(headers: dict[str, str]) -> dict[bytes, bytes]:
+def _latin1(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     # Values hold the client's bytes decoded as latin-1; send those bytes back unchanged.
-    return {name.encode(): value.encode("latin-1") for name, value in headers.items()}
+    return [(name.encode(), value.encode("latin-1")) for name, value in headers.items()]
 
 
 def without_aws_chunked(encoding: str) -> str:

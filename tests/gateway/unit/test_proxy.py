@@ -10,7 +10,9 @@ import pytest
 
 from hapi.gateway import ClientKey, GatewaySettings, create_app
 from hapi.gateway._app import new_upstream_client
+from hapi.gateway._identities import Caller, caller_of
 from hapi.gateway._operation import object_path, parse_operation
+from hapi.gateway.edge._proxy import Proxy
 from hapi.gateway.edge._sigv4 import verify_request
 from hapi.protocol import Credentials
 from tests.gateway.support import CLIENT, client_signed
@@ -143,3 +145,41 @@ def test_target_keeps_the_path_the_client_signed(raw_path, host, bucket, key, cl
 def test_dot_segments_survive_url_normalisation(key, path):
     assert object_path("b", key) == path
     assert httpx.URL("http://store" + path).raw_path.decode() == path
+
+
+_FRAMINGS = [(method, "none") for method in ("GET", "HEAD", "DELETE", "PUT", "POST")] + [
+    (method, body) for method in ("PUT", "POST") for body in ("empty", "whole", "streamed")
+]
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "anonymous"])
+@pytest.mark.parametrize(("method", "body"), _FRAMINGS)
+def test_the_upstream_request_is_framed_as_httpx_would_frame_it(method, body, signed):
+    """The pass-through encodes its upstream request itself (no httpx model adds headers on
+    the way): the Host header and the body's framing are those httpx would have added."""
+    settings = _settings()
+    query = "uploads" if method == "POST" else ""
+    operation = parse_operation(method, "/bucket/key", query, [("host", "gw.test")], ())
+    caller = (
+        caller_of(CLIENT[0], settings.clients, settings.backend_credentials)
+        if signed
+        else Caller.anonymous()
+    )
+    data = b"x" * 1000
+
+    async def chunks():
+        yield data
+
+    length = {"none": None, "empty": 0, "whole": len(data), "streamed": None}[body]
+    content = chunks() if body in ("whole", "streamed") else None
+    outgoing = Proxy(settings, lambda: None)._upstream_request(operation, caller, length, content)
+    sent = httpx.Headers(list(outgoing.headers))
+    httpx_would = httpx.Request(
+        method,
+        outgoing.url(),
+        content={"none": None, "empty": b"", "whole": data, "streamed": chunks()}[body],
+    ).headers
+    assert sent["host"] == "store.internal:8333" == httpx_would["host"]
+    for framing in ("content-length", "transfer-encoding"):
+        assert sent.get(framing) == httpx_would.get(framing), framing
+    assert ("authorization" in sent) is signed

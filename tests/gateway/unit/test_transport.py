@@ -11,10 +11,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hapi.gateway import GatewaySettings
 from hapi.gateway._app import new_upstream_client
-from hapi.gateway.edge._transport import UpstreamTransport
+from hapi.gateway.edge._transport import Outgoing, UpstreamTransport
 from hapi.protocol import Credentials
 
 pytestmark = pytest.mark.anyio
@@ -514,3 +516,100 @@ async def test_gateway_client_sends_https_through_httpx_default_transport():
     async with new_upstream_client(settings) as http:
         with pytest.raises(httpx.ConnectError):  # httpcore's error, not UnsupportedProtocol
             await http.get("https://127.0.0.1:9/")
+
+
+def _capture() -> tuple[Handler, list[bytes]]:
+    """A server that records each request's head and body bytes, then answers 200."""
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lower = head.lower()
+            if b"transfer-encoding: chunked" in lower:
+                body = await reader.readuntil(b"0\r\n\r\n")
+            elif b"content-length: " in lower:
+                length = int(lower.split(b"content-length: ")[1].split(b"\r\n")[0])
+                body = await reader.readexactly(length)
+            else:
+                body = b""
+            seen.append(head + body)
+            answer = b"" if head.startswith(b"HEAD") else b"answer"
+            writer.write(reply(200, answer, b"X-Extra: 1"))
+            await writer.drain()
+
+    return handler, seen
+
+
+_NAMES = st.from_regex(r"x-[a-z]{1,8}", fullmatch=True)
+_VALUES = st.from_regex(r"[ -~]{0,20}", fullmatch=True).map(str.strip)
+
+
+@st.composite
+def _outgoing_parts(draw: st.DrawFn) -> tuple[str, bytes, list[tuple[bytes, bytes]], str, bytes]:
+    method = draw(st.sampled_from(["GET", "HEAD", "PUT", "POST", "DELETE"]))
+    target = draw(
+        st.from_regex(
+            r"/[a-z0-9]{1,8}(/[a-zA-Z0-9%._~-]{0,12})?(\?[a-z=&-]{0,12})?", fullmatch=True
+        )
+    )
+    names = draw(st.lists(_NAMES, max_size=5, unique=True))
+    headers = [(n.encode(), draw(_VALUES).encode()) for n in names]
+    body_kind = draw(st.sampled_from(["none", "whole", "streamed"]))
+    body = draw(st.binary(max_size=200)) if body_kind != "none" else b""
+    return method, target.encode(), headers, body_kind, body
+
+
+@settings(max_examples=60, deadline=None)
+@given(parts=_outgoing_parts())
+def test_an_encoded_request_goes_out_as_httpx_models_would_send_it(parts):
+    """The pass-through's lean exchange puts the same bytes on the wire, and reads the same
+    response, as the same request sent through httpx's request and response models."""
+    method, target, headers, body_kind, body = parts
+
+    async def main() -> None:
+        handler, seen = _capture()
+        async with serve(handler) as server:
+            port = int(server.url.rsplit(":", 1)[1])
+            framing: list[tuple[bytes, bytes]] = [(b"host", b"127.0.0.1:%d" % port)]
+            if body_kind == "whole":
+                framing.append((b"content-length", b"%d" % len(body)))
+            elif body_kind == "streamed":
+                framing.append((b"transfer-encoding", b"chunked"))
+            elif method in ("PUT", "POST"):  # as httpx frames an empty body of these
+                framing.append((b"content-length", b"0"))
+
+            def outgoing() -> Outgoing:
+                async def stream() -> AsyncIterator[bytes]:
+                    for i in range(0, len(body), 64):
+                        yield body[i : i + 64]
+
+                content = {"none": None, "whole": body, "streamed": stream()}[body_kind]
+                timeouts = {"connect": 5.0, "read": 5.0, "write": 5.0, "pool": 5.0}
+                return Outgoing(
+                    method,
+                    "http",
+                    "127.0.0.1",
+                    port,
+                    target,
+                    [*framing, *headers],
+                    content,
+                    timeouts,
+                )
+
+            transport = UpstreamTransport()
+            try:
+                lean = await transport.exchange(outgoing())
+                lean_body = b"".join([chunk async for chunk in lean.body])
+                await lean.body.aclose()
+                modelled = await transport.handle_async_request(outgoing().to_httpx())
+                modelled_body = await modelled.aread()
+                await modelled.aclose()
+            finally:
+                await transport.aclose()
+        assert len(seen) == 2 and seen[0] == seen[1]
+        assert seen[0].startswith(method.encode() + b" " + target + b" HTTP/1.1\r\n")
+        assert (lean.status, list(lean.headers)) == (modelled.status_code, modelled.headers.raw)
+        assert lean_body == modelled_body == (b"" if method == "HEAD" else b"answer")
+
+    asyncio.run(main())
