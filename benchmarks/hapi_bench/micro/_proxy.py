@@ -127,6 +127,20 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+# The pass-through's goals under wrk (issue 40): requests/s against nginx's in the same run,
+# p99 against nginx's, no timeouts, and the gateway's CPU (user + system) per request.
+_LOAD_GOAL = {
+    "requests_per_s_ratio_min": 0.6,
+    "p99_ratio_max": 2.0,
+    "timeouts": 0,
+    "gateway_cpu_us_per_request_max": 150,
+}
+
+
+def _us(value: object) -> str:
+    return "n/a" if not isinstance(value, int | float) else f"{value:.0f}"
+
+
 @dataclass(frozen=True)
 class LoadSpec:
     """The wrk phase: connections and seconds per run (0 seconds: skip it)."""
@@ -335,7 +349,8 @@ def _load_summary(loads: dict[str, list[WrkResult]], load: LoadSpec) -> dict[str
         summary["gateway_vs_nginx"] = {
             "requests_per_s_ratio": gateway["requests_per_s"] / nginx["requests_per_s"],
             "p99_ratio": gateway["p99_ms"] / nginx["p99_ms"] if nginx["p99_ms"] else None,
-            "goal": {"requests_per_s_ratio_min": 0.5, "p99_ratio_max": 3.0, "timeouts": 0},
+            "gateway_cpu_us_per_request": gateway["cpu_us_per_request"],
+            "goal": _LOAD_GOAL,
         }
     return summary
 
@@ -361,8 +376,12 @@ def _print_load(under: dict[str, object]) -> None:
     if isinstance(ratio, dict):
         p99 = ratio["p99_ratio"]
         print(
-            f"gateway/nginx: {ratio['requests_per_s_ratio']:.2f}x requests/s (goal >= 0.5x), "
-            f"p99 {'n/a' if p99 is None else f'{p99:.1f}x'} (goal <= 3x)"
+            f"gateway/nginx: {ratio['requests_per_s_ratio']:.2f}x requests/s "
+            f"(goal >= {_LOAD_GOAL['requests_per_s_ratio_min']}x), "
+            f"p99 {'n/a' if p99 is None else f'{p99:.1f}x'} "
+            f"(goal <= {_LOAD_GOAL['p99_ratio_max']:.0f}x), "
+            f"gateway CPU {_us(ratio['gateway_cpu_us_per_request'])} us a request "
+            f"(goal <= {_LOAD_GOAL['gateway_cpu_us_per_request_max']})"
         )
 
 
