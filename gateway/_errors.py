@@ -29,6 +29,8 @@
     ├── InsufficientMemory               503  (one sample does not fit the memory budget)
     ├── SlowDown                         503  (with Retry-After)
     ├── ServiceUnavailable               503  (with Retry-After; backend unreachable)
+    ├── DecodeUnavailable                503  (ServiceUnavailable, with Retry-After: a decode
+    │                                          worker process died with the sample)
     └── BackendError                     the backend's own error, code and status as it sent them
 
 Third-party errors are wrapped where they enter (``raise ServiceUnavailable(...) from exc``).
@@ -184,6 +186,14 @@ class SlowDown(S3Error):
 
 class ServiceUnavailable(S3Error):
     """The backend store cannot be reached."""
+
+    code = "ServiceUnavailable"
+    status = 503
+
+
+class DecodeUnavailable(S3Error):
+    """A decode worker process died while it held one of the request's samples; the
+    worker is replaced, so a retry is served."""
 
     code = "ServiceUnavailable"
     status = 503

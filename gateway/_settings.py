@@ -90,6 +90,9 @@ class GatewaySettings:
             outputs fit in it.
         max_image_pixels: Largest image (width x height) decoded; bombs are refused.
         decode_workers: Threads decoding and preprocessing (0: one per core).
+        decode_processes: Worker processes that decode and preprocess Pillow's images off
+            the gateway's interpreter lock, each thread handing its sample to one (0: the
+            threads decode themselves).
         decoder: What decodes pushdown images: auto (dali-gpu where the blocks run on CUDA
             and NVIDIA DALI is installed, else pil), pil, dali-cpu or dali-gpu. DALI's
             pixels differ slightly from Pillow's, so each decoder has its own cache entries.
@@ -185,6 +188,7 @@ class GatewaySettings:
     max_decoded_bytes: int = field(default=128 * 1024**2, metadata=knob(shown_default="128MiB"))
     max_image_pixels: int = 64_000_000
     decode_workers: int = 0
+    decode_processes: int = 0
     decoder: str = "auto"
     device: Device = "auto"
     intra_op_threads: int = 0
@@ -269,6 +273,8 @@ class GatewaySettings:
             )
         if self.identity_requests_per_s < 0:
             raise ValueError("identity_requests_per_s must be 0 (no limit) or positive")
+        if self.decode_workers < 0 or self.decode_processes < 0:
+            raise ValueError("decode_workers and decode_processes must be 0 or positive")
         if not 0 <= self.cache_write_defer_s < float("inf"):
             raise ValueError("cache_write_defer_s must be 0 (write at once) or positive")
         edge = (self.max_header_bytes, self.header_timeout_s, self.keep_alive_timeout_s)

@@ -39,7 +39,7 @@ import numpy as np
 
 from hapi.models import Manifest, PendingSample, UndecodableObject
 
-from .._errors import BackendError, S3Error, SlowDown, UnprocessableObject
+from .._errors import BackendError, DecodeUnavailable, S3Error, SlowDown, UnprocessableObject
 from .._identities import Caller
 from .._metrics import Metrics
 from .._settings import GatewaySettings
@@ -48,6 +48,7 @@ from .._types import ASGIReceive, ASGISend
 from ._batcher import Arrival, Batcher
 from ._cache import Cached, FeatureCache
 from ._cached import CachedSample, EntryWriter, cached_samples, lookup_all, merge_rows
+from ._decode_processes import DecodeProcesses, DecodeWorkerLost
 from ._decoders import Decoding
 from ._fairness import FairPool, RequestRate
 from ._fetch import Listing, ObjectLister
@@ -90,6 +91,8 @@ class Pushdown:
         fetches: Counts object fetches by placement (``None``: counted in ``metrics`` as
             placement unknown).
         decoding: The decoder images go through (``None``: Pillow).
+        processes: Worker processes Pillow's decoding is handed to (``None``: the
+            decoding threads decode themselves).
     """
 
     def __init__(
@@ -102,9 +105,12 @@ class Pushdown:
         metrics: Metrics | None = None,
         fetches: FetchMeter | None = None,
         decoding: Decoding | None = None,
+        *,
+        processes: DecodeProcesses | None = None,
     ) -> None:
         self._settings = settings
         self._decoding = decoding
+        self._processes = processes
         self.tenants = tenants
         self._pool = decode_pool
         self._metrics = metrics
@@ -382,11 +388,17 @@ class Pushdown:
             else self._metrics.decode_seconds.labels(manifest.ref, str(answer.params.split))
         )
 
+        processes = self._processes
+
         def one(index: int, sample: PendingSample) -> None:
             progress.start()
-            started = time.thread_time()
-            sample.decode(manifest.preprocess, max_pixels=max_pixels, out=inputs[index])
-            seconds = time.thread_time() - started
+            preset, row = manifest.preprocess, inputs[index]
+            if processes is not None:  # CPU seconds of the worker that decoded it
+                seconds = processes.decode(sample, preset, max_pixels=max_pixels, out=row)
+            else:
+                started = time.thread_time()
+                sample.decode(preset, max_pixels=max_pixels, out=row)
+                seconds = time.thread_time() - started
             self.stats.count_decoded(seconds)
             if decoded is not None:
                 decoded.inc(seconds)
@@ -417,6 +429,8 @@ class Pushdown:
             raise UnprocessableObject(
                 f"{exc} (model {manifest.ref} needs an image or a tar shard)"
             ) from exc
+        except DecodeWorkerLost as exc:
+            raise DecodeUnavailable(f"{exc}; retry the request", retry_after=1) from exc
         finally:
             for job in jobs:
                 job.cancel()  # those not started yet never start

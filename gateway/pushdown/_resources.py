@@ -18,6 +18,7 @@ from .._settings import GatewaySettings
 from .._store import StoreClient
 from ._batcher import MemoryBudget
 from ._cache import FeatureCache
+from ._decode_processes import DecodeProcesses
 from ._decoders import Decoding
 from ._fairness import FairPool
 from ._handler import Pushdown
@@ -88,8 +89,11 @@ async def open_pushdown(
     runtime = RuntimeSettings(
         device=settings.device, intra_op_threads=settings.intra_op_threads, tf32=settings.tf32
     )
+    # Worker processes decode Pillow's images; DALI decodes a window at once on its own.
+    processes = settings.decode_processes if decoding.name == "pil" else 0
     with (
-        FairPool(workers, "hapi-decode") as decode_pool,
+        FairPool(max(workers, processes), "hapi-decode") as decode_pool,
+        DecodeProcesses(processes) if processes else contextlib.nullcontext() as decoders,
         ThreadPoolExecutor(1, thread_name_prefix="hapi-infer") as infer_pool,
         open_fetch_meter(settings, metrics, placement) as fetches,
     ):
@@ -109,7 +113,15 @@ async def open_pushdown(
             busy = tenants.is_serving
             async with FeatureCache(settings, store, metrics, busy=busy).running() as cache:
                 yield Pushdown(
-                    settings, store, tenants, decode_pool, cache, metrics, fetches, decoding
+                    settings,
+                    store,
+                    tenants,
+                    decode_pool,
+                    cache,
+                    metrics,
+                    fetches,
+                    decoding,
+                    processes=decoders,
                 )
         finally:
             await tenants.close()

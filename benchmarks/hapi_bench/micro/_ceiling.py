@@ -12,6 +12,10 @@ gateway run's rate is the gateway's own count of samples answered over the run's
 window (its first and last second left out). CPU per sample is user + system CPU (the
 bare loop's own process; the gateway's, without its clients') over the samples.
 
+With ``--decode-processes N``, a second gateway decodes in N worker processes (off the
+interpreter lock) and is measured in the same rounds, as the modes ``batch-processes`` and
+``single-processes``.
+
 Goals (issue "a storage node at full speed"): at every split, the gateway at least 0.9x the
 bare loop for batch requests and 0.8x for single-object GETs. Writes
 ``bench-pushdown.json`` (every run), ``bench-pushdown.md`` and ``bench-pushdown.png``.
@@ -21,6 +25,7 @@ Run as ``hapi-bench pushdown``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -268,6 +273,7 @@ def run(
     images: int,
     seconds: float,
     rounds: int,
+    decode_processes: int = 0,
 ) -> dict[str, Any]:
     """Measure every (model, split); returns and writes the results."""
     wrk_binary()  # fail before minutes of set-up, not after
@@ -283,9 +289,12 @@ def run(
         bench.s3.create_bucket(Bucket=_BUCKET)
         for name, blob in zip(keys, blobs, strict=True):
             bench.s3.put_object(Bucket=_BUCKET, Key=name, Body=blob)
-        with bench.gateway("gw.log", {"HAPI_CACHE_ENABLED": "false"}) as gw:
-            driver = GatewayDriver(gw, seconds, store_pid=bench.store.pid)
-            cells = _measure(registry, manifests, splits, blobs, keys, driver, seconds, rounds)
+        with contextlib.ExitStack() as running:
+            drivers = {"": _driver(running, bench, seconds, {})}
+            if decode_processes:
+                extra = {"HAPI_DECODE_PROCESSES": str(decode_processes)}
+                drivers["-processes"] = _driver(running, bench, seconds, extra)
+            cells = _measure(registry, manifests, splits, blobs, keys, drivers, seconds, rounds)
     results = {
         "images": images,
         "mean_image_bytes": sum(map(len, blobs)) / len(blobs),
@@ -293,6 +302,7 @@ def run(
         "load": f"wrk: batch POSTs of {BATCH} keys on {BATCH_CLIENTS} connections, single "
         f"GETs on {GET_CLIENTS}",
         "rounds": rounds,
+        "decode_processes": decode_processes,
         "cpu_count": os.cpu_count(),
         "cpu": cpu_model(),
         "goals": GOALS,
@@ -302,16 +312,28 @@ def run(
     return results
 
 
+def _driver(
+    running: contextlib.ExitStack, bench: Any, seconds: float, env: dict[str, str]
+) -> GatewayDriver:
+    """A gateway (cache off, ``env`` added) in ``running``, and its driver."""
+    name = "gw-processes.log" if env else "gw.log"
+    gw = running.enter_context(bench.gateway(name, {"HAPI_CACHE_ENABLED": "false", **env}))
+    driver = GatewayDriver(gw, seconds, store_pid=bench.store.pid)
+    running.callback(driver.close)
+    return driver
+
+
 def _measure(
     registry: models.Registry,
     manifests: dict[str, models.Manifest],
     splits: tuple[int, ...] | None,
     blobs: list[bytes],
     keys: list[str],
-    driver: GatewayDriver,
+    drivers: dict[str, GatewayDriver],
     seconds: float,
     rounds: int,
 ) -> list[dict[str, Any]]:
+    """Every cell; ``drivers`` by the suffix of their modes (``""``, ``"-processes"``)."""
     window = max(0.5, seconds - 2 * min(_WARM_S, seconds / 4))  # as long as the driver's
     cells = []
     for name, manifest in manifests.items():
@@ -320,21 +342,32 @@ def _measure(
                 continue
             graph = registry.load_blocks(manifest, 0, split) if split else None
             bare = BareLoop(manifest, graph)
-            runs: dict[str, list[Run]] = {"bare": [], "batch": [], "single": []}
+            runs: dict[str, list[Run]] = {"bare": []}
             try:
-                driver.warm(keys, name, split)  # the gateway builds its session
+                for driver in drivers.values():
+                    driver.warm(keys, name, split)  # the gateway builds its session
                 bare.epoch(blobs, 0)
                 for _ in range(rounds):
                     runs["bare"].append(bare.epoch(blobs, window))
-                    runs["batch"].append(driver.epoch(keys, name, split, "batch"))
-                    runs["single"].append(driver.epoch(keys, name, split, "single"))
+                    for suffix, driver in drivers.items():
+                        for mode in ("batch", "single"):
+                            run = driver.epoch(keys, name, split, mode)
+                            runs.setdefault(mode + suffix, []).append(run)
             finally:
                 bare.close()
             cell = _cell(name, split, runs)
             cells.append(cell)
             print(_line(cell), flush=True)
-    driver.close()
     return cells
+
+
+def _modes(cell: dict[str, Any]) -> list[str]:
+    """The gateway modes a cell measured, in the order measured."""
+    return [mode for mode in cell["runs"] if mode != "bare"]
+
+
+def _goal(mode: str) -> float:
+    return GOALS[mode.split("-")[0]]
 
 
 def _cell(model: str, split: int, runs: dict[str, list[Run]]) -> dict[str, Any]:
@@ -350,7 +383,7 @@ def _cell(model: str, split: int, runs: dict[str, list[Run]]) -> dict[str, Any]:
         "bare_cpu_ms_per_sample": bare_cpu,
     }
     cores = os.cpu_count() or 1
-    for mode in ("batch", "single"):
+    for mode in _modes(cell):
         pairs = zip(runs[mode], runs["bare"], strict=True)
         ratios = [g.samples_per_s / b.samples_per_s for g, b in pairs]
         rate, cpu = median(mode, "samples_per_s"), median(mode, "cpu_ms_per_sample")
@@ -360,7 +393,7 @@ def _cell(model: str, split: int, runs: dict[str, list[Run]]) -> dict[str, Any]:
             "ratio_range": [min(ratios), max(ratios)],
             "cpu_ms_per_sample": cpu,
             "cpu_ratio": cpu / bare_cpu if bare_cpu else None,
-            "meets_goal": rate / bare_rate >= GOALS[mode],
+            "meets_goal": rate / bare_rate >= _goal(mode),
         }
         if all(r.store_cpu_ms_per_sample is not None for r in runs[mode]):
             store = median(mode, "store_cpu_ms_per_sample")
@@ -385,13 +418,15 @@ def _line(cell: dict[str, Any]) -> str:
 
     return (
         f"{cell['model']} split {cell['split']:2d}: bare {cell['bare_samples_per_s']:6.1f}/s "
-        f"({cell['bare_cpu_ms_per_sample']:.1f} CPU-ms/sample); {part('batch')}; {part('single')}"
+        f"({cell['bare_cpu_ms_per_sample']:.1f} CPU-ms/sample); "
+        + "; ".join(part(mode) for mode in _modes(cell))
     )
 
 
 def _report(out: Path, results: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench-pushdown.json").write_text(json.dumps(results, indent=2))
+    modes = _modes(results["cells"][0]) if results["cells"] else ["batch", "single"]
     lines = [
         f"Gateway / bare loop, samples/s (median of {results['rounds']} interleaved rounds, "
         f"range); CPU per sample, gateway / bare. Runs of {results['seconds_per_run']:g} s, "
@@ -401,9 +436,10 @@ def _report(out: Path, results: dict[str, Any]) -> None:
         "store serves the objects on the same cores; the bare loop reads them from memory), "
         "over the bare loop's rate.",
         "",
-        "| model | split | bare samples/s | bare CPU-ms/sample | batch | batch CPU "
-        "| batch: cores allow | single GETs | single CPU | single: cores allow |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | split | bare samples/s | bare CPU-ms/sample | "
+        + " | ".join(f"{m} | {m} CPU | {m}: cores allow" for m in modes)
+        + " |",
+        "|---|---|---|---|" + "---|---|---|" * len(modes),
     ]
     for cell in results["cells"]:
         row = [
@@ -412,7 +448,7 @@ def _report(out: Path, results: dict[str, Any]) -> None:
             f"{cell['bare_samples_per_s']:.1f}",
             f"{cell['bare_cpu_ms_per_sample']:.1f}",
         ]
-        for mode in ("batch", "single"):
+        for mode in modes:
             m = cell[mode]
             low, high = m["ratio_range"]
             mark = "" if m["meets_goal"] else " (misses)"
@@ -430,11 +466,11 @@ def _report(out: Path, results: dict[str, Any]) -> None:
     missed = [
         f"{c['model']} split {c['split']} {mode}"
         for c in results["cells"]
-        for mode in ("batch", "single")
+        for mode in modes
         if not c[mode]["meets_goal"]
     ]
     print(
-        f"\ngoals missed: {len(missed)} of {2 * len(results['cells'])}"
+        f"\ngoals missed: {len(missed)} of {len(modes) * len(results['cells'])}"
         + (f" ({', '.join(missed)})" if missed else "")
     )
 
@@ -449,7 +485,7 @@ def _plot(path: Path, cells: list[dict[str, Any]]) -> None:
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
         mine = [c for c in cells if c["model"] == name]
-        for mode, marker in (("batch", "o"), ("single", "s")):
+        for mode, marker in zip(_modes(mine[0]), "osD^", strict=False):
             (line,) = ax.plot(
                 [c["split"] for c in mine],
                 [c[mode]["ratio"] for c in mine],
@@ -465,7 +501,7 @@ def _plot(path: Path, cells: list[dict[str, Any]]) -> None:
                     color=line.get_color(),
                     label=f"{mode}: what the cores allow",
                 )
-            ax.axhline(GOALS[mode], linestyle=":", linewidth=1, color=line.get_color())
+            ax.axhline(_goal(mode), linestyle=":", linewidth=1, color=line.get_color())
         ax.set(xlabel="split", ylabel="gateway / bare loop (samples/s)", title=name, ylim=(0, 1.3))
         ax.legend()
     fig.tight_layout()
@@ -491,6 +527,14 @@ def main(argv: list[str] | None = None) -> None:
         help="length of each run (its first and last second are left out)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument(
+        "--decode-processes",
+        type=int,
+        default=0,
+        help="also measure a gateway decoding in this many worker processes (0: do not)",
+    )
     args = parser.parse_args(argv)
+    if args.decode_processes < 0:
+        parser.error("--decode-processes must be 0 or positive")
     names = tuple(n.strip() for n in args.models.split(",") if n.strip())
-    run(args.out, names, args.splits, args.images, args.seconds, args.rounds)
+    run(args.out, names, args.splits, args.images, args.seconds, args.rounds, args.decode_processes)

@@ -1,0 +1,247 @@
+"""Decoding in worker processes, off the gateway's interpreter lock.
+
+Pillow releases the interpreter lock while it decodes and resizes, but not while it parses
+headers, runs its Python-level load loop, reads EXIF or converts to numpy: two decoding
+threads ran at 0.75x the rate of two processes (docs/results.md). So with
+``decode_processes`` set, each decoding thread hands its sample to a worker process and
+waits for it (the lock released while it waits):
+
+- a worker decodes into a shared-memory slot its parent owns (one per worker, grown when a
+  preset's input is larger), and the thread copies the slot into the batch row; no
+  segment is ever created by a worker, so a worker's death leaks nothing, and the parent
+  unlinks every slot on close;
+- a worker that dies (killed, out of memory) fails only the sample it held, with
+  :class:`DecodeWorkerLost`; its replacement starts before the next sample is handed out.
+
+Features are the same bits as decoding in a thread: the worker runs the same code
+(:meth:`hapi.models.PendingSample.decode`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import queue
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+from hapi.models import PendingSample, Preset, UndecodableObject
+
+log = logging.getLogger(__name__)
+
+_SPAWN = multiprocessing.get_context("spawn")  # the gateway has threads: never fork it
+_START_TIMEOUT_S = 120.0  # a spawned worker imports numpy and Pillow first
+_STOP_TIMEOUT_S = 5.0
+_FIRST_SLOT_BYTES = 3 * 256 * 256 * 4  # float32 CHW at 256 px; grown on demand
+
+
+class DecodeWorkerLost(RuntimeError):
+    """The worker process decoding a sample died before it answered."""
+
+    def __init__(self, key: str, exitcode: int | None) -> None:
+        how = "was killed" if exitcode is not None and exitcode < 0 else "exited"
+        super().__init__(
+            f"the decode worker for {key} {how} (exit code {exitcode}) before it answered"
+        )
+        self.key = key
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    conn: Connection
+    slot: SharedMemory
+    ready: bool = False  # its first message (sent once its imports are done) was read
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+
+class DecodeProcesses:
+    """``count`` worker processes that decode and preprocess images for pushdown.
+
+    Thread-safe: any number of threads may call :meth:`decode`; each call takes an idle
+    worker (waiting for one while all are busy).
+
+    Args:
+        count: Worker processes (at least 1).
+    """
+
+    def __init__(self, count: int) -> None:
+        if count < 1:
+            raise ValueError("decode processes must be at least 1")
+        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._all: list[_Worker] = []
+        self._closed = False
+        for _ in range(count):
+            self._idle.put(self._start(_FIRST_SLOT_BYTES))
+
+    def __enter__(self) -> DecodeProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def pids(self) -> list[int]:
+        """The live workers' process ids (for operators and tests)."""
+        return [w.process.pid for w in self._all if w.process.pid is not None and w.alive()]
+
+    def decode(
+        self, sample: PendingSample, preset: Preset, *, max_pixels: int, out: np.ndarray
+    ) -> float:
+        """Decode ``sample`` into ``out`` (a C-contiguous float32 row) in a worker.
+
+        Returns:
+            The worker's CPU seconds for it.
+
+        Raises:
+            UndecodableObject: The image is corrupt, too large, or not an image.
+            DecodeWorkerLost: The worker died first (it is replaced).
+        """
+        worker = self._idle.get()
+        try:
+            if not worker.alive():  # it died idle: no sample of anyone's was lost
+                worker = self._replace(worker)
+            if worker.slot.size < out.nbytes:
+                worker = self._grow(worker, out.nbytes)
+            reply = self._ask(worker, sample, preset, max_pixels, out.shape)
+        except DecodeWorkerLost:
+            worker = self._replace(worker)
+            raise
+        finally:
+            self._idle.put(worker)
+        if reply[0] == "undecodable":
+            raise UndecodableObject(reply[1], reply[2])
+        np.copyto(out, np.ndarray(out.shape, np.float32, buffer=worker.slot.buf))
+        return float(reply[1])
+
+    def close(self) -> None:
+        """Stop every worker and unlink every slot."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._all:
+            _stop(worker)
+        self._all.clear()
+
+    def _ask(
+        self,
+        worker: _Worker,
+        sample: PendingSample,
+        preset: Preset,
+        max_pixels: int,
+        shape: tuple[int, ...],
+    ) -> tuple[Any, ...]:
+        key = sample.member or sample.key
+        job = (worker.slot.name, shape, bytes(sample.image), key, sample.view, preset, max_pixels)
+        try:
+            if not worker.ready:
+                worker.ready = worker.conn.recv() == ("ready",)
+            worker.conn.send(job)
+            reply: tuple[Any, ...] = worker.conn.recv()
+        except (EOFError, OSError) as exc:
+            worker.process.join(_STOP_TIMEOUT_S)
+            raise DecodeWorkerLost(key, worker.process.exitcode) from exc
+        return reply
+
+    def _start(self, slot_bytes: int) -> _Worker:
+        slot = SharedMemory(create=True, size=slot_bytes)
+        ours, theirs = _SPAWN.Pipe()
+        process = _SPAWN.Process(
+            target=_serve, args=(theirs,), name="hapi-decode-worker", daemon=True
+        )
+        try:
+            process.start()
+        except BaseException:
+            _unlink(slot)
+            raise
+        theirs.close()
+        worker = _Worker(process, ours, slot)
+        self._all.append(worker)
+        return worker
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        log.warning(
+            "decode worker %s ended (exit code %s); starting another",
+            worker.process.pid,
+            worker.process.exitcode,
+        )
+        self._all.remove(worker)
+        size = worker.slot.size
+        _stop(worker)
+        return self._start(size)
+
+    def _grow(self, worker: _Worker, size: int) -> _Worker:
+        """``worker`` with a slot of at least ``size`` bytes (the worker attaches the new
+        one at its next job, by name)."""
+        slot = SharedMemory(create=True, size=size)
+        _unlink(worker.slot)
+        worker.slot = slot
+        return worker
+
+
+def _stop(worker: _Worker) -> None:
+    try:
+        worker.conn.close()  # the worker's recv ends: it returns
+        worker.process.join(_STOP_TIMEOUT_S)
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join(_STOP_TIMEOUT_S)
+    finally:
+        _unlink(worker.slot)
+
+
+def _unlink(slot: SharedMemory) -> None:
+    slot.close()
+    with contextlib.suppress(FileNotFoundError):  # already gone is what we want
+        slot.unlink()
+
+
+def _serve(conn: Connection) -> None:
+    """A worker's loop: decode each job into its slot until the parent closes the pipe."""
+    attached: dict[str, SharedMemory] = {}
+    try:
+        conn.send(("ready",))
+        _loop(conn, attached)
+    except (EOFError, OSError):  # the parent closed the pipe, or went away
+        pass
+    finally:
+        for slot in attached.values():
+            slot.close()
+
+
+def _loop(conn: Connection, attached: dict[str, SharedMemory]) -> None:
+    while True:
+        job = conn.recv()
+        name, shape, image, key, view, preset, max_pixels = job
+        slot = attached.get(name)
+        if slot is None:
+            for old in attached.values():  # the parent grew this worker's slot
+                old.close()
+            attached.clear()
+            slot = attached[name] = _attach(name)
+        out = np.ndarray(shape, np.float32, buffer=slot.buf)
+        started = time.thread_time()
+        try:
+            PendingSample(key, image, view=view).decode(preset, max_pixels=max_pixels, out=out)
+        except UndecodableObject as exc:
+            conn.send(("undecodable", exc.key, exc.reason))
+            continue
+        finally:
+            del out  # no export of the slot's buffer may outlive the job
+        conn.send(("ok", time.thread_time() - started))
+
+
+def _attach(name: str) -> SharedMemory:
+    """Attach the parent's segment. A spawned worker shares its parent's resource tracker,
+    so the segment stays registered once, to the parent, which unlinks it (and the tracker
+    unlinks what is left if the gateway itself is killed)."""
+    return SharedMemory(name=name)

@@ -1,0 +1,172 @@
+"""Decoding in worker processes: the same bits as in a thread, a killed worker fails only
+the sample it held, the pool recovers, and no shared-memory segment is left behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from hapi.gateway.pushdown._decode_processes import DecodeProcesses, DecodeWorkerLost
+from hapi.models import PendingSample, UndecodableObject
+from hapi.models.testing import get_preset
+from hapi.protocol import ViewParams
+
+SHM = Path("/dev/shm")
+
+
+def _segments() -> set[str]:
+    return {p.name for p in SHM.iterdir()} if SHM.is_dir() else set()
+
+
+@pytest.fixture(scope="module")
+def processes() -> Iterator[DecodeProcesses]:
+    with DecodeProcesses(2) as pool:
+        yield pool
+
+
+def _jpeg(width: int, height: int, seed: int, fmt: str = "JPEG") -> bytes:
+    rng = np.random.default_rng(seed)
+    # smooth gradients plus noise: a photo-like image that JPEG does not flatten
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([(x * 255 // max(width, 1)), (y * 255 // max(height, 1)), (x + y) % 256], -1)
+    noise = rng.integers(0, 40, (height, width, 3))
+    pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    width=st.integers(16, 640),
+    height=st.integers(16, 640),
+    seed=st.integers(0, 2**16),
+    preset=st.sampled_from(["imagenet", "efficientnet-lite"]),
+    fmt=st.sampled_from(["JPEG", "PNG"]),
+    viewed=st.booleans(),
+    flip=st.booleans(),
+)
+def test_a_worker_decodes_the_same_bits_as_a_thread(
+    processes, width, height, seed, preset, fmt, viewed, flip
+):
+    chosen = get_preset(preset)
+    box = (height // 4, width // 4, max(1, height // 2), max(1, width // 2))
+    jitter = {"order": ("brightness", "contrast"), "factors": (1.2, 0.8)}
+    view = ViewParams(view=0, box=box, flip=flip, **jitter) if viewed else None
+    sample = PendingSample("k.jpg", _jpeg(width, height, seed, fmt), view=view)
+    expected = sample.decode(chosen)
+    row = np.full(chosen.sample_shape, np.nan, np.float32)
+    seconds = processes.decode(sample, chosen, max_pixels=64_000_000, out=row)
+    np.testing.assert_array_equal(row, expected)
+    assert seconds > 0
+
+
+def test_an_undecodable_image_is_reported_with_its_key(processes):
+    preset = get_preset("imagenet")
+    broken = PendingSample("shard.tar", b"\xff\xd8\xff not a jpeg", member="shard.tar#a.jpg")
+    row = np.empty(preset.sample_shape, np.float32)
+    with pytest.raises(UndecodableObject) as raised:
+        processes.decode(broken, preset, max_pixels=64_000_000, out=row)
+    assert raised.value.key == "shard.tar#a.jpg"
+    too_big = PendingSample("big.jpg", _jpeg(300, 300, 1))
+    with pytest.raises(UndecodableObject, match="exceeds the limit"):
+        processes.decode(too_big, preset, max_pixels=10_000, out=row)
+    # the workers go on serving
+    fine = PendingSample("ok.jpg", _jpeg(64, 64, 2))
+    processes.decode(fine, preset, max_pixels=64_000_000, out=row)
+    np.testing.assert_array_equal(row, fine.decode(preset))
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_a_worker_killed_mid_sample_fails_that_sample_only_and_is_replaced():
+    before = _segments()
+    preset = get_preset("imagenet")
+    slow = PendingSample("huge.png", _jpeg(4000, 3000, 3, "PNG"))  # a PNG decodes slowly
+    quick = PendingSample("small.jpg", _jpeg(200, 150, 4))
+    with DecodeProcesses(2) as pool:
+        assert _segments() - before  # one slot per worker
+        first_pids = set(pool.pids)
+        row = np.empty(preset.sample_shape, np.float32)
+        for _ in first_pids:  # each worker in turn, so both are past their imports
+            pool.decode(quick, preset, max_pixels=64_000_000, out=row)
+        outcome: dict[str, BaseException | None] = {}
+
+        def decode_slow() -> None:
+            try:
+                pool.decode(
+                    slow,
+                    preset,
+                    max_pixels=64_000_000,
+                    out=np.empty(preset.sample_shape, np.float32),
+                )
+                outcome["slow"] = None
+            except BaseException as exc:
+                outcome["slow"] = exc
+
+        ticks = {pid: _cpu_ticks(pid) for pid in first_pids}
+        thread = threading.Thread(target=decode_slow)
+        thread.start()
+        busy = None
+        for _ in range(2000):  # until the worker holding the slow sample burns CPU on it
+            busy = next((p for p in first_pids if _cpu_ticks(p) > ticks[p] + 2), None)
+            if busy is not None or not thread.is_alive():
+                break
+            time.sleep(0.005)
+        assert busy is not None, "no worker started on the slow sample"
+        os.kill(busy, signal.SIGKILL)
+        # meanwhile the other worker serves
+        pool.decode(quick, preset, max_pixels=64_000_000, out=row)
+        np.testing.assert_array_equal(row, quick.decode(preset))
+        thread.join(60)
+        assert isinstance(outcome["slow"], DecodeWorkerLost)
+        assert "huge.png" in str(outcome["slow"]) and "killed" in str(outcome["slow"])
+        # recovered: two live workers again, one of them new, and both serve
+        assert len(pool.pids) == 2 and busy not in pool.pids and set(pool.pids) != first_pids
+        for _ in range(4):
+            pool.decode(quick, preset, max_pixels=64_000_000, out=row)
+            np.testing.assert_array_equal(row, quick.decode(preset))
+    assert _segments() == before  # nothing left in /dev/shm
+
+
+def test_a_worker_that_died_while_idle_costs_no_sample():
+    preset = get_preset("imagenet")
+    quick = PendingSample("small.jpg", _jpeg(120, 90, 5))
+    row = np.empty(preset.sample_shape, np.float32)
+    with DecodeProcesses(1) as pool:
+        (pid,) = pool.pids
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(500):
+            if not pool.pids:
+                break
+            time.sleep(0.01)
+        pool.decode(quick, preset, max_pixels=64_000_000, out=row)  # no DecodeWorkerLost
+        np.testing.assert_array_equal(row, quick.decode(preset))
+        assert pool.pids and pool.pids != [pid]
+
+
+def test_a_larger_input_grows_the_slot():
+    before = _segments()
+    big = get_preset("imagenet")
+    sample = PendingSample("a.jpg", _jpeg(300, 300, 6))
+    with DecodeProcesses(1) as pool:
+        wide = dataclasses.replace(big, resize=320, crop=320)  # over the first slot's 256 px
+        row = np.empty(wide.sample_shape, np.float32)
+        pool.decode(sample, wide, max_pixels=64_000_000, out=row)
+        np.testing.assert_array_equal(row, sample.decode(wide))
+    assert _segments() == before
