@@ -6,11 +6,13 @@ threads ran at 0.75x the rate of two processes (docs/results.md). So with
 ``decode_processes`` set, each decoding thread hands its sample to a worker process and
 waits for it (the lock released while it waits):
 
-- a worker decodes into a shared-memory slot its parent owns (one per worker, grown when a
-  preset's input is larger), and the thread copies the slot into the batch row; no
+- a thread hands over a chunk of a window's samples at once (one message each way, not
+  one a sample); the worker decodes them into a shared-memory slot its parent owns (one
+  per worker, grown when a chunk's inputs need more), and the thread copies the slot into
+  the window's rows; no
   segment is ever created by a worker, so a worker's death leaks nothing, and the parent
   unlinks every slot on close;
-- a worker that dies (killed, out of memory) fails only the sample it held, with
+- a worker that dies (killed, out of memory) fails only the samples it held, with
   :class:`DecodeWorkerLost`; its replacement starts before the next sample is handed out.
 
 Features are the same bits as decoding in a thread: the worker runs the same code
@@ -24,6 +26,7 @@ import logging
 import multiprocessing
 import queue
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -45,12 +48,12 @@ _FIRST_SLOT_BYTES = 3 * 256 * 256 * 4  # float32 CHW at 256 px; grown on demand
 class DecodeWorkerLost(RuntimeError):
     """The worker process decoding a sample died before it answered."""
 
-    def __init__(self, key: str, exitcode: int | None) -> None:
+    def __init__(self, keys: str, exitcode: int | None) -> None:
         how = "was killed" if exitcode is not None and exitcode < 0 else "exited"
         super().__init__(
-            f"the decode worker for {key} {how} (exit code {exitcode}) before it answered"
+            f"the decode worker for {keys} {how} (exit code {exitcode}) before it answered"
         )
-        self.key = key
+        self.keys = keys
 
 
 @dataclass
@@ -77,6 +80,7 @@ class DecodeProcesses:
     def __init__(self, count: int) -> None:
         if count < 1:
             raise ValueError("decode processes must be at least 1")
+        self.count = count
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._all: list[_Worker] = []
         self._closed = False
@@ -95,15 +99,22 @@ class DecodeProcesses:
         return [w.process.pid for w in self._all if w.process.pid is not None and w.alive()]
 
     def decode(
-        self, sample: PendingSample, preset: Preset, *, max_pixels: int, out: np.ndarray
-    ) -> float:
-        """Decode ``sample`` into ``out`` (a C-contiguous float32 row) in a worker.
+        self,
+        samples: Sequence[PendingSample],
+        preset: Preset,
+        *,
+        max_pixels: int,
+        out: np.ndarray,
+    ) -> list[float]:
+        """Decode ``samples`` into the rows of ``out`` (C-contiguous float32, one row a
+        sample) in one worker, sent and answered as one message.
 
         Returns:
-            The worker's CPU seconds for it.
+            The worker's CPU seconds for each sample.
 
         Raises:
-            UndecodableObject: The image is corrupt, too large, or not an image.
+            UndecodableObject: An image is corrupt, too large, or not an image (the
+                samples after it are not decoded).
             DecodeWorkerLost: The worker died first (it is replaced).
         """
         worker = self._idle.get()
@@ -112,7 +123,9 @@ class DecodeProcesses:
                 worker = self._replace(worker)
             if worker.slot.size < out.nbytes:
                 worker = self._grow(worker, out.nbytes)
-            reply = self._ask(worker, sample, preset, max_pixels, out.shape)
+            reply = self._ask(worker, samples, preset, max_pixels, out.shape)
+            if reply[0] == "ok":  # copied before the slot can take another job
+                np.copyto(out, np.ndarray(out.shape, np.float32, buffer=worker.slot.buf))
         except DecodeWorkerLost:
             worker = self._replace(worker)
             raise
@@ -120,8 +133,8 @@ class DecodeProcesses:
             self._idle.put(worker)
         if reply[0] == "undecodable":
             raise UndecodableObject(reply[1], reply[2])
-        np.copyto(out, np.ndarray(out.shape, np.float32, buffer=worker.slot.buf))
-        return float(reply[1])
+        seconds: list[float] = reply[1]
+        return seconds
 
     def close(self) -> None:
         """Stop every worker and unlink every slot."""
@@ -135,21 +148,21 @@ class DecodeProcesses:
     def _ask(
         self,
         worker: _Worker,
-        sample: PendingSample,
+        samples: Sequence[PendingSample],
         preset: Preset,
         max_pixels: int,
         shape: tuple[int, ...],
     ) -> tuple[Any, ...]:
-        key = sample.member or sample.key
-        job = (worker.slot.name, shape, bytes(sample.image), key, sample.view, preset, max_pixels)
+        images = [(bytes(s.image), s.member or s.key, s.view) for s in samples]
         try:
             if not worker.ready:
                 worker.ready = worker.conn.recv() == ("ready",)
-            worker.conn.send(job)
+            worker.conn.send((worker.slot.name, shape, images, preset, max_pixels))
             reply: tuple[Any, ...] = worker.conn.recv()
         except (EOFError, OSError) as exc:
             worker.process.join(_STOP_TIMEOUT_S)
-            raise DecodeWorkerLost(key, worker.process.exitcode) from exc
+            keys = ", ".join(key for _, key, _ in images)
+            raise DecodeWorkerLost(keys, worker.process.exitcode) from exc
         return reply
 
     def _start(self, slot_bytes: int) -> _Worker:
@@ -220,24 +233,36 @@ def _serve(conn: Connection) -> None:
 
 def _loop(conn: Connection, attached: dict[str, SharedMemory]) -> None:
     while True:
-        job = conn.recv()
-        name, shape, image, key, view, preset, max_pixels = job
+        name, shape, images, preset, max_pixels = conn.recv()
         slot = attached.get(name)
         if slot is None:
             for old in attached.values():  # the parent grew this worker's slot
                 old.close()
             attached.clear()
             slot = attached[name] = _attach(name)
-        out = np.ndarray(shape, np.float32, buffer=slot.buf)
-        started = time.thread_time()
-        try:
-            PendingSample(key, image, view=view).decode(preset, max_pixels=max_pixels, out=out)
-        except UndecodableObject as exc:
-            conn.send(("undecodable", exc.key, exc.reason))
-            continue
-        finally:
-            del out  # no export of the slot's buffer may outlive the job
-        conn.send(("ok", time.thread_time() - started))
+        conn.send(_decode_all(slot, shape, images, preset, max_pixels))
+
+
+def _decode_all(
+    slot: SharedMemory,
+    shape: tuple[int, ...],
+    images: list[tuple[bytes, str, Any]],
+    preset: Preset,
+    max_pixels: int,
+) -> tuple[Any, ...]:
+    out = np.ndarray(shape, np.float32, buffer=slot.buf)
+    seconds = []
+    try:
+        for index, (image, key, view) in enumerate(images):
+            started = time.thread_time()
+            sample = PendingSample(key, image, view=view)
+            sample.decode(preset, max_pixels=max_pixels, out=out[index])
+            seconds.append(time.thread_time() - started)
+    except UndecodableObject as exc:
+        return ("undecodable", exc.key, exc.reason)
+    finally:
+        del out  # no export of the slot's buffer may outlive the job
+    return ("ok", seconds)
 
 
 def _attach(name: str) -> SharedMemory:

@@ -388,20 +388,27 @@ class Pushdown:
             else self._metrics.decode_seconds.labels(manifest.ref, str(answer.params.split))
         )
 
-        processes = self._processes
-
         def one(index: int, sample: PendingSample) -> None:
             progress.start()
-            preset, row = manifest.preprocess, inputs[index]
-            if processes is not None:  # CPU seconds of the worker that decoded it
-                seconds = processes.decode(sample, preset, max_pixels=max_pixels, out=row)
-            else:
-                started = time.thread_time()
-                sample.decode(preset, max_pixels=max_pixels, out=row)
-                seconds = time.thread_time() - started
+            started = time.thread_time()
+            sample.decode(manifest.preprocess, max_pixels=max_pixels, out=inputs[index])
+            seconds = time.thread_time() - started
             self.stats.count_decoded(seconds)
             if decoded is not None:
                 decoded.inc(seconds)
+
+        def chunk(start: int, stop: int) -> None:  # in a worker process, one message
+            assert self._processes is not None
+            for _ in range(start, stop):
+                progress.start()
+            rows, preset = inputs[start:stop], manifest.preprocess
+            times = self._processes.decode(
+                window[start:stop], preset, max_pixels=max_pixels, out=rows
+            )
+            for seconds in times:  # CPU seconds of the worker that decoded each
+                self.stats.count_decoded(seconds)
+            if decoded is not None:
+                decoded.inc(sum(times))
 
         def batch() -> None:  # DALI: the whole window in one pipeline run
             assert self._decoding is not None
@@ -419,6 +426,9 @@ class Pushdown:
         loop = asyncio.get_running_loop()
         if manifest.preprocess.decoder != "pil" and window:
             jobs = [loop.run_in_executor(self._decode_pool, batch)]
+        elif self._processes is not None:
+            bounds = _chunks(len(window), self._processes.count)
+            jobs = [loop.run_in_executor(self._decode_pool, chunk, *b) for b in bounds]
         else:
             jobs = [
                 loop.run_in_executor(self._decode_pool, one, i, s) for i, s in enumerate(window)
@@ -476,6 +486,16 @@ def _all_failed(errors: dict[str, S3Error]) -> S3Error:
         code, status = kinds.pop()
         return BackendError(code, status, message)
     return UnprocessableObject(message)
+
+
+_CHUNK = 8  # samples at most in one message to a decode worker (others wait behind it)
+
+
+def _chunks(samples: int, workers: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each chunk a window's samples go to worker processes in: as
+    few messages as keep every worker busy, of at most ``_CHUNK`` samples."""
+    size = max(1, min(_CHUNK, -(-samples // workers)))
+    return [(start, min(start + size, samples)) for start in range(0, samples, size)]
 
 
 def _output_shape(manifest: Manifest, split: int) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from hapi.gateway.pushdown._decode_processes import DecodeProcesses, DecodeWorkerLost
+from hapi.gateway.pushdown._handler import _chunks
 from hapi.models import PendingSample, UndecodableObject
 from hapi.models.testing import get_preset
 from hapi.protocol import ViewParams
@@ -67,9 +68,9 @@ def test_a_worker_decodes_the_same_bits_as_a_thread(
     view = ViewParams(view=0, box=box, flip=flip, **jitter) if viewed else None
     sample = PendingSample("k.jpg", _jpeg(width, height, seed, fmt), view=view)
     expected = sample.decode(chosen)
-    row = np.full(chosen.sample_shape, np.nan, np.float32)
-    seconds = processes.decode(sample, chosen, max_pixels=64_000_000, out=row)
-    np.testing.assert_array_equal(row, expected)
+    row = np.full((1, *chosen.sample_shape), np.nan, np.float32)
+    (seconds,) = processes.decode([sample], chosen, max_pixels=64_000_000, out=row)
+    np.testing.assert_array_equal(row[0], expected)
     assert seconds > 0
 
 
@@ -78,14 +79,14 @@ def test_an_undecodable_image_is_reported_with_its_key(processes):
     broken = PendingSample("shard.tar", b"\xff\xd8\xff not a jpeg", member="shard.tar#a.jpg")
     row = np.empty(preset.sample_shape, np.float32)
     with pytest.raises(UndecodableObject) as raised:
-        processes.decode(broken, preset, max_pixels=64_000_000, out=row)
+        processes.decode([broken], preset, max_pixels=64_000_000, out=row[None])
     assert raised.value.key == "shard.tar#a.jpg"
     too_big = PendingSample("big.jpg", _jpeg(300, 300, 1))
     with pytest.raises(UndecodableObject, match="exceeds the limit"):
-        processes.decode(too_big, preset, max_pixels=10_000, out=row)
+        processes.decode([too_big], preset, max_pixels=10_000, out=row[None])
     # the workers go on serving
     fine = PendingSample("ok.jpg", _jpeg(64, 64, 2))
-    processes.decode(fine, preset, max_pixels=64_000_000, out=row)
+    processes.decode([fine], preset, max_pixels=64_000_000, out=row[None])
     np.testing.assert_array_equal(row, fine.decode(preset))
 
 
@@ -104,16 +105,16 @@ def test_a_worker_killed_mid_sample_fails_that_sample_only_and_is_replaced():
         first_pids = set(pool.pids)
         row = np.empty(preset.sample_shape, np.float32)
         for _ in first_pids:  # each worker in turn, so both are past their imports
-            pool.decode(quick, preset, max_pixels=64_000_000, out=row)
+            pool.decode([quick], preset, max_pixels=64_000_000, out=row[None])
         outcome: dict[str, BaseException | None] = {}
 
         def decode_slow() -> None:
             try:
                 pool.decode(
-                    slow,
+                    [slow],
                     preset,
                     max_pixels=64_000_000,
-                    out=np.empty(preset.sample_shape, np.float32),
+                    out=np.empty((1, *preset.sample_shape), np.float32),
                 )
                 outcome["slow"] = None
             except BaseException as exc:
@@ -131,7 +132,7 @@ def test_a_worker_killed_mid_sample_fails_that_sample_only_and_is_replaced():
         assert busy is not None, "no worker started on the slow sample"
         os.kill(busy, signal.SIGKILL)
         # meanwhile the other worker serves
-        pool.decode(quick, preset, max_pixels=64_000_000, out=row)
+        pool.decode([quick], preset, max_pixels=64_000_000, out=row[None])
         np.testing.assert_array_equal(row, quick.decode(preset))
         thread.join(60)
         assert isinstance(outcome["slow"], DecodeWorkerLost)
@@ -139,7 +140,7 @@ def test_a_worker_killed_mid_sample_fails_that_sample_only_and_is_replaced():
         # recovered: two live workers again, one of them new, and both serve
         assert len(pool.pids) == 2 and busy not in pool.pids and set(pool.pids) != first_pids
         for _ in range(4):
-            pool.decode(quick, preset, max_pixels=64_000_000, out=row)
+            pool.decode([quick], preset, max_pixels=64_000_000, out=row[None])
             np.testing.assert_array_equal(row, quick.decode(preset))
     assert _segments() == before  # nothing left in /dev/shm
 
@@ -155,7 +156,7 @@ def test_a_worker_that_died_while_idle_costs_no_sample():
             if not pool.pids:
                 break
             time.sleep(0.01)
-        pool.decode(quick, preset, max_pixels=64_000_000, out=row)  # no DecodeWorkerLost
+        pool.decode([quick], preset, max_pixels=64_000_000, out=row[None])  # no DecodeWorkerLost
         np.testing.assert_array_equal(row, quick.decode(preset))
         assert pool.pids and pool.pids != [pid]
 
@@ -167,6 +168,34 @@ def test_a_larger_input_grows_the_slot():
     with DecodeProcesses(1) as pool:
         wide = dataclasses.replace(big, resize=320, crop=320)  # over the first slot's 256 px
         row = np.empty(wide.sample_shape, np.float32)
-        pool.decode(sample, wide, max_pixels=64_000_000, out=row)
+        pool.decode([sample], wide, max_pixels=64_000_000, out=row[None])
         np.testing.assert_array_equal(row, sample.decode(wide))
     assert _segments() == before
+
+
+def test_a_chunk_is_decoded_in_one_message_and_stops_at_an_undecodable_image(processes):
+    preset = get_preset("efficientnet-lite")
+    chunk = [PendingSample(f"{i}.jpg", _jpeg(100 + 37 * i, 90 + 11 * i, i)) for i in range(5)]
+    rows = np.empty((len(chunk), *preset.sample_shape), np.float32)
+    times = processes.decode(chunk, preset, max_pixels=64_000_000, out=rows)
+    assert len(times) == 5 and min(times) > 0
+    for row, sample in zip(rows, chunk, strict=True):
+        np.testing.assert_array_equal(row, sample.decode(preset))
+    broken = [*chunk[:2], PendingSample("bad.jpg", b"not an image"), chunk[3]]
+    with pytest.raises(UndecodableObject) as raised:
+        processes.decode(broken, preset, max_pixels=64_000_000, out=rows[:4])
+    assert raised.value.key == "bad.jpg"
+
+
+@pytest.mark.parametrize(
+    ("samples", "workers", "chunks"),
+    [
+        (1, 2, [(0, 1)]),
+        (3, 2, [(0, 2), (2, 3)]),
+        (32, 2, [(0, 8), (8, 16), (16, 24), (24, 32)]),
+        (10, 4, [(0, 3), (3, 6), (6, 9), (9, 10)]),
+        (0, 2, []),
+    ],
+)
+def test_a_window_goes_out_in_chunks_that_keep_every_worker_busy(samples, workers, chunks):
+    assert _chunks(samples, workers) == chunks
