@@ -502,8 +502,8 @@ def _plot(path: Path, cells: list[dict[str, Any]]) -> None:
                     label=f"{mode}: what the cores allow",
                 )
             ax.axhline(_goal(mode), linestyle=":", linewidth=1, color=line.get_color())
-        ax.set(xlabel="split", ylabel="gateway / bare loop (samples/s)", title=name, ylim=(0, 1.3))
-        ax.legend()
+        ax.set(xlabel="split", ylabel="gateway / bare loop (samples/s)", title=name, ylim=(0, 1.6))
+        ax.legend(fontsize="x-small", loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
