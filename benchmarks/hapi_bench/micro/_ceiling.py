@@ -2,8 +2,12 @@
 
 The bare loop is the ceiling: the same JPEGs, the same ``hapi.models.decode_object``
 preprocessing and the same composed blocks ``[0, split)``, with no HTTP at all. It decodes
-batches of 32 in a thread pool of one thread per core while onnxruntime (default threads)
-runs the previous batch. The gateway (feature cache off, one worker) is driven from wrk (a
+a batch in a thread pool of one thread per core while onnxruntime (default threads) runs
+the previous one, keeps that pipeline full across passes over the images, writes each
+batch's outputs into a buffer of their size (as the gateway writes them out), and runs at
+its best batch size (8, 16, 32 or 64, timed per cell and reported). A second reference,
+*from-store*, is the same loop reading each image from the store first, over S3 with a
+lean keep-alive client: the gateway's rate should be at least its. The gateway (feature cache off, one worker) is driven from wrk (a
 C load generator, so the clients' CPU stays small beside the server's) by batch POSTs of 32
 keys on 2 connections, and by single-object GETs on 8. For every split of each model, the
 three are measured in rounds interleaved with each other (so drift in the machine's load
@@ -27,15 +31,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import resource
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import numpy as np
@@ -50,6 +56,7 @@ from hapi_bench.micro._pushdown import make_images
 from hapi_bench.micro._wrk import WrkRequest, cpu_seconds, run_wrk, wrk_binary
 
 BATCH = 32
+BARE_BATCHES = (8, 16, 32, 64)  # the bare loop's batch sizes tried; the fastest is kept
 BATCH_CLIENTS = 2
 GET_CLIENTS = 8
 GOALS = {"batch": 0.9, "single": 0.8}
@@ -73,8 +80,12 @@ class Run:
 class BareLoop:
     """Decode in a pool of one thread per core while onnxruntime runs the previous batch.
 
-    With ``decoder`` (DALI), each batch is decoded by it in one call instead; with
-    ``runtime``, the session runs where it says (``make bench-device``: CUDA).
+    The pipeline stays full across passes over the images (the next batch decodes while the
+    last one of a pass runs), and every batch's outputs are written, as the gateway writes
+    them, into a buffer of their size. With ``decoder`` (DALI), each batch is decoded by it
+    in one call instead; with ``runtime``, the session runs where it says (``make
+    bench-device``: CUDA); with ``fetch``, the items given to :meth:`epoch` are keys, each
+    read from the store first (the from-store reference).
     """
 
     def __init__(
@@ -85,17 +96,31 @@ class BareLoop:
         batch: int = BATCH,
         decoder: models.DaliDecoder | None = None,
         runtime: models.RuntimeSettings | None = None,
+        fetch: Callable[[str], bytes] | None = None,
     ) -> None:
         self._preset = manifest.preprocess
         self._session = models.create_session(graph, runtime) if graph is not None else None
         self._pool = ThreadPoolExecutor(os.cpu_count() or 1)
-        self._batch = batch
+        self.batch = batch
         self._decoder = decoder
+        self._fetch = fetch
+        self._sink = bytearray()
 
     def close(self) -> None:
         self._pool.shutdown()
 
-    def _decode(self, blobs: list[bytes]) -> np.ndarray:
+    def best_batch(self, items: Sequence[Any], sizes: Sequence[int], seconds: float) -> int:
+        """Time a short run at each batch size, keep the fastest; returns it."""
+        rates = {}
+        for size in sizes:
+            self.batch = size
+            self.epoch(items, 0)  # the session's first run at this size, untimed
+            rates[size] = self.epoch(items, seconds).samples_per_s
+        self.batch = max(rates, key=lambda size: rates[size])
+        return self.batch
+
+    def _decode(self, items: list[Any]) -> np.ndarray:
+        blobs = items if self._fetch is None else list(self._pool.map(self._fetch, items))
         if self._decoder is not None:
             out = np.empty((len(blobs), *self._preset.sample_shape), np.float32)
             return self._decoder.decode(blobs, out, keys=["x"] * len(blobs))
@@ -106,26 +131,53 @@ class BareLoop:
 
         return np.stack(list(self._pool.map(one, blobs)))
 
-    def epoch(self, blobs: list[bytes], seconds: float) -> Run:
-        """Passes over ``blobs`` until ``seconds`` are up; the rate and CPU over all of them."""
+    def epoch(self, items: Sequence[Any], seconds: float) -> Run:
+        """Batches of ``items``, round and round, until ``seconds`` are up (one batch at
+        least); the rate and CPU over all of them."""
+        size = self.batch
+        batches = itertools.cycle([list(items[i : i + size]) for i in range(0, len(items), size)])
         cpu, started, done = _process_cpu(), time.perf_counter(), 0
-        while not done or time.perf_counter() - started < seconds:
-            self._pass(blobs)
-            done += len(blobs)
+        with ThreadPoolExecutor(1) as decoding:
+            pending: Future[np.ndarray] | None = decoding.submit(self._decode, next(batches))
+            while pending is not None:
+                inputs = pending.result()
+                more = time.perf_counter() - started < seconds
+                pending = decoding.submit(self._decode, next(batches)) if more else None
+                self._run(inputs)
+                done += len(inputs)
         elapsed = time.perf_counter() - started
         return Run(done / elapsed, (_process_cpu() - cpu) * 1000 / done)
 
-    def _pass(self, blobs: list[bytes]) -> None:
-        size = self._batch
-        batches = [blobs[i : i + size] for i in range(0, len(blobs), size)]
-        with ThreadPoolExecutor(1) as decoder:
-            pending = decoder.submit(self._decode, batches[0])
-            for index in range(len(batches)):
-                inputs = pending.result()
-                if index + 1 < len(batches):
-                    pending = decoder.submit(self._decode, batches[index + 1])
-                if self._session is not None:
-                    self._session.run(None, {"input": inputs})
+    def _run(self, inputs: np.ndarray) -> None:
+        """Run the blocks on a batch and write its outputs out (split 0: the inputs)."""
+        outputs = inputs if self._session is None else self._session.run(None, {"input": inputs})[0]
+        rows = np.ascontiguousarray(outputs, np.float32)
+        if len(self._sink) < rows.nbytes:
+            self._sink = bytearray(rows.nbytes)
+        np.frombuffer(self._sink, np.float32, rows.size)[:] = rows.ravel()
+
+
+class StoreReader:
+    """A lean client of the store for the from-store reference: SigV4-signed GETs over one
+    keep-alive connection pool (the gateway's fetches are as lean)."""
+
+    def __init__(self, endpoint: str, key: str, secret: str, bucket: str) -> None:
+        self._endpoint = endpoint
+        self._credentials = Credentials(key, secret)
+        self._bucket = bucket
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+        self._client = httpx.Client(timeout=60, trust_env=False, limits=limits)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __call__(self, key: str) -> bytes:
+        url = f"{self._endpoint}/{self._bucket}/{key}"
+        headers = sign_request(method="GET", url=url, headers={}, credentials=self._credentials)
+        reply = self._client.get(url, headers=headers)
+        if reply.status_code != 200:
+            raise BenchError(f"the store answered {reply.status_code} for {key}")
+        return reply.content
 
 
 def _process_cpu() -> float:
@@ -294,7 +346,12 @@ def run(
             if decode_processes:
                 extra = {"HAPI_DECODE_PROCESSES": str(decode_processes)}
                 drivers["-processes"] = _driver(running, bench, seconds, extra)
-            cells = _measure(registry, manifests, splits, blobs, keys, drivers, seconds, rounds)
+            reader = StoreReader(bench.store.endpoint_url, bench.key, bench.secret, _BUCKET)
+            running.callback(reader.close)
+            store = _Store(reader, bench.store.pid)
+            cells = _measure(
+                registry, manifests, splits, (blobs, keys), drivers, store, seconds, rounds
+            )
     results = {
         "images": images,
         "mean_image_bytes": sum(map(len, blobs)) / len(blobs),
@@ -323,17 +380,35 @@ def _driver(
     return driver
 
 
+class _Store(NamedTuple):
+    """The store the from-store reference reads (and whose CPU it is charged)."""
+
+    reader: StoreReader
+    pid: int | None
+
+
+def _from_store(bare: BareLoop, store: _Store, keys: list[str], seconds: float) -> Run:
+    """The from-store reference's run: its process's CPU, and the store's, per sample."""
+    before, started = cpu_seconds(store.pid) if store.pid else 0.0, time.perf_counter()
+    run = bare.epoch(keys, seconds)
+    spent = cpu_seconds(store.pid) - before if store.pid else None
+    samples = run.samples_per_s * (time.perf_counter() - started)
+    per_sample = spent * 1000 / samples if spent is not None and samples else None
+    return Run(run.samples_per_s, run.cpu_ms_per_sample, per_sample)
+
+
 def _measure(
     registry: models.Registry,
     manifests: dict[str, models.Manifest],
     splits: tuple[int, ...] | None,
-    blobs: list[bytes],
-    keys: list[str],
+    data: tuple[list[bytes], list[str]],
     drivers: dict[str, GatewayDriver],
+    store: _Store,
     seconds: float,
     rounds: int,
 ) -> list[dict[str, Any]]:
     """Every cell; ``drivers`` by the suffix of their modes (``""``, ``"-processes"``)."""
+    blobs, keys = data
     window = max(0.5, seconds - 2 * min(_WARM_S, seconds / 4))  # as long as the driver's
     cells = []
     for name, manifest in manifests.items():
@@ -342,28 +417,36 @@ def _measure(
                 continue
             graph = registry.load_blocks(manifest, 0, split) if split else None
             bare = BareLoop(manifest, graph)
-            runs: dict[str, list[Run]] = {"bare": []}
+            reference = BareLoop(manifest, graph, fetch=store.reader)
+            runs: dict[str, list[Run]] = {"bare": [], "from-store": []}
             try:
                 for driver in drivers.values():
                     driver.warm(keys, name, split)  # the gateway builds its session
-                bare.epoch(blobs, 0)
+                best = bare.best_batch(blobs, BARE_BATCHES, min(1.5, window))
+                reference.batch = best
+                reference.epoch(keys, 0)
                 for _ in range(rounds):
                     runs["bare"].append(bare.epoch(blobs, window))
+                    runs["from-store"].append(_from_store(reference, store, keys, window))
                     for suffix, driver in drivers.items():
                         for mode in ("batch", "single"):
                             run = driver.epoch(keys, name, split, mode)
                             runs.setdefault(mode + suffix, []).append(run)
             finally:
                 bare.close()
-            cell = _cell(name, split, runs)
+                reference.close()
+            cell = _cell(name, split, runs) | {"bare_batch": best}
             cells.append(cell)
             print(_line(cell), flush=True)
     return cells
 
 
+_REFERENCES = ("bare", "from-store")
+
+
 def _modes(cell: dict[str, Any]) -> list[str]:
     """The gateway modes a cell measured, in the order measured."""
-    return [mode for mode in cell["runs"] if mode != "bare"]
+    return [mode for mode in cell["runs"] if mode not in _REFERENCES]
 
 
 def _goal(mode: str) -> float:
@@ -382,6 +465,17 @@ def _cell(model: str, split: int, runs: dict[str, list[Run]]) -> dict[str, Any]:
         "bare_samples_per_s": bare_rate,
         "bare_cpu_ms_per_sample": bare_cpu,
     }
+    reference = None
+    if runs.get("from-store"):
+        reference = median("from-store", "samples_per_s")
+        stores = [r.store_cpu_ms_per_sample for r in runs["from-store"]]
+        known = [v for v in stores if v is not None]
+        cell["from_store"] = {
+            "samples_per_s": reference,
+            "ratio": reference / bare_rate,
+            "cpu_ms_per_sample": median("from-store", "cpu_ms_per_sample"),
+            "store_cpu_ms_per_sample": statistics.median(known) if known == stores else None,
+        }
     cores = os.cpu_count() or 1
     for mode in _modes(cell):
         pairs = zip(runs[mode], runs["bare"], strict=True)
@@ -395,6 +489,8 @@ def _cell(model: str, split: int, runs: dict[str, list[Run]]) -> dict[str, Any]:
             "cpu_ratio": cpu / bare_cpu if bare_cpu else None,
             "meets_goal": rate / bare_rate >= _goal(mode),
         }
+        if reference is not None:  # the goal: at least the from-store reference's rate
+            cell[mode] |= {"vs_from_store": rate / reference, "meets_from_store": rate >= reference}
         if all(r.store_cpu_ms_per_sample is not None for r in runs[mode]):
             store = median(mode, "store_cpu_ms_per_sample")
             # every core busy with the gateway's and the store's work for each sample
@@ -412,14 +508,22 @@ def _line(cell: dict[str, Any]) -> str:
         m = cell[mode]
         low, high = m["ratio_range"]
         allowed = f", cores allow {m['cores_allow_ratio']:.2f}x" if "cores_allow_ratio" in m else ""
+        versus = f", {m['vs_from_store']:.2f}x from-store" if "vs_from_store" in m else ""
         return (
-            f"{mode} {m['ratio']:.2f}x ({low:.2f}-{high:.2f}), CPU {m['cpu_ratio']:.2f}x{allowed}"
+            f"{mode} {m['ratio']:.2f}x ({low:.2f}-{high:.2f}), CPU {m['cpu_ratio']:.2f}x"
+            f"{allowed}{versus}"
         )
 
+    reference = cell.get("from_store")
+    store = (
+        f"; from-store {reference['samples_per_s']:.1f}/s ({reference['ratio']:.2f}x)"
+        if reference
+        else ""
+    )
     return (
         f"{cell['model']} split {cell['split']:2d}: bare {cell['bare_samples_per_s']:6.1f}/s "
-        f"({cell['bare_cpu_ms_per_sample']:.1f} CPU-ms/sample); "
-        + "; ".join(part(mode) for mode in _modes(cell))
+        f"({cell['bare_cpu_ms_per_sample']:.1f} CPU-ms/sample, batch {cell.get('bare_batch', BATCH)})"
+        f"{store}; " + "; ".join(part(mode) for mode in _modes(cell))
     )
 
 
@@ -436,10 +540,11 @@ def _report(out: Path, results: dict[str, Any]) -> None:
         "store serves the objects on the same cores; the bare loop reads them from memory), "
         "over the bare loop's rate.",
         "",
-        "| model | split | bare samples/s | bare CPU-ms/sample | "
-        + " | ".join(f"{m} | {m} CPU | {m}: cores allow" for m in modes)
+        "| model | split | bare samples/s | bare CPU-ms/sample | bare batch | from-store "
+        "samples/s | "
+        + " | ".join(f"{m} | {m} CPU | {m}: cores allow | {m} / from-store" for m in modes)
         + " |",
-        "|---|---|---|---|" + "---|---|---|" * len(modes),
+        "|---|---|---|---|---|---|" + "---|---|---|---|" * len(modes),
     ]
     for cell in results["cells"]:
         row = [
@@ -447,6 +552,8 @@ def _report(out: Path, results: dict[str, Any]) -> None:
             str(cell["split"]),
             f"{cell['bare_samples_per_s']:.1f}",
             f"{cell['bare_cpu_ms_per_sample']:.1f}",
+            str(cell.get("bare_batch", "-")),
+            f"{cell['from_store']['samples_per_s']:.1f}" if "from_store" in cell else "-",
         ]
         for mode in modes:
             m = cell[mode]
@@ -457,6 +564,7 @@ def _report(out: Path, results: dict[str, Any]) -> None:
                 f"{m['ratio']:.2f}x ({low:.2f}-{high:.2f}){mark}",
                 f"{m['cpu_ratio']:.2f}x",
                 allowed,
+                f"{m['vs_from_store']:.2f}x" if "vs_from_store" in m else "-",
             ]
         lines.append("| " + " | ".join(row) + " |")
     table = "\n".join(lines)

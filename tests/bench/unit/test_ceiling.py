@@ -8,7 +8,7 @@ import os
 import pytest
 
 from hapi_bench.core._host import busy_seconds
-from hapi_bench.micro._ceiling import GOALS, Run, _cell, _report
+from hapi_bench.micro._ceiling import GOALS, Run, _cell, _modes, _report
 
 
 def _runs(store: float | None = 1.0) -> dict[str, list[Run]]:
@@ -60,9 +60,12 @@ def test_runs_without_the_stores_cpu_leave_the_bound_out(tmp_path) -> None:
     }
     _report(tmp_path, results)
     table = (tmp_path / "bench-pushdown.md").read_text().splitlines()
-    rows = [line for line in table if line.startswith("| resnet18")]
-    assert rows[0].count("| - |") == 2  # no store CPU measured: no bound shown
-    assert "(misses)" in rows[1] and "| - |" not in rows[1]
+    header = [c.strip() for c in next(t for t in table if t.startswith("| model")).split("|")]
+    rows = [[c.strip() for c in t.split("|")] for t in table if t.startswith("| resnet18")]
+    bounds = [header.index(f"{mode}: cores allow") for mode in ("batch", "single")]
+    assert [rows[0][i] for i in bounds] == ["-", "-"]  # no store CPU measured: no bound shown
+    assert "(misses)" in rows[1][header.index("batch")]
+    assert all(rows[1][i].endswith("x") for i in bounds)
     written = json.loads((tmp_path / "bench-pushdown.json").read_text())["cells"][1]["batch"]
     cores = os.cpu_count() or 1
     assert written["cores_allow_ratio"] == pytest.approx(cores * 1000 / (2.5 + 1.0) / 760)
@@ -107,3 +110,31 @@ def test_a_gateway_decoding_in_processes_is_judged_beside_the_threaded_one(tmp_p
     row = next(line for line in table.splitlines() if line.startswith("| resnet18"))
     assert row.count("|") == header.count("|")  # a column for every mode
     assert "0.92x" in row
+
+
+def test_the_gateway_is_set_against_the_reference_that_reads_from_the_store(tmp_path) -> None:
+    runs = _runs()
+    runs["from-store"] = [Run(600.0, 2.6, 0.9), Run(560.0, 2.7, 1.0), Run(640.0, 2.5, 1.1)]
+    cell = _cell("resnet18", 0, runs) | {"bare_batch": 16}
+    assert cell["from_store"]["samples_per_s"] == 600.0
+    assert cell["from_store"]["ratio"] == pytest.approx(600 / 760)
+    assert cell["from_store"]["store_cpu_ms_per_sample"] == 1.0
+    assert cell["batch"]["vs_from_store"] == pytest.approx(580 / 600)
+    assert not cell["batch"]["meets_from_store"]
+    assert _modes(cell) == ["batch", "single"]  # the references are not judged as modes
+    results = {
+        "rounds": 3,
+        "seconds_per_run": 6,
+        "load": "wrk",
+        "cpu_count": 2,
+        "cpu": "a test CPU",
+        "goals": GOALS,
+        "cells": [cell],
+    }
+    _report(tmp_path, results)
+    table = (tmp_path / "bench-pushdown.md").read_text().splitlines()
+    header = [c.strip() for c in next(t for t in table if t.startswith("| model")).split("|")]
+    row = [c.strip() for c in next(t for t in table if t.startswith("| resnet18")).split("|")]
+    assert row[header.index("bare batch")] == "16"
+    assert row[header.index("from-store samples/s")] == "600.0"
+    assert row[header.index("batch / from-store")] == "0.97x"
