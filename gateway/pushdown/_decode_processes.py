@@ -182,15 +182,18 @@ class DecodeProcesses:
         return worker
 
     def _replace(self, worker: _Worker) -> _Worker:
+        """A new worker in place of ``worker``, which ended; once closed, none."""
+        if worker in self._all:
+            self._all.remove(worker)
+        _stop(worker)
+        if self._closed:  # stopping: the pool is going away, nothing is restarted
+            return worker
         log.warning(
             "decode worker %s ended (exit code %s); starting another",
             worker.process.pid,
             worker.process.exitcode,
         )
-        self._all.remove(worker)
-        size = worker.slot.size
-        _stop(worker)
-        return self._start(size)
+        return self._start(worker.slot.size)
 
     def _grow(self, worker: _Worker, size: int) -> _Worker:
         """``worker`` with a slot of at least ``size`` bytes (the worker attaches the new
