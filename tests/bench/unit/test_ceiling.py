@@ -27,6 +27,19 @@ def _runs(store: float | None = 1.0) -> dict[str, list[Run]]:
     }
 
 
+def _results(cells: list[dict]) -> dict:
+    """What ``run`` hands ``_report``, around ``cells``."""
+    return {
+        "rounds": 3,
+        "seconds_per_run": 6,
+        "load": "wrk",
+        "cpu_count": 2,
+        "cpu": "a test CPU",
+        "goals": GOALS,
+        "cells": cells,
+    }
+
+
 def test_ratios_are_medians_over_the_bare_loops_median_with_each_rounds_range() -> None:
     cell = _cell("resnet18", 0, _runs())
     assert cell["bare_samples_per_s"] == 760.0
@@ -49,15 +62,7 @@ def test_what_the_cores_allow_counts_the_stores_cpu_beside_the_gateways() -> Non
 def test_runs_without_the_stores_cpu_leave_the_bound_out(tmp_path) -> None:
     cell = _cell("resnet18", 0, _runs(store=None))
     assert "cores_allow_ratio" not in cell["batch"]
-    results = {
-        "rounds": 3,
-        "seconds_per_run": 6,
-        "load": "wrk",
-        "cpu_count": 2,
-        "cpu": "a test CPU",
-        "goals": GOALS,
-        "cells": [cell, _cell("resnet18", 1, _runs())],
-    }
+    results = _results([cell, _cell("resnet18", 1, _runs())])
     _report(tmp_path, results)
     table = (tmp_path / "bench-pushdown.md").read_text().splitlines()
     header = [c.strip() for c in next(t for t in table if t.startswith("| model")).split("|")]
@@ -94,15 +99,7 @@ def test_a_gateway_decoding_in_processes_is_judged_beside_the_threaded_one(tmp_p
     assert cell["batch-processes"]["ratio"] == pytest.approx(700 / 760)
     assert cell["batch-processes"]["meets_goal"]  # the batch goal, 0.9x
     assert not cell["single-processes"]["meets_goal"]  # 0.53x against the 0.8x of single GETs
-    results = {
-        "rounds": 3,
-        "seconds_per_run": 6,
-        "load": "wrk",
-        "cpu_count": 2,
-        "cpu": "a test CPU",
-        "goals": GOALS,
-        "cells": [cell],
-    }
+    results = _results([cell])
     _report(tmp_path, results)
     table = (tmp_path / "bench-pushdown.md").read_text()
     header = next(line for line in table.splitlines() if line.startswith("| model"))
@@ -122,15 +119,7 @@ def test_the_gateway_is_set_against_the_reference_that_reads_from_the_store(tmp_
     assert cell["batch"]["vs_from_store"] == pytest.approx(580 / 600)
     assert not cell["batch"]["meets_from_store"]
     assert _modes(cell) == ["batch", "single"]  # the references are not judged as modes
-    results = {
-        "rounds": 3,
-        "seconds_per_run": 6,
-        "load": "wrk",
-        "cpu_count": 2,
-        "cpu": "a test CPU",
-        "goals": GOALS,
-        "cells": [cell],
-    }
+    results = _results([cell])
     _report(tmp_path, results)
     table = (tmp_path / "bench-pushdown.md").read_text().splitlines()
     header = [c.strip() for c in next(t for t in table if t.startswith("| model")).split("|")]
