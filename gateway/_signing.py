@@ -22,6 +22,7 @@ from hapi.protocol import Credentials
 __all__ = ["ALGORITHM", "UNSIGNED_PAYLOAD", "sign_request", "sign_target"]
 
 ALGORITHM = "AWS4-HMAC-SHA256"
+DEFAULT_PORTS = {"http": 80, "https": 443}  # a Host header leaves these out
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 # The headers botocore never signs (botocore.auth.SIGNED_HEADERS_BLACKLIST): hop-by-hop ones
 # a proxy may rewrite, plus user-agent and the X-Ray trace id.
@@ -201,6 +202,6 @@ def host_from_url(parts: SplitResult) -> str:
     if ":" in host:
         host = f"[{host}]"
     port = parts.port
-    if port is not None and port != {"http": 80, "https": 443}.get(parts.scheme):
+    if port is not None and port != DEFAULT_PORTS.get(parts.scheme):
         host = f"{host}:{port}"
     return host

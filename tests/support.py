@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +59,27 @@ class RunningGateway:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def cpu_ticks(pid: int) -> int:
+    """User + system CPU of ``pid`` so far, in clock ticks (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def kill_the_busy_one(pids: Iterable[int], work: Any, *, ticks: int, polls: int) -> int:
+    """SIGKILL the first of ``pids`` to spend more than ``ticks`` of CPU while ``work`` (a
+    started thread) runs; returns its pid. Fails when none did before ``work`` ended."""
+    start = {pid: cpu_ticks(pid) for pid in pids}
+    for _ in range(polls):
+        busy = next((p for p, t in start.items() if cpu_ticks(p) > t + ticks), None)
+        if busy is not None:
+            os.kill(busy, signal.SIGKILL)
+            return busy
+        if not work.is_alive():
+            break
+        time.sleep(0.005)
+    raise AssertionError("no process started on the work")
 
 
 def _status_kb(pid: int, field: str) -> int:

@@ -20,7 +20,7 @@ from .._errors import AccessDenied, InvalidRequest, ServiceUnavailable
 from .._identities import Caller, caller_of
 from .._operation import COPY_SOURCE, S3Operation
 from .._settings import GatewaySettings
-from .._signing import host_from_url, sign_target
+from .._signing import DEFAULT_PORTS, host_from_url, sign_target
 from .._types import ASGIReceive, ASGISend, Scope, request_state
 from ._chunked import decode_body
 from ._form import form_boundary
@@ -56,7 +56,6 @@ _DROP_REQUEST = frozenset(
 _DROP_RESPONSE = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"server", b"date"})
 # Headers we sign upstream besides host and x-amz-*: the ones S3 requires to be signed.
 _SIGN_EXTRA = frozenset({"content-md5", "content-type"})
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # an empty body is Content-Length: 0
 # A rejected request's unread body up to this size is read and dropped, so its connection
 # stays usable; beyond it (or when it does not come in time) the connection is closed.
@@ -77,8 +76,8 @@ class Proxy:
     Args:
         settings: The gateway's settings.
         client: The upstream HTTP client (owned by the caller).
-        send: Sends an upstream request and returns its response, body unread (the app
-            sends straight to the client's transport); through the client by default.
+        send: Sends an upstream request and returns its response, body unread (the app's
+            ``_Upstream.exchange``: the lean transport, or the injected client).
         now: Clock, injectable for tests of skew handling.
     """
 
@@ -86,12 +85,12 @@ class Proxy:
         self,
         settings: GatewaySettings,
         client: Callable[[], httpx.AsyncClient],
-        send: Callable[[Outgoing], Awaitable[Incoming]] | None = None,
+        send: Callable[[Outgoing], Awaitable[Incoming]],
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
         self._client = client
-        self._send = send or (lambda outgoing: _through(client(), outgoing))
+        self._send = send
         self._timeout = httpx.Timeout(
             settings.read_timeout_s, connect=settings.connect_timeout_s
         ).as_dict()
@@ -99,7 +98,7 @@ class Proxy:
         self._backend = (
             backend.scheme,
             backend.hostname or "",
-            backend.port or _DEFAULT_PORTS.get(backend.scheme, 80),
+            backend.port or DEFAULT_PORTS.get(backend.scheme, 80),
         )
         self._backend_host = host_from_url(backend)
         self._backend_prefix = backend.path.rstrip("/")
@@ -317,11 +316,6 @@ class Proxy:
             content,
             self._timeout,
         )
-
-
-async def _through(client: httpx.AsyncClient, outgoing: Outgoing) -> Incoming:
-    """Send ``outgoing`` through an httpx client (its transports and mocks decide)."""
-    return Incoming.of(await client.send(outgoing.to_httpx(), stream=True))
 
 
 async def _primed(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes] | None:

@@ -122,7 +122,7 @@ class DecodeProcesses:
             if not worker.alive():  # it died idle: no sample of anyone's was lost
                 worker = self._replace(worker)
             if worker.slot.size < out.nbytes:
-                worker = self._grow(worker, out.nbytes)
+                self._grow(worker, out.nbytes)
             reply = self._ask(worker, samples, preset, max_pixels, out.shape)
             if reply[0] == "ok":  # copied before the slot can take another job
                 np.copyto(out, np.ndarray(out.shape, np.float32, buffer=worker.slot.buf))
@@ -155,8 +155,9 @@ class DecodeProcesses:
     ) -> tuple[Any, ...]:
         images = [(bytes(s.image), s.member or s.key, s.view) for s in samples]
         try:
-            if not worker.ready:
-                worker.ready = worker.conn.recv() == ("ready",)
+            if not worker.ready:  # its first message says its imports are done
+                worker.conn.recv()
+                worker.ready = True
             worker.conn.send((worker.slot.name, shape, images, preset, max_pixels))
             reply: tuple[Any, ...] = worker.conn.recv()
         except (EOFError, OSError) as exc:
@@ -195,13 +196,12 @@ class DecodeProcesses:
         )
         return self._start(worker.slot.size)
 
-    def _grow(self, worker: _Worker, size: int) -> _Worker:
-        """``worker`` with a slot of at least ``size`` bytes (the worker attaches the new
-        one at its next job, by name)."""
+    def _grow(self, worker: _Worker, size: int) -> None:
+        """Give ``worker`` a slot of ``size`` bytes (it attaches the new one at its next
+        job, by name)."""
         slot = SharedMemory(create=True, size=size)
         _unlink(worker.slot)
         worker.slot = slot
-        return worker
 
 
 def _stop(worker: _Worker) -> None:
@@ -223,27 +223,21 @@ def _unlink(slot: SharedMemory) -> None:
 
 def _serve(conn: Connection) -> None:
     """A worker's loop: decode each job into its slot until the parent closes the pipe."""
-    attached: dict[str, SharedMemory] = {}
+    slot: SharedMemory | None = None
     try:
         conn.send(("ready",))
-        _loop(conn, attached)
+        while True:
+            name, shape, images, preset, max_pixels = conn.recv()
+            if slot is None or slot.name != name:  # the first job, or the parent grew it
+                if slot is not None:
+                    slot.close()
+                slot = _attach(name)
+            conn.send(_decode_all(slot, shape, images, preset, max_pixels))
     except (EOFError, OSError):  # the parent closed the pipe, or went away
         pass
     finally:
-        for slot in attached.values():
+        if slot is not None:
             slot.close()
-
-
-def _loop(conn: Connection, attached: dict[str, SharedMemory]) -> None:
-    while True:
-        name, shape, images, preset, max_pixels = conn.recv()
-        slot = attached.get(name)
-        if slot is None:
-            for old in attached.values():  # the parent grew this worker's slot
-                old.close()
-            attached.clear()
-            slot = attached[name] = _attach(name)
-        conn.send(_decode_all(slot, shape, images, preset, max_pixels))
 
 
 def _decode_all(

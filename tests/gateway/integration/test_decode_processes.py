@@ -5,10 +5,7 @@ nothing else, the next request is served, and no shared-memory segment outlives 
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +16,13 @@ import pytest
 from skimage import data as samples
 
 from hapi.protocol import decode_features
-from tests.support import RunningGateway, encode_image, signed_headers, store_gateway
+from tests.support import (
+    RunningGateway,
+    encode_image,
+    kill_the_busy_one,
+    signed_headers,
+    store_gateway,
+)
 
 SHM = Path("/dev/shm")
 
@@ -37,11 +40,6 @@ def _workers(pid: int) -> list[int]:
 
 def _slots() -> set[str]:
     return {p.name for p in SHM.iterdir() if p.name.startswith("psm_")}
-
-
-def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
 
 
 @pytest.fixture(scope="module")
@@ -97,20 +95,12 @@ def test_a_worker_killed_mid_request_fails_that_request_only(
     for _ in range(4):  # every worker past its start-up
         _features(_get(process_gateway, unique_bucket, "cat.jpg", "r18", 0))
     workers = _workers(process_gateway.pid)
-    ticks = {pid: _cpu_ticks(pid) for pid in workers}
     replies: dict[str, httpx.Response] = {}
     slow = threading.Thread(
         target=lambda: replies.update(big=_get(process_gateway, unique_bucket, "big.png", "r18", 2))
     )
     slow.start()
-    busy = None
-    for _ in range(6000):  # until a worker burns CPU on the big image
-        busy = next((p for p in workers if _cpu_ticks(p) > ticks[p] + 5), None)
-        if busy is not None or not slow.is_alive():
-            break
-        time.sleep(0.005)
-    assert busy is not None, "no worker started on the big image"
-    os.kill(busy, signal.SIGKILL)
+    busy = kill_the_busy_one(workers, slow, ticks=5, polls=6000)  # it decodes the big one
     slow.join(300)
     failed = replies["big"]
     assert failed.status_code == 503 and failed.headers["retry-after"] == "1"

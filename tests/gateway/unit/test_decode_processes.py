@@ -23,6 +23,7 @@ from hapi.gateway.pushdown._handler import _chunks
 from hapi.models import PendingSample, UndecodableObject
 from hapi.models.testing import get_preset
 from hapi.protocol import ViewParams
+from tests.support import kill_the_busy_one
 
 SHM = Path("/dev/shm")
 
@@ -90,11 +91,6 @@ def test_an_undecodable_image_is_reported_with_its_key(processes):
     np.testing.assert_array_equal(row, fine.decode(preset))
 
 
-def _cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
 def test_a_worker_killed_mid_sample_fails_that_sample_only_and_is_replaced():
     before = _segments()
     preset = get_preset("imagenet")
@@ -120,17 +116,9 @@ def test_a_worker_killed_mid_sample_fails_that_sample_only_and_is_replaced():
             except BaseException as exc:
                 outcome["slow"] = exc
 
-        ticks = {pid: _cpu_ticks(pid) for pid in first_pids}
         thread = threading.Thread(target=decode_slow)
-        thread.start()
-        busy = None
-        for _ in range(2000):  # until the worker holding the slow sample burns CPU on it
-            busy = next((p for p in first_pids if _cpu_ticks(p) > ticks[p] + 2), None)
-            if busy is not None or not thread.is_alive():
-                break
-            time.sleep(0.005)
-        assert busy is not None, "no worker started on the slow sample"
-        os.kill(busy, signal.SIGKILL)
+        thread.start()  # the worker holding the slow sample burns CPU on it: killed
+        busy = kill_the_busy_one(first_pids, thread, ticks=2, polls=2000)
         # meanwhile the other worker serves
         pool.decode([quick], preset, max_pixels=64_000_000, out=row[None])
         np.testing.assert_array_equal(row, quick.decode(preset))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import NoReturn
 
 import httpx
 import pytest
@@ -147,6 +148,10 @@ def test_dot_segments_survive_url_normalisation(key, path):
     assert httpx.URL("http://store" + path).raw_path.decode() == path
 
 
+async def _never_sent(outgoing: object) -> NoReturn:
+    raise AssertionError("the framing test sends nothing")
+
+
 _FRAMINGS = [(method, "none") for method in ("GET", "HEAD", "DELETE", "PUT", "POST")] + [
     (method, body) for method in ("PUT", "POST") for body in ("empty", "whole", "streamed")
 ]
@@ -172,7 +177,8 @@ def test_the_upstream_request_is_framed_as_httpx_would_frame_it(method, body, si
 
     length = {"none": None, "empty": 0, "whole": len(data), "streamed": None}[body]
     content = chunks() if body in ("whole", "streamed") else None
-    outgoing = Proxy(settings, lambda: None)._upstream_request(operation, caller, length, content)
+    proxy = Proxy(settings, lambda: None, send=_never_sent)
+    outgoing = proxy._upstream_request(operation, caller, length, content)
     sent = httpx.Headers(list(outgoing.headers))
     httpx_would = httpx.Request(
         method,
