@@ -193,7 +193,9 @@ def test_a_storage_side_slower_than_the_link_is_not_taken_for_a_slow_link(
     # own rate, bytes over the epoch's seconds (0.7 Mbit/s here), which the planner then
     # remembered. The tiers share this machine's two cores, so the gateway's event loop
     # delays a response's send by tens of ms: the estimate stays below the link's rate, but
-    # far above the features' rate.
+    # well above the features' rate. How far above depends on how slow the storage side is
+    # that day (6-11x the features' rate on a busy machine, 2.7x in a CI run whose storage
+    # side took half the time); counting the queue as wire time gives 1x.
     freeze = registered["enl0"].freeze
     dataset = _build(link, gateway, photos, model="enl0", split=freeze, request_size=8, prefetch=4)
     assert len(list(dataset)) == OBJECTS
@@ -202,7 +204,7 @@ def test_a_storage_side_slower_than_the_link_is_not_taken_for_a_slow_link(
     assert stats.server_ms["total"] > stats.server_ms["infer"]  # reported, and it adds up
     bits = stats.bandwidth_bps
     goodput = stats.bytes_received * 8 / stats.seconds
-    assert bits is not None and bits > 3 * goodput, (bits, goodput, stats.server_ms)
+    assert bits is not None and bits > 2 * goodput, (bits, goodput, stats.server_ms)
     # ... and the storage side's time per sample is its own rate, queue included once.
     assert stats.storage_ms_per_sample is not None
     assert stats.storage_ms_per_sample * stats.samples / 1000 <= stats.seconds
