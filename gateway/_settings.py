@@ -133,6 +133,10 @@ class GatewaySettings:
             serve no pushdown request for a quarter of a second, so that a cold epoch's
             writes use the storage side's idle time (0: write at once); a queue three
             quarters full writes at once.
+        cache_cold_probe: In a cold context (16 misses in a row: the same bucket, blocks,
+            dtype and view), look up one object in this many and fetch the others at once,
+            as without the cache; a probe that hits warms the context (1: look every
+            object up).
         cache_touch_s: A hit on an entry older than this (seconds) refreshes its last use.
         cache_prune_interval_s: Seconds between checks of the cache against its size cap.
         cache_secret: A file holding the secret cache entries are authenticated with (the
@@ -220,6 +224,7 @@ class GatewaySettings:
         default=64 * 1024**2, metadata=knob(shown_default="64MiB")
     )
     cache_write_defer_s: float = 30.0
+    cache_cold_probe: int = 8
     cache_touch_s: float = 3600.0
     cache_prune_interval_s: float = 300.0
     cache_secret: str | None = field(
@@ -275,6 +280,8 @@ class GatewaySettings:
             raise ValueError("identity_requests_per_s must be 0 (no limit) or positive")
         if self.decode_workers < 0 or self.decode_processes < 0:
             raise ValueError("decode_workers and decode_processes must be 0 or positive")
+        if self.cache_cold_probe < 1:
+            raise ValueError("cache_cold_probe must be 1 (look every object up) or more")
         if not 0 <= self.cache_write_defer_s < float("inf"):
             raise ValueError("cache_write_defer_s must be 0 (write at once) or positive")
         edge = (self.max_header_bytes, self.header_timeout_s, self.keep_alive_timeout_s)

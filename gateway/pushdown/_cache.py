@@ -12,7 +12,19 @@ background task; a full queue skips the write rather than delay an answer. A que
 write waits while pushdown requests are being served (``cache_write_defer_s`` at most,
 and not once the queue is three quarters full), so a cold epoch's entry writes take the
 storage side's idle time instead of its cores; meanwhile the queued entry answers this
-gateway's lookups, so an epoch that follows at once does not compute it again. A hit on an
+gateway's lookups, so an epoch that follows at once does not compute it again.
+
+A cold cache costs what no cache costs. A lookup is a HEAD of the object as the caller and
+a GET of its entry: two store requests before the object's own GET, for nothing when the
+entries are not there. So the gateway counts misses per *context* (a bucket, a model's
+blocks to the split, the dtype, the augmented view): after ``COLD_AFTER`` misses in a row
+with no hit, the context is cold, and only one object in ``cache_cold_probe`` is looked
+up; the others are fetched at once, as without the cache (their GET as the caller gives
+the identity their entries are written under). A probe that hits warms the context
+again, so entries another gateway wrote are found within a few objects; an object this
+gateway computed recently is always looked up (its entry may be waiting in the queue),
+so the epoch that follows a cold one is served from the cache from its first request.
+A hit on an
 entry not touched for ``cache_touch_s`` is refreshed in the background (a copy onto
 itself), so ``LastModified`` tracks last use for least-recently-used eviction, which a
 background task applies when ``cache_max_bytes`` is set.
@@ -27,7 +39,8 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -58,6 +71,9 @@ from .._store import StoreClient
 logger = logging.getLogger("hapi.gateway.cache")
 MAC_HEADER = "x-amz-meta-hapi-mac"
 IDLE_POLL_S = 0.02  # how often a deferred write looks whether the requests have ended
+COLD_AFTER = 16  # misses in a row, with no hit, after which a context's lookups are sampled
+CONTEXTS = 1024  # contexts whose misses are counted (the least recently used go first)
+STORED = 65536  # objects this gateway computed recently, which are always looked up
 SHUTDOWN_FLUSH_S = 5.0  # the most a stopping gateway spends writing the entries still queued
 
 
@@ -122,6 +138,8 @@ class FeatureCache:
         self._bucket_checked = False
         self.enabled = settings.cache_enabled
         self.skipped_writes = 0
+        self._streaks: OrderedDict[Hashable, _Streak] = OrderedDict()  # misses per context
+        self._stored: OrderedDict[tuple[str, str], None] = OrderedDict()  # computed here
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -161,6 +179,65 @@ class FeatureCache:
             return None
         return identity_from(bucket, key, reply.headers)
 
+    def worth_asking(
+        self,
+        bucket: str,
+        keys: Sequence[str],
+        manifest: Manifest,
+        split: int,
+        dtype: str,
+        view: Mapping[str, Any] | None = None,
+    ) -> list[str]:
+        """The ``keys`` to look up: all of them, unless their context is cold (see the
+        module's text); then one in ``cache_cold_probe``, and those computed here lately.
+        The others count as ``skipped`` lookups."""
+        if not self.enabled:
+            return []
+        streak = self._streaks.get(_context(bucket, manifest, split, dtype, view))
+        every = self._settings.cache_cold_probe
+        if streak is None or streak.misses < COLD_AFTER or every <= 1:
+            return list(keys)
+        asked = []
+        for key in keys:
+            streak.passed += 1
+            if streak.passed % every == 0 or (bucket, key) in self._stored:
+                asked.append(key)
+        if len(asked) < len(keys):
+            self._count(manifest, "skipped", times=len(keys) - len(asked))
+        return asked
+
+    def _learn(
+        self,
+        identity: ObjectIdentity,
+        manifest: Manifest,
+        split: int,
+        dtype: str,
+        view: Mapping[str, Any] | None,
+        hit: bool,
+    ) -> None:
+        context = _context(identity.bucket, manifest, split, dtype, view)
+        streak = self._streaks.get(context)
+        if streak is None:
+            if hit:
+                return  # a context that only hits needs no record
+            streak = self._streaks[context] = _Streak()
+            if len(self._streaks) > CONTEXTS:
+                self._streaks.popitem(last=False)
+        self._streaks.move_to_end(context)
+        streak.misses = 0 if hit else streak.misses + 1
+
+    def cold(
+        self,
+        bucket: str,
+        manifest: Manifest,
+        split: int,
+        dtype: str,
+        view: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Whether lookups in this context are sampled now (tests, ``/_hapi/stats``)."""
+        streak = self._streaks.get(_context(bucket, manifest, split, dtype, view))
+        return streak is not None and streak.misses >= COLD_AFTER
+
     async def lookup(
         self,
         identity: ObjectIdentity,
@@ -180,6 +257,7 @@ class FeatureCache:
             found = _parse(queued)
             if found is not None:
                 self._count(manifest, "hit", found.nbytes)
+                self._learn(identity, manifest, split, dtype, view, hit=True)
                 return found
         try:
             reply = await self._store.request("GET", self._bucket, path)
@@ -188,6 +266,7 @@ class FeatureCache:
             return None
         if reply.status_code == 404:
             self._count(manifest, "miss")
+            self._learn(identity, manifest, split, dtype, view, hit=False)
             return None
         if reply.status_code != 200:
             self._warn("read", f"the feature cache answered HTTP {reply.status_code}; computing")
@@ -197,13 +276,16 @@ class FeatureCache:
         if not hmac.compare_digest(mac, self._mac(path, reply.content)):
             self._warn("rejected", f"a cache entry without a valid MAC was ignored: {path}")
             self._count(manifest, "rejected")
+            self._learn(identity, manifest, split, dtype, view, hit=False)
             return None
         cached = _parse(reply.content)
         if cached is None:
             self._warn("corrupt", f"an unreadable cache entry {path} was ignored")
             self._count(manifest, "miss")
+            self._learn(identity, manifest, split, dtype, view, hit=False)
             return None
         self._count(manifest, "hit", cached.nbytes)
+        self._learn(identity, manifest, split, dtype, view, hit=True)
         self._maybe_touch(path, mac, reply.headers.get("last-modified"))
         return cached
 
@@ -238,6 +320,10 @@ class FeatureCache:
             self._count_write(model, "skipped")
             return False
         self._pending[path] = entry
+        self._stored[(identity.bucket, identity.key)] = None
+        self._stored.move_to_end((identity.bucket, identity.key))
+        if len(self._stored) > STORED:
+            self._stored.popitem(last=False)
         return True
 
     def _enqueue(self, job: _Job) -> bool:
@@ -399,9 +485,9 @@ class FeatureCache:
             self._warned.add(kind)
             logger.warning(message)
 
-    def _count(self, manifest: Manifest, result: str, nbytes: int = 0) -> None:
+    def _count(self, manifest: Manifest, result: str, nbytes: int = 0, *, times: int = 1) -> None:
         if self._metrics is not None:
-            self._metrics.cache_lookups.labels(manifest.name, result).inc()
+            self._metrics.cache_lookups.labels(manifest.name, result).inc(times)
             if nbytes:
                 self._metrics.cache_bytes.labels(manifest.name, "read").inc(nbytes)
 
@@ -410,6 +496,26 @@ class FeatureCache:
             self._metrics.cache_writes.labels(model, outcome).inc()
             if nbytes:
                 self._metrics.cache_bytes.labels(model, "written").inc(nbytes)
+
+
+@dataclass(slots=True)
+class _Streak:
+    """A context's misses in a row since its last hit, and the objects of it that went
+    by since (which of them a cold context probes)."""
+
+    misses: int = 0
+    passed: int = 0
+
+
+def _context(
+    bucket: str, manifest: Manifest, split: int, dtype: str, view: Mapping[str, Any] | None
+) -> Hashable:
+    """What a lookup's entry shares with its neighbours' but for the object: its bucket and
+    the cache key's other inputs (models that share blocks to the split share it too)."""
+    blocks = tuple(manifest.hashes[:split])
+    preset = json.dumps(manifest.preprocess.to_dict(), sort_keys=True)
+    augmented = None if view is None else json.dumps(view, sort_keys=True)
+    return (bucket, blocks, preset, dtype, augmented)
 
 
 def identity_from(bucket: str, key: str, headers: httpx.Headers) -> ObjectIdentity | None:

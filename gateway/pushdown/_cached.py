@@ -51,9 +51,11 @@ async def lookup_all(
     """The cached entries of ``keys`` (of an augmented ``view``'s, when given; none when
     ``mode`` is ``refresh``); the objects'
     identities come from HEADs sent as the caller (``caller``: the store client acting as
-    its identity), so an entry is served only to a caller the store lets read the object."""
+    its identity), so an entry is served only to a caller the store lets read the object.
+    In a cold context only some keys are looked up (:meth:`FeatureCache.worth_asking`)."""
     if mode != "use":
         return {}
+    asked = cache.worth_asking(bucket, keys, manifest, split, dtype, view)
 
     async def one(key: str) -> Cached | None:
         identity = await cache.identify(caller, bucket, key)
@@ -61,8 +63,8 @@ async def lookup_all(
             return None
         return await cache.lookup(identity, manifest, split, dtype, view)
 
-    found = await asyncio.gather(*(one(key) for key in keys))
-    return {key: hit for key, hit in zip(keys, found, strict=True) if hit is not None}
+    found = await asyncio.gather(*(one(key) for key in asked))
+    return {key: hit for key, hit in zip(asked, found, strict=True) if hit is not None}
 
 
 def cached_samples(entry: Cached) -> list[CachedSample]:
