@@ -23,7 +23,9 @@ up; the others are fetched at once, as without the cache (their GET as the calle
 the identity their entries are written under). A probe that hits warms the context
 again, so entries another gateway wrote are found within a few objects; an object this
 gateway computed recently is always looked up (its entry may be waiting in the queue),
-so the epoch that follows a cold one is served from the cache from its first request.
+so the epoch that follows a cold one is served from the cache from its first request,
+until one of them misses (its entry was evicted or the cache emptied): then the bucket's
+objects computed here are forgotten.
 A hit on an
 entry not touched for ``cache_touch_s`` is refreshed in the background (a copy onto
 itself), so ``LastModified`` tracks last use for least-recently-used eviction, which a
@@ -215,6 +217,12 @@ class FeatureCache:
         view: Mapping[str, Any] | None,
         hit: bool,
     ) -> None:
+        if not hit and (identity.bucket, identity.key) in self._stored:
+            # An entry written here is gone (evicted, or the cache emptied): so may the
+            # others be, and looking them all up would undo what a cold context saves.
+            self._stored = OrderedDict(
+                (where, None) for where in self._stored if where[0] != identity.bucket
+            )
         context = _context(identity.bucket, manifest, split, dtype, view)
         streak = self._streaks.get(context)
         if streak is None:

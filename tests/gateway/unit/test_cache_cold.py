@@ -127,6 +127,35 @@ def test_objects_this_gateway_computed_are_always_looked_up() -> None:
     asyncio.run(main())
 
 
+def test_a_miss_on_an_object_computed_here_forgets_the_buckets_others() -> None:
+    # The cache was emptied (or evicted) behind this gateway: the objects it computed are
+    # no likelier to hit than any other, and looking each up would cost a cold epoch
+    # what the sampling saves.
+    store = _Store()
+    cache = _cache_over(store, cache_write_defer_s=0.0)
+    entry = _cache.encode_entry(ROWS, "float32", None, ["x"], None)
+    mine = [f"mine{index}" for index in range(20)]
+
+    async def main() -> list[str]:
+        async with cache.running():
+            for key in mine:
+                assert await cache.lookup(_identity("b", key), MANIFEST, 1, "float32") is None
+                assert cache.store(_identity("b", key), MANIFEST, 1, "float32", entry)
+            assert cache.store(_identity("c", "kept"), MANIFEST, 1, "float32", entry)
+            await cache.drain()  # written: no longer waiting in the queue
+        assert cache.cold("b", MANIFEST, 1, "float32")
+        assert cache.worth_asking("b", mine, MANIFEST, 1, "float32") == mine
+        # the store lost them (store.entries is empty): the first miss forgets the rest
+        assert await cache.lookup(_identity("b", mine[0]), MANIFEST, 1, "float32") is None
+        for index in range(COLD_AFTER):  # bucket c goes cold too; its own object stays known
+            await cache.lookup(_identity("c", f"other{index}"), MANIFEST, 1, "float32")
+        assert cache.worth_asking("c", ["kept"], MANIFEST, 1, "float32") == ["kept"]
+        return cache.worth_asking("b", mine, MANIFEST, 1, "float32")
+
+    asked = asyncio.run(main())
+    assert len(asked) <= len(mine) // 8 + 1
+
+
 @pytest.mark.parametrize(
     "other",
     [
