@@ -110,7 +110,8 @@ class Metrics:
         )
         self.cache_lookups = Counter(
             "hapi_cache_lookups",
-            "Feature cache lookups, by model and result (hit, miss, rejected: an entry without a valid MAC).",
+            "Feature cache lookups, by model and result (hit, miss, rejected: an entry without a "
+            "valid MAC; skipped: an object of a cold context fetched without a lookup).",
             ("model", "result"),
             registry=self.registry,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from tests.gateway.recorder import Recorded, Recorder, recording
 from tests.support import (
     RunningGateway,
     cache_writes_settled,
+    control_get,
     encode_image,
     gateway_process,
     signed_headers,
@@ -110,9 +112,11 @@ def test_a_cold_epoch_sends_the_store_what_an_epoch_without_the_cache_sends(
     without = recorder.since(mark)
     assert _of(without, "GET", bucket) == OBJECTS and _of(without, "HEAD", bucket) == 0
 
-    mark = recorder.mark()
+    mark, skipped = recorder.mark(), _skipped(watched)
     cold, answers = _epoch(watched, bucket, keys)
     seen = recorder.since(mark)
+    # what the gateway counts as skipped is what the store was not asked
+    assert _skipped(watched) - skipped == OBJECTS - _entry_reads(seen)
     assert set(answers) == {"miss"}
     assert cold.tobytes() == plain.tobytes()
     # The first COLD_AFTER objects are looked up (a HEAD and an entry GET each), then one
@@ -164,3 +168,12 @@ def test_looking_every_object_up_is_a_setting(store, recorder, registered, objec
         seen = recorder.since(mark)
         assert _entry_reads(seen) == OBJECTS and _of(seen, "HEAD", bucket) == OBJECTS
         cache_writes_settled(every)
+
+
+def _skipped(gateway: RunningGateway) -> float:
+    """The gateway's count of lookups a cold context skipped (r18)."""
+    text = control_get(gateway, "/metrics").text
+    found = re.search(
+        r'^hapi_cache_lookups_total\{model="r18",result="skipped"\} (\S+)$', text, re.M
+    )
+    return float(found.group(1)) if found else 0.0
