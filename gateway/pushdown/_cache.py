@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -46,13 +47,14 @@ from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import numpy as np
 
-from hapi.models import Manifest
+from hapi.models import Manifest, Preset
 from hapi.protocol import (
     ENTRY_PREFIX,
     CacheEntry,
@@ -520,10 +522,8 @@ def _context(
 ) -> Hashable:
     """What a lookup's entry shares with its neighbours' but for the object: its bucket and
     the cache key's other inputs (models that share blocks to the split share it too)."""
-    blocks = tuple(manifest.hashes[:split])
-    preset = json.dumps(manifest.preprocess.to_dict(), sort_keys=True)
     augmented = None if view is None else json.dumps(view, sort_keys=True)
-    return (bucket, blocks, preset, dtype, augmented)
+    return (bucket, manifest.hashes[:split], manifest.preprocess, dtype, augmented)
 
 
 def identity_from(bucket: str, key: str, headers: httpx.Headers) -> ObjectIdentity | None:
@@ -574,6 +574,12 @@ def _parse(body: bytes) -> Cached | None:
     return Cached(features, tensors.get("labels"), keys, samples, len(body), views)
 
 
+@functools.lru_cache(maxsize=64)
+def _preset(preset: Preset) -> Mapping[str, Any]:
+    """A preset as the cache key hashes it (built once per preset: a lookup an object)."""
+    return MappingProxyType(preset.to_dict())
+
+
 def _key(
     identity: ObjectIdentity,
     manifest: Manifest,
@@ -586,7 +592,7 @@ def _key(
     return cache_key(
         identity,
         blocks=manifest.hashes[:split],
-        preprocess=manifest.preprocess.to_dict(),
+        preprocess=_preset(manifest.preprocess),
         dtype=dtype,
         view=view,
     )
