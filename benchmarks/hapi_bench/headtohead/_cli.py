@@ -16,7 +16,7 @@ from typing import Any
 
 from hapi_bench.core._errors import BenchError, TestbedUnavailable
 
-from ._config import BANDWIDTHS, LOADS, HeadToHeadConfig
+from ._config import BANDWIDTHS, DEFAULT_BANDWIDTHS, LOADS, HeadToHeadConfig
 
 DEFAULT_OUT = Path("bench-results") / "headtohead"
 
@@ -32,7 +32,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="resnet18, 10mbit and unshaped, 48 samples")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
     p.add_argument("--models", help="comma-separated [default: resnet18,efficientnet_lite0]")
-    p.add_argument("--bandwidths", help=f"comma-separated, of {', '.join(BANDWIDTHS)}")
+    p.add_argument(
+        "--bandwidths",
+        help=f"comma-separated, of {', '.join(BANDWIDTHS)} "
+        f"[default: {','.join(DEFAULT_BANDWIDTHS)}]",
+    )
     p.add_argument("--loads", help=f"comma-separated, of {', '.join(LOADS)}")
     p.add_argument("--samples", type=int, help="training objects [default: 192]")
     p.add_argument("--held-out", type=int, help="objects the heads are scored on [default: 64]")

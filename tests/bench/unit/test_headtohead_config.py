@@ -54,3 +54,10 @@ def test_quick_is_small_and_options_apply_over_it(tmp_path: Path) -> None:
 def test_bad_configurations_are_refused(tmp_path: Path, changes: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         dataclasses.replace(HeadToHeadConfig(out=tmp_path), **changes)  # type: ignore[arg-type]
+
+
+def test_the_default_cells_are_the_four_bandwidths_clusters_have(tmp_path: Path) -> None:
+    config = config_from(parser().parse_args(["--out", str(tmp_path)]))
+    assert config.bandwidths == ("10mbit", "100mbit", "1gbit", "unshaped")
+    slow = config_from(parser().parse_args(["--out", str(tmp_path), "--bandwidths", "5mbit"]))
+    assert slow.bandwidths == ("5mbit",)
