@@ -63,6 +63,11 @@ def parser() -> argparse.ArgumentParser:
         help="split of the cached configuration: the freeze point, or the planner's pick "
         "[default: freeze]",
     )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "float16"),
+        help="hapi's wire dtype (the contender decodes images either way) [default: float32]",
+    )
     return p
 
 
@@ -90,6 +95,7 @@ def config_from(args: argparse.Namespace) -> HeadToHeadConfig:
         "seed": args.seed,
         "niceness": args.nice,
         "cache_split": args.cache_split,
+        "dtype": args.dtype,
     }
     return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
 

@@ -45,6 +45,8 @@ class HeadToHeadConfig:
         cache_split: The split of the cached configuration: ``freeze`` (the features the
             head trains on, kept whole by the cache) or ``auto`` (the planner's pick,
             which prices a cold epoch).
+        dtype: hapi's wire dtype, ``float32`` or ``float16`` (half the bytes a sample on
+            the link; the held-out accuracy says what it costs the head).
     """
 
     out: Path
@@ -60,6 +62,7 @@ class HeadToHeadConfig:
     seed: int = 0
     niceness: int = 0
     cache_split: str = "freeze"
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.models if m not in FAMILIES]
@@ -72,6 +75,8 @@ class HeadToHeadConfig:
             )
         if not self.loads or any(load not in LOADS for load in self.loads):
             raise ValueError(f"loads must be among {', '.join(LOADS)}")
+        if self.dtype not in ("float32", "float16"):
+            raise ValueError(f"dtype must be float32 or float16, not {self.dtype!r}")
         if self.cache_split not in ("freeze", "auto"):
             raise ValueError(f"cache_split must be freeze or auto, not {self.cache_split!r}")
         if self.samples < self.batch_size or self.held_out < 4 or self.epochs < 2:

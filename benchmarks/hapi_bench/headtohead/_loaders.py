@@ -65,6 +65,7 @@ class LoaderSettings:
         workers: DataLoader workers.
         prefetch_factor: Batches each worker keeps ahead.
         seed: The sampler's seed.
+        dtype: hapi's wire dtype (the features the head trains on are float32 either way).
     """
 
     bucket: str
@@ -73,6 +74,7 @@ class LoaderSettings:
     workers: int = 2
     prefetch_factor: int = 4
     seed: int = 0
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.workers < 0 or self.prefetch_factor < 1:
@@ -277,6 +279,7 @@ def hapi_loader(
         runtime=RUNTIME,
         request_size=settings.batch_size,
         bandwidth=bandwidth,
+        dtype=settings.dtype,
     )
     sampler = EpochSampler(len(settings.keys), settings.seed)
     return Loader(name, _loader(dataset, settings, sampler), sampler)

@@ -184,6 +184,7 @@ class ModelRun:
             workers=config.workers,
             prefetch_factor=config.prefetch_factor,
             seed=config.seed,
+            dtype=config.dtype,
         )
         spec = tier.spec
         self.contenders = {

@@ -23,6 +23,7 @@ FLAGS = {
     "seed": ("--seed", "7", 7),
     "niceness": ("--nice", "-5", -5),
     "cache_split": ("--cache-split", "auto", "auto"),
+    "dtype": ("--dtype", "float16", "float16"),
 }
 
 
@@ -49,6 +50,7 @@ def test_quick_is_small_and_options_apply_over_it(tmp_path: Path) -> None:
         {"epochs": 1},
         {"samples": 4},
         {"cache_split": "sometimes"},
+        {"dtype": "int8"},
     ],
 )
 def test_bad_configurations_are_refused(tmp_path: Path, changes: dict[str, object]) -> None:
