@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from hapi import planner
 from hapi.models import Manifest
 from hapi.sdk.planning._split import SplitChoice, replanned
@@ -148,3 +150,52 @@ def test_an_epoch_that_fell_back_to_raw_objects_ends_the_trial_without_an_error(
     assert changed.reason.endswith(
         "Epoch 0 ran split None, not the trial's 7, so the trial is off."
     )
+
+
+# -- a near tie in a map-style dataset (no epochs of its own to time it in) --------------
+
+
+def _tie_with(choice: SplitChoice, rival_split: int | None) -> SplitChoice:
+    """``choice`` whose near tie's rival is ``rival_split`` (a tie as Trial.start would
+    find one; which rival it is is what these tests vary)."""
+    assert choice.plan is not None
+    return dataclasses.replace(
+        choice, trial=planner.Trial(choice.plan, choice.plan.candidate(rival_split))
+    )
+
+
+def test_a_map_style_dataset_takes_the_tie_that_sends_fewer_bytes() -> None:
+    from hapi.sdk.planning._split import with_trial
+
+    choice, _ = _trial_choice()
+    assert choice.plan is not None
+    smallest = min(choice.plan.candidates, key=lambda c: c.bytes_per_sample)
+    assert smallest.bytes_per_sample < choice.plan.chosen.bytes_per_sample
+    tie = _tie_with(choice, smallest.split)
+
+    untimed = with_trial(tie, epochs=False)
+
+    ours = planner.split_label(smallest.split)
+    assert untimed.split == smallest.split and untimed.trial is None
+    assert untimed.plan is not None and untimed.plan.split == smallest.split
+    assert untimed.plan.note == ""
+    assert untimed.keeper is not None and untimed.keeper.current.split == smallest.split
+    assert f"cannot time, so it reads split {ours}, the fewer bytes" in untimed.reason
+    # the iterable form times the same tie instead
+    timed = with_trial(tie, epochs=True)
+    assert timed.split == 7 and timed.trial is not None
+
+
+@pytest.mark.parametrize("which", ["as-many-bytes", "more-bytes"])
+def test_a_map_style_dataset_keeps_a_pick_whose_rival_sends_no_fewer_bytes(which) -> None:
+    from hapi.sdk.planning._split import with_trial
+
+    choice, _ = _trial_choice()
+    assert choice.plan is not None
+    largest = max(choice.plan.candidates, key=lambda c: c.bytes_per_sample)
+    rival = 8 if which == "as-many-bytes" else largest.split
+    assert choice.plan.candidate(rival).bytes_per_sample >= choice.plan.chosen.bytes_per_sample
+
+    untimed = with_trial(_tie_with(choice, rival), epochs=False)
+
+    assert untimed.split == 7 and untimed.trial is None and untimed.reason == choice.reason
