@@ -18,6 +18,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 from urllib.parse import quote, urlencode
 
 import httpx
@@ -120,37 +121,46 @@ class StoreClient:
         """
         url = self.url(bucket, key, query)
         signed = self.sign(method, url, headers, payload_sha256)
-        if self.send is None:
-            request = self.client().build_request(method, url, headers=signed, content=content)
-            if timeout is not None:
-                request.extensions["timeout"] = httpx.Timeout(timeout).as_dict()
-        else:  # straight to the transports, as stream() does: a cache hit's HEAD and GET
-            # spent more of the event loop in the client's machinery than on the wire
-            limits = (self.settings.read_timeout_s, self.settings.connect_timeout_s)
-            extensions = {
-                "timeout": _timeouts(*limits) if timeout is None else _timeouts(timeout, timeout)
-            }
-            request = httpx.Request(
-                method, url, headers=signed, content=content, extensions=extensions
-            )
         for attempt in (1, 2):
             try:
-                return await self._send(request)
+                return await self._send(method, url, signed, content, timeout)
             except httpx.ConnectError:
                 if attempt == 2 or method not in _IDEMPOTENT:
                     raise
         raise AssertionError("unreachable")
 
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        """``request`` sent and its reply read whole."""
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        content: bytes | None,
+        timeout: float | None,
+    ) -> httpx.Response:
+        """One signed request, its reply read whole: straight to the transports when the
+        app gave a ``send`` (a cache hit's HEAD and GET spent more of the event loop in
+        the client's machinery than on the wire), else through the client."""
         if self.send is None:
+            request = self.client().build_request(method, url, headers=headers, content=content)
+            if timeout is not None:
+                request.extensions["timeout"] = httpx.Timeout(timeout).as_dict()
             return await self.client().send(request)
+        request = httpx.Request(
+            method, url, headers=headers, content=content, extensions=self._extensions(timeout)
+        )
         reply = await self.send(request)
         try:
             await reply.aread()
         finally:
             await reply.aclose()
         return reply
+
+    def _extensions(self, timeout: float | None = None) -> dict[str, Any]:
+        """httpx's extensions of a request sent straight to a transport: its timeouts
+        (``timeout`` for every phase, else the settings' read and connect timeouts)."""
+        if timeout is not None:
+            return {"timeout": _timeouts(timeout, timeout)}
+        return {"timeout": _timeouts(self.settings.read_timeout_s, self.settings.connect_timeout_s)}
 
     @contextlib.asynccontextmanager
     async def stream(self, bucket: str, key: str) -> AsyncIterator[httpx.Response]:
@@ -164,9 +174,7 @@ class StoreClient:
             "GET",
             url,
             headers=self.sign("GET", url),
-            extensions={
-                "timeout": _timeouts(self.settings.read_timeout_s, self.settings.connect_timeout_s)
-            },
+            extensions=self._extensions(),
         )
         reply = await self.send(request)
         try:

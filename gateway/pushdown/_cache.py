@@ -210,22 +210,13 @@ class FeatureCache:
             self._count(manifest, "skipped", times=len(keys) - len(asked))
         return asked
 
-    def _learn(
-        self,
-        identity: ObjectIdentity,
-        manifest: Manifest,
-        split: int,
-        dtype: str,
-        view: Mapping[str, Any] | None,
-        hit: bool,
-    ) -> None:
+    def _learn(self, context: Hashable, identity: ObjectIdentity, *, hit: bool) -> None:
         if not hit and (identity.bucket, identity.key) in self._stored:
             # An entry written here is gone (evicted, or the cache emptied): so may the
             # others be, and looking them all up would undo what a cold context saves.
             self._stored = OrderedDict(
                 (where, None) for where in self._stored if where[0] != identity.bucket
             )
-        context = _context(identity.bucket, manifest, split, dtype, view)
         streak = self._streaks.get(context)
         if streak is None:
             if hit:
@@ -244,7 +235,7 @@ class FeatureCache:
         dtype: str,
         view: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Whether lookups in this context are sampled now (tests, ``/_hapi/stats``)."""
+        """Whether lookups in this context are sampled now."""
         streak = self._streaks.get(_context(bucket, manifest, split, dtype, view))
         return streak is not None and streak.misses >= COLD_AFTER
 
@@ -262,42 +253,47 @@ class FeatureCache:
         if not self.enabled:
             return None
         path = entry_path(_key(identity, manifest, split, dtype, view))
+        context = _context(identity.bucket, manifest, split, dtype, view)
         queued = self._pending.get(path)
         if queued is not None:  # computed here and waiting to be written: as good as stored
             found = _parse(queued)
             if found is not None:
-                self._count(manifest, "hit", found.nbytes)
-                self._learn(identity, manifest, split, dtype, view, hit=True)
-                return found
+                return self._outcome(manifest, context, identity, "hit", found)
         try:
             reply = await self._store.request("GET", self._bucket, path)
         except httpx.TransportError as exc:
             self._warn("read", f"the feature cache cannot be read ({exc!r}); computing instead")
             return None
         if reply.status_code == 404:
-            self._count(manifest, "miss")
-            self._learn(identity, manifest, split, dtype, view, hit=False)
-            return None
-        if reply.status_code != 200:
+            return self._outcome(manifest, context, identity, "miss")
+        if reply.status_code != 200:  # the store's trouble, not the entry's: no streak
             self._warn("read", f"the feature cache answered HTTP {reply.status_code}; computing")
             self._count(manifest, "miss")
             return None
         mac = reply.headers.get(MAC_HEADER, "")
         if not hmac.compare_digest(mac, self._mac(path, reply.content)):
             self._warn("rejected", f"a cache entry without a valid MAC was ignored: {path}")
-            self._count(manifest, "rejected")
-            self._learn(identity, manifest, split, dtype, view, hit=False)
-            return None
+            return self._outcome(manifest, context, identity, "rejected")
         cached = _parse(reply.content)
         if cached is None:
             self._warn("corrupt", f"an unreadable cache entry {path} was ignored")
-            self._count(manifest, "miss")
-            self._learn(identity, manifest, split, dtype, view, hit=False)
-            return None
-        self._count(manifest, "hit", cached.nbytes)
-        self._learn(identity, manifest, split, dtype, view, hit=True)
+            return self._outcome(manifest, context, identity, "miss")
         self._maybe_touch(path, mac, reply.headers.get("last-modified"))
-        return cached
+        return self._outcome(manifest, context, identity, "hit", cached)
+
+    def _outcome(
+        self,
+        manifest: Manifest,
+        context: Hashable,
+        identity: ObjectIdentity,
+        result: str,
+        found: Cached | None = None,
+    ) -> Cached | None:
+        """Count a lookup's ``result``, learn from it (see :meth:`worth_asking`), and
+        return what it found."""
+        self._count(manifest, result, found.nbytes if found is not None else 0)
+        self._learn(context, identity, hit=found is not None)
+        return found
 
     def _mac(self, path: str, body: bytes) -> str:
         """The MAC of an entry: its path (so its cache key) and its content."""

@@ -434,8 +434,7 @@ def with_trial(choice: SplitChoice, epochs: bool) -> SplitChoice:
     if plan is None or rival.bytes_per_sample >= plan.chosen.bytes_per_sample:
         return untried
     gap = rival.epoch_s / plan.chosen.epoch_s - 1.0
-    kept = _started_at(plan, rival.split)
-    kept = replace(kept, note="")
+    kept = replace(plan, split=rival.split, note="")
     ours, theirs = planner.split_label(rival.split), planner.split_label(plan.split)
     reason = (
         f"{plan.reason()} Split {ours} is predicted within {gap:.1%} of it and sends "

@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -433,4 +434,4 @@ class _SmallWindow(http.client.HTTPConnection):
 
 def _tcp_wmem_max() -> int:
     """The most a sending socket may buffer (``net.ipv4.tcp_wmem``'s maximum)."""
-    return int(open("/proc/sys/net/ipv4/tcp_wmem").read().split()[2])
+    return int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
