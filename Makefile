@@ -12,7 +12,7 @@ MYPY_TREE := build/mypy/hapi
 # The benchmarks (benchmarks/hapi_bench, the hapi-bench distribution) sit beside it.
 BENCH_TREE := build/mypy/hapi_bench
 
-.PHONY: wrk run test test-slow test-cluster check lint format bench-proxy bench-pushdown bench-device bench-load bench-cluster bench bench-headtohead bench-augment clean venv
+.PHONY: wrk run test test-slow test-cluster check lint format bench-proxy bench-servers bench-pushdown bench-device bench-load bench-cluster bench bench-headtohead bench-augment clean venv
 
 venv: $(STAMP)
 
@@ -70,6 +70,12 @@ format: $(STAMP)
 bench-proxy: $(STAMP) wrk
 	command -v nginx >/dev/null || test -x /usr/sbin/nginx || (apt-get update -qq && apt-get install -y -qq nginx-light)
 	$(VENV)/bin/hapi-bench proxy --out bench-results
+
+# The gateway's app under uvicorn (its edge, what hapi serve runs) and under granian, in
+# pass-through; granian is not one of hapi's dependencies, so this target installs it.
+bench-servers: $(STAMP) wrk
+	$(PY) -m pip install -q -e './benchmarks[servers]'
+	$(VENV)/bin/hapi-bench servers --out bench-results
 
 # Pushdown against a bare decode-and-run loop on the same cores, every split (a few minutes).
 bench-pushdown: $(STAMP) wrk

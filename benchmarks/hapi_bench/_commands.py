@@ -1,6 +1,6 @@
 """``hapi-bench``: the testbed and the micro-benchmarks, one subcommand each.
 
-``hapi-bench testbed`` is ``hapi bench`` (the two-tier testbed); ``proxy``, ``pushdown``,
+``hapi-bench testbed`` is ``hapi bench`` (the two-tier testbed); ``proxy``, ``servers``, ``pushdown``,
 ``batching``, ``device``, ``device-ceiling`` and ``load`` are the micro-benchmarks the ``make bench-*`` targets
 run. Each
 micro-benchmark keeps its own argument parser, so its options and ``--help`` are its own;
@@ -18,6 +18,7 @@ from hapi_bench._cli import bench
 # name: (module, one line of help)
 MICRO_BENCHMARKS = {
     "proxy": ("micro._proxy", "Pass-through cost vs direct access and nginx."),
+    "servers": ("micro._servers", "Pass-through cost of the gateway under uvicorn and granian."),
     "pushdown": ("micro._ceiling", "Pushdown throughput against a bare loop on the same cores."),
     "batching": ("micro._pushdown", "Storage-side throughput, adaptive batching vs fixed sizes."),
     "device": ("micro._device", "The storage side's blocks on an accelerator, checked and timed."),

@@ -24,6 +24,11 @@ class Epoch:
     link_bytes: int
     client_cpu_s: float
     storage_cpu_s: float
+    # What the shaped link did to the storage side's frames in the epoch: the frames its
+    # queue dropped, and the storage namespace's TCP retransmission timeouts (a GET that
+    # lost its last frames waits one out, at least 200 ms). Absent in older results.
+    dropped_frames: int = 0
+    retransmission_timeouts: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -128,6 +128,8 @@ class _Counters:
     rx_bytes: int
     client_cpu: float
     storage_cpu: float
+    dropped: int = 0
+    timeouts: int = 0
 
 
 class CacheControl:
@@ -310,7 +312,9 @@ class ModelRun:
                 run = epochs[name][-1]
                 self.log(
                     f"  {name:<16} epoch {epoch}: {run.epoch_s:6.2f} s, "
-                    f"{run.link_bytes / run.samples / 1000:7.1f} KB/sample"
+                    f"{run.link_bytes / run.samples / 1000:7.1f} KB/sample, "
+                    f"{run.dropped_frames} frames dropped, "
+                    f"{run.retransmission_timeouts} retransmission timeouts"
                 )
         results = []
         for name in CONFIGS:
@@ -346,6 +350,8 @@ class ModelRun:
             link_bytes=after.rx_bytes - before.rx_bytes,
             client_cpu_s=after.client_cpu - before.client_cpu,
             storage_cpu_s=after.storage_cpu - before.storage_cpu,
+            dropped_frames=after.dropped - before.dropped,
+            retransmission_timeouts=after.timeouts - before.timeouts,
         )
 
     def _client_cpu(self) -> float:
@@ -360,7 +366,9 @@ class ModelRun:
         wall = time.perf_counter() if wall_first else 0.0
         client, storage = self._client_cpu(), self.tier.cpu_seconds()
         rx = self.link.rx_bytes()
-        return _Counters(wall or time.perf_counter(), rx, client, storage)
+        # tc and netstat, read before the clock starts or after it stops, as the rest
+        dropped, timeouts = self.link.queue_stats()[1], self.link.retransmission_timeouts()
+        return _Counters(wall or time.perf_counter(), rx, client, storage, dropped, timeouts)
 
 
 @contextmanager

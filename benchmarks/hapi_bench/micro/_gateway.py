@@ -103,7 +103,7 @@ def gateway_subprocess(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait(url, proc, log)
+        wait_for_gateway(url, proc, log)
         yield BenchGateway(url, client_key, client_secret, proc.pid)
     finally:
         proc.terminate()
@@ -114,7 +114,8 @@ def gateway_subprocess(
             proc.wait()
 
 
-def _wait(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+def wait_for_gateway(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait until the gateway at ``url`` answers its health check (120 s at most)."""
     deadline = time.monotonic() + 120  # several workers each import the gateway anew
     while time.monotonic() < deadline:
         if proc.poll() is not None:

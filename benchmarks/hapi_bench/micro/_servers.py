@@ -1,0 +1,194 @@
+"""``hapi-bench servers``: the same gateway app under two ASGI servers, in pass-through.
+
+What a 4 KiB GET costs the gateway is partly its ASGI server's: the HTTP parser, the
+protocol class around it and the ASGI cycle. This runs, in front of one real store and
+interleaved round by round (the order swapped every other round), the gateway as
+``hapi serve`` runs it (uvicorn with httptools and the edge's own protocol class, see
+``hapi.gateway.edge._http``) and the same app under granian (its HTTP layer in Rust, one
+worker, uvloop), and drives both with presigned 4 KiB GETs from wrk (``--connections``,
+150 by default). Per server and round: requests/s, p50/p99, and the server's CPU per
+request (its process and descendants). Writes ``bench-servers.json``.
+
+granian is not one of hapi's dependencies: ``pip install granian`` (the benchmarks'
+``servers`` extra) before running this. Run as ``hapi-bench servers --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from hapi.store import free_port
+from hapi_bench.core._errors import BenchError
+from hapi_bench.core._host import cpu_model
+from hapi_bench.micro._gateway import BenchGateway, BenchStore, bench_store, wait_for_gateway
+from hapi_bench.micro._proxy import _presigner
+from hapi_bench.micro._wrk import WrkResult, run_wrk, wrk_binary
+
+SERVERS = ("uvicorn", "granian")
+
+
+def gateway_app() -> Any:
+    """The gateway's ASGI app from ``HAPI_*`` variables (granian's ``--factory`` target)."""
+    from hapi.gateway._app import create_app
+    from hapi.gateway._settings import GatewaySettings
+
+    return create_app(GatewaySettings.from_env(os.environ))
+
+
+@contextlib.contextmanager
+def _granian(bench: BenchStore) -> Iterator[BenchGateway]:
+    """The gateway app under granian, configured as :func:`gateway_subprocess` configures
+    ``hapi serve``."""
+    port, key, secret = free_port(), "BENCHCLIENT", os.urandom(16).hex()
+    env = {
+        **os.environ,
+        "HAPI_BACKEND_URL": bench.store.endpoint_url,
+        "HAPI_BACKEND_ACCESS_KEY_ID": bench.key,
+        "HAPI_BACKEND_SECRET_ACCESS_KEY": bench.secret,
+        "HAPI_ACCESS_KEY_ID": key,
+        "HAPI_SECRET_ACCESS_KEY": secret,
+        "HAPI_IDENTITY_UPSTREAM_REQUESTS": "0",
+        "HAPI_IDENTITY_PUSHDOWN_REQUESTS": "0",
+    }
+    command = [
+        sys.executable, "-m", "granian", "--interface", "asgi", "--factory",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--loop", "uvloop",
+        "--log-level", "warning", "--no-ws", f"{__name__}:gateway_app",
+    ]  # fmt: skip
+    log = bench.tmp / "granian.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_gateway(url, proc, log)
+        yield BenchGateway(url, key, secret, proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _target(gw: BenchGateway) -> tuple[str, str]:
+    """A presigned GET of the small object through ``gw``: the URL, and its Host."""
+    return _presigner(gw.url, gw.key, gw.secret)("GET", "small"), httpx.URL(gw.url).netloc.decode()
+
+
+def _same_answer(gateways: dict[str, BenchGateway], body: bytes) -> None:
+    """Every server answers the object's bytes (a check before any timing)."""
+    for name, gw in gateways.items():
+        url, _ = _target(gw)
+        reply = httpx.get(url, timeout=30, trust_env=False)
+        if reply.status_code != 200 or reply.content != body:
+            raise BenchError(f"{name} answered {reply.status_code}: {reply.text[:200]}")
+
+
+def run(out: Path, rounds: int, seconds: float, connections: int) -> dict[str, Any]:
+    """Measure both servers; returns (and writes) the results."""
+    wrk_binary()
+    if importlib.util.find_spec("granian") is None:
+        raise ModuleNotFoundError("granian is not installed", name="granian")
+    runs: dict[str, list[WrkResult]] = {name: [] for name in SERVERS}
+    with bench_store() as bench, contextlib.ExitStack() as running:
+        body = os.urandom(4096)
+        bench.s3.create_bucket(Bucket="bench")
+        bench.s3.put_object(Bucket="bench", Key="small", Body=body)
+        gateways = {
+            "uvicorn": running.enter_context(bench.gateway("gateway.log")),
+            "granian": running.enter_context(_granian(bench)),
+        }
+        _same_answer(gateways, body)
+        for index in range(rounds):
+            order = SERVERS if index % 2 == 0 else tuple(reversed(SERVERS))
+            for name in order:
+                url, host = _target(gateways[name])
+                result = run_wrk(
+                    url,
+                    host=host,
+                    connections=connections,
+                    seconds=seconds,
+                    server_pid=gateways[name].pid,
+                )
+                if result.non_2xx or result.errors:
+                    raise BenchError(f"{name}: {result.non_2xx} non-2xx, {result.errors} errors")
+                runs[name].append(result)
+                print(f"round {index + 1}/{rounds} {name}: {_line(result)}", flush=True)
+    results = {
+        "load": f"wrk, presigned 4 KiB GETs, {connections} connections, {seconds:g} s a run",
+        "rounds": rounds,
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "servers": {name: _summary(measured) for name, measured in runs.items()},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench-servers.json").write_text(json.dumps(results, indent=2) + "\n")
+    for name, summary in results["servers"].items():
+        print(f"{name}: median {summary['median']}")
+    return results
+
+
+def _line(result: WrkResult) -> str:
+    cpu = result.cpu_us_per_request
+    return (
+        f"{result.requests_per_s:,.0f} requests/s, p99 {result.p99_ms:.1f} ms, "
+        f"{'?' if cpu is None else f'{cpu:.0f}'} us of server CPU a request"
+    )
+
+
+def _summary(results: list[WrkResult]) -> dict[str, Any]:
+    cpus = [r.cpu_us_per_request for r in results if r.cpu_us_per_request is not None]
+    return {
+        "median": {
+            "requests_per_s": statistics.median(r.requests_per_s for r in results),
+            "p99_ms": statistics.median(r.p99_ms for r in results),
+            "cpu_us_per_request": statistics.median(cpus) if cpus else None,
+        },
+        "runs": [r.to_dict() for r in results],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="hapi-bench servers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds")
+    parser.add_argument("--seconds", type=float, default=8.0, help="seconds of each wrk run")
+    parser.add_argument("--connections", type=int, default=150, help="wrk's connections")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.seconds <= 0 or args.connections < 1:
+        parser.error("--rounds and --connections must be at least 1, --seconds above 0")
+    try:
+        run(args.out, args.rounds, args.seconds, args.connections)
+    except ModuleNotFoundError as exc:
+        if exc.name != "granian":
+            raise
+        print(
+            "hapi-bench servers: granian is not installed "
+            "(pip install -e './benchmarks[servers]', or pip install granian)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+    except BenchError as exc:
+        print(f"hapi-bench servers: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()
