@@ -6,14 +6,18 @@ loop waits for first."""
 from __future__ import annotations
 
 import functools
+import io
 import threading
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 
+from hapi.models import decode_object
+from hapi.sdk import NoSuchKey
 from hapi.sdk.datasets import _compute
-from hapi.sdk.datasets._compute import GET_THREADS, Batch, Engine, Spec
+from hapi.sdk.datasets._compute import GET_THREADS, RUN_EVERY, Batch, Engine, Spec
 from hapi.sdk.datasets._prefetch import Pipeline
 from tests.planner.synthetic import manifest
 
@@ -49,13 +53,15 @@ class _Body:
         return self._data
 
 
-def test_a_requests_objects_are_read_concurrently_and_bounded() -> None:
+def test_a_requests_objects_are_read_concurrently_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     store = _Store()
     spec = Spec(endpoints=(), registry_bucket="models", manifest=manifest(), freeze=3, split=None)
     engine = Engine(spec, s3=store)
     keys = [f"images/{n}.jpg" for n in range(2 * GET_THREADS)]
-    compute = engine.start("data", keys).wait()  # the reads happen here; the compute is left
-    assert compute is not None
+    monkeypatch.setattr(engine, "decode_and_run", lambda bucket, got: [key for key, _ in got])
+    assert engine.start("data", keys).wait()() == keys  # queued at start, taken as they come
     assert store.most == GET_THREADS  # all in flight together, never more than the pool
 
 
@@ -63,12 +69,14 @@ class _Recording:
     """A boto3 stand-in that records the order its GETs start in; the first GET of
     ``hold`` waits for ``release``."""
 
-    def __init__(self, hold: str | None = None) -> None:
+    def __init__(self, hold: str | None = None, bodies: dict[str, bytes] | None = None) -> None:
+        self.bodies = bodies or {}
         self.keys: list[str] = []
         self.hold = hold
         self.holding = threading.Event()
         self.release = threading.Event()
         self.lock = threading.Lock()
+        self.done: list[str] = []  # GETs answered, in order
 
     def get_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:
         with self.lock:
@@ -77,7 +85,9 @@ class _Recording:
             self.holding.set()
             self.release.wait(WAIT)
         time.sleep(0.001)  # long enough for the fetch threads to race
-        return {"Body": _Body(Key.encode())}
+        with self.lock:
+            self.done.append(Key)
+        return {"Body": _Body(self.bodies.get(Key, Key.encode()))}
 
 
 def _one_get_thread(monkeypatch: pytest.MonkeyPatch, store: _Recording) -> Engine:
@@ -122,3 +132,89 @@ def test_closing_drops_the_reads_queued_and_not_started(monkeypatch: pytest.Monk
     store.release.set()
     engine.reads.shutdown(wait=True)
     assert store.keys == [keys[0]]
+
+
+@pytest.mark.parametrize("threads", [1, GET_THREADS])
+def test_each_object_is_decoded_while_the_reads_behind_it_are_on_the_link(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    # Before: the compute got the objects only once every read was done, so a DataLoader
+    # worker's link idled while it decoded, and its CPU while it read.
+    keys = [f"images/{n:04d}.jpg" for n in range(8)]
+    store = _Recording(hold=keys[-1])  # the last read waits until the first is decoded
+    monkeypatch.setattr(_compute, "GET_THREADS", threads)
+    spec = Spec(endpoints=(), registry_bucket="models", manifest=manifest(), freeze=3, split=None)
+    engine = Engine(spec, s3=store)
+    answered_at_decode: dict[str, list[str]] = {}
+
+    def decode(bucket: str, objects: Any) -> list[str]:
+        for key, data in objects:
+            assert data == key.encode()
+            with store.lock:
+                answered_at_decode[key] = list(store.done)
+            store.release.set()
+        return list(answered_at_decode)
+
+    monkeypatch.setattr(engine, "decode_and_run", decode)
+    assert engine.start("data", keys).wait()() == keys
+    assert keys[-1] not in answered_at_decode[keys[0]]  # decoded before the last read ended
+    assert store.done == keys or threads > 1  # one thread: read in order
+
+
+def test_a_failed_read_fails_its_batch_and_drops_the_reads_behind_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    keys = [f"images/{n:04d}.jpg" for n in range(16)]
+
+    class _Failing(_Recording):
+        def get_object(self, *, Bucket: str, Key: str) -> dict[str, Any]:
+            if Key == keys[1]:
+                from botocore.exceptions import ClientError
+
+                raise ClientError({"Error": {"Code": "NoSuchKey", "Message": "gone"}}, "GetObject")
+            return super().get_object(Bucket=Bucket, Key=Key)
+
+    store = _Failing(hold=keys[2])  # holds the pool's one thread until released
+    engine = _one_get_thread(monkeypatch, store)
+    with pytest.raises(NoSuchKey, match="gone"):
+        engine.start("data", keys).wait()()
+    store.release.set()
+    engine.reads.shutdown(wait=True)
+    assert store.keys == [keys[0], keys[2]]  # the reads queued behind the failure never ran
+
+
+def _jpeg(shade: int) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (40, 30), (shade, 255 - shade, shade // 2)).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def test_the_blocks_run_on_every_few_samples_while_later_reads_are_on_the_link(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: the blocks ran once, on the whole request, after its last read.
+    keys = [f"images/{n:04d}.jpg" for n in range(3 * RUN_EVERY + 1)]
+    bodies = {key: _jpeg(20 * n) for n, key in enumerate(keys)}
+    store = _Recording(hold=keys[-1], bodies=bodies)
+    spec = Spec(endpoints=(), registry_bucket="models", manifest=manifest(), freeze=3, split=None)
+    engine = Engine(spec, s3=store)
+    runs: list[tuple[int, list[str]]] = []
+
+    def run(inputs: np.ndarray, start: int, stop: int) -> np.ndarray:
+        assert (start, stop) == (0, 3)
+        with store.lock:
+            runs.append((len(inputs), list(store.done)))
+        store.release.set()  # the held read goes on once the blocks have run on some
+        return inputs.reshape(len(inputs), -1).mean(axis=1, keepdims=True).astype(np.float32)
+
+    monkeypatch.setattr(engine, "run", run)
+    batch = engine.start("data", keys).wait()()
+    assert [size for size, _ in runs] == [RUN_EVERY] * 3 + [1]
+    assert keys[-1] not in runs[0][1]  # the first blocks ran before the last read ended
+    assert batch.objects == keys
+    preprocess = spec.manifest.preprocess
+    expected = [decode_object(bodies[key], preprocess, key=key)[0].array.mean() for key in keys]
+    np.testing.assert_allclose(batch.features[:, 0], expected, rtol=1e-6)  # rows in key order
+    assert batch.nbytes == sum(map(len, bodies.values()))
