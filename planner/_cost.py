@@ -46,7 +46,7 @@ from hapi.protocol import format_bytes
 
 from ._candidate import Candidate, Stage, fastest, split_label
 from ._errors import InvalidInput, NoFeasibleSplit
-from ._plan import DEFAULT_BYTE_MARGIN, Plan
+from ._plan import DEFAULT_BYTE_MARGIN, Plan, format_duration
 from ._profile import ITEMSIZE, Profile
 
 DEFAULT_BATCH_SIZE = 32
@@ -345,7 +345,9 @@ def gain_over(new: Plan, split: int | None) -> float:
 
 class SplitKeeper:
     """Hysteresis for re-planning: the split changes only when a better one is predicted
-    more than ``min_gain`` faster in ``window`` consecutive proposals (epochs).
+    more than ``min_gain`` faster in ``window`` consecutive proposals (epochs), and, when
+    the change has blocks to fetch (``update``'s ``fetch_bytes``), when ``window`` epochs
+    of the time it saves repay their fetch over the link.
 
     Args:
         initial: The plan in force.
@@ -365,8 +367,12 @@ class SplitKeeper:
         self._pending: int | None = None
         self._count = 0
 
-    def update(self, proposed: Plan) -> Plan:
-        """Take one epoch's proposal; return the plan in force after it (``why`` says why)."""
+    def update(self, proposed: Plan, *, fetch_bytes: int = 0) -> Plan:
+        """Take one epoch's proposal; return the plan in force after it (``why`` says why).
+
+        ``fetch_bytes``: what moving to the proposed split fetches over the link before
+        it runs (the client's blocks for it, from the registry); 0 when it holds them.
+        """
         old = self.current.split
         if proposed.split == old:
             self.current, self._count, self._pending = proposed, 0, None
@@ -379,6 +385,11 @@ class SplitKeeper:
                 f"kept split {split_label(old)}: split {split_label(proposed.split)} would be only "
                 f"{gain:.0%} faster (a change needs more than {self.min_gain:.0%})."
             )
+            return self.current
+        unpaid = self._unpaid(proposed, old, fetch_bytes)
+        if unpaid is not None:
+            self._count, self._pending = 0, None
+            self.why = unpaid
             return self.current
         self._count = self._count + 1 if self._pending == proposed.split else 1
         self._pending = proposed.split
@@ -395,6 +406,23 @@ class SplitKeeper:
         )
         self.current, self._count, self._pending = proposed, 0, None
         return self.current
+
+    def _unpaid(self, proposed: Plan, old: int | None, fetch_bytes: int) -> str | None:
+        """Why a change whose blocks take longer to fetch than ``window`` epochs of its
+        saving repay is not made (``None``: it pays)."""
+        kept = proposed.candidate(old)
+        if fetch_bytes <= 0 or not kept.feasible:
+            return None
+        saved_s = self.window * (kept.epoch_s - proposed.chosen.epoch_s)
+        fetch_s = fetch_bytes * 8 / proposed.bandwidth_bps
+        if saved_s > fetch_s:
+            return None
+        return (
+            f"kept split {split_label(old)}: split {split_label(proposed.split)} would save "
+            f"{format_duration(saved_s)} over {self.window} epochs, less than the "
+            f"{format_duration(fetch_s)} its blocks ({format_bytes(fetch_bytes)}) take to "
+            "fetch over the link."
+        )
 
 
 def speedup(plan: Plan, split: int | None) -> float:
