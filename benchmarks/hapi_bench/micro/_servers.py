@@ -127,16 +127,17 @@ def run(out: Path, rounds: int, seconds: float, connections: int) -> dict[str, A
                     raise BenchError(f"{name}: {result.non_2xx} non-2xx, {result.errors} errors")
                 runs[name].append(result)
                 print(f"round {index + 1}/{rounds} {name}: {_line(result)}", flush=True)
+    servers = {name: _summary(measured) for name, measured in runs.items()}
     results = {
         "load": f"wrk, presigned 4 KiB GETs, {connections} connections, {seconds:g} s a run",
         "rounds": rounds,
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "servers": {name: _summary(measured) for name, measured in runs.items()},
+        "servers": servers,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench-servers.json").write_text(json.dumps(results, indent=2) + "\n")
-    for name, summary in results["servers"].items():
+    for name, summary in servers.items():
         print(f"{name}: median {summary['median']}")
     return results
 
