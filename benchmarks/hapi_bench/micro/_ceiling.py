@@ -53,7 +53,13 @@ from hapi_bench.core._errors import BenchError
 from hapi_bench.core._host import busy_seconds, cpu_model
 from hapi_bench.micro._gateway import BenchGateway, bench_store
 from hapi_bench.micro._pushdown import make_images
-from hapi_bench.micro._wrk import WrkRequest, cpu_seconds, run_wrk, wrk_binary
+from hapi_bench.micro._wrk import (
+    WrkRequest,
+    cpu_seconds,
+    run_wrk,
+    thread_cpu_seconds,
+    wrk_binary,
+)
 
 BATCH = 32
 BARE_BATCHES = (8, 16, 32, 64)  # the bare loop's batch sizes tried; the fastest is kept
@@ -75,6 +81,9 @@ class Run:
     cpu_ms_per_sample: float
     store_cpu_ms_per_sample: float | None = None
     busy_cores: float | None = None
+    # a gateway run's share of its CPU on the event loop's thread (the rest: decoding
+    # and the blocks on worker threads): the per-request work that batching spreads
+    loop_cpu_ms_per_sample: float | None = None
 
 
 class BareLoop:
@@ -282,9 +291,10 @@ class GatewayDriver:
                 requests=requests,
             )
             time.sleep(margin)
-            samples, cpu, store, busy, started = (
+            samples, cpu, loop, store, busy, started = (
                 self.samples_answered(),
                 cpu_seconds(self._gw.pid),
+                thread_cpu_seconds(self._gw.pid),
                 self._store_cpu(),
                 busy_seconds(),
                 time.perf_counter(),
@@ -293,6 +303,7 @@ class GatewayDriver:
             done = self.samples_answered() - samples
             elapsed = time.perf_counter() - started
             spent = cpu_seconds(self._gw.pid) - cpu
+            loop = thread_cpu_seconds(self._gw.pid) - loop
             store = self._store_cpu() - store
             busy = busy_seconds() - busy
             result = load.result()
@@ -307,6 +318,7 @@ class GatewayDriver:
             spent * 1000 / done,
             store * 1000 / done if self._store_pid is not None else None,
             busy / elapsed,
+            loop * 1000 / done,
         )
 
     def _store_cpu(self) -> float:
@@ -489,6 +501,8 @@ def _cell(model: str, split: int, runs: dict[str, list[Run]]) -> dict[str, Any]:
             "cpu_ratio": cpu / bare_cpu if bare_cpu else None,
             "meets_goal": rate / bare_rate >= _goal(mode),
         }
+        if all(r.loop_cpu_ms_per_sample is not None for r in runs[mode]):
+            cell[mode]["loop_cpu_ms_per_sample"] = median(mode, "loop_cpu_ms_per_sample")
         if reference is not None:  # the goal: at least the from-store reference's rate
             cell[mode] |= {"vs_from_store": rate / reference, "meets_from_store": rate >= reference}
         if all(r.store_cpu_ms_per_sample is not None for r in runs[mode]):
@@ -509,9 +523,14 @@ def _line(cell: dict[str, Any]) -> str:
         low, high = m["ratio_range"]
         allowed = f", cores allow {m['cores_allow_ratio']:.2f}x" if "cores_allow_ratio" in m else ""
         versus = f", {m['vs_from_store']:.2f}x from-store" if "vs_from_store" in m else ""
+        loop = (
+            f" (event loop {m['loop_cpu_ms_per_sample']:.2f} ms/sample)"
+            if "loop_cpu_ms_per_sample" in m
+            else ""
+        )
         return (
             f"{mode} {m['ratio']:.2f}x ({low:.2f}-{high:.2f}), CPU {m['cpu_ratio']:.2f}x"
-            f"{allowed}{versus}"
+            f"{loop}{allowed}{versus}"
         )
 
     reference = cell.get("from_store")

@@ -41,8 +41,7 @@ SERVERS = ("uvicorn", "granian")
 
 def gateway_app() -> Any:
     """The gateway's ASGI app from ``HAPI_*`` variables (granian's ``--factory`` target)."""
-    from hapi.gateway._app import create_app
-    from hapi.gateway._settings import GatewaySettings
+    from hapi.gateway import GatewaySettings, create_app
 
     return create_app(GatewaySettings.from_env(os.environ))
 

@@ -197,6 +197,14 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds of one thread of ``pid`` (its main thread by default:
+    for the gateway, the event loop's)."""
+    task = Path(f"/proc/{pid}/task/{pid if tid is None else tid}/stat")
+    fields = task.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):

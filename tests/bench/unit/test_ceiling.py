@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -127,3 +128,26 @@ def test_the_gateway_is_set_against_the_reference_that_reads_from_the_store(tmp_
     assert row[header.index("bare batch")] == "16"
     assert row[header.index("from-store samples/s")] == "600.0"
     assert row[header.index("batch / from-store")] == "0.97x"
+
+
+def test_the_event_loops_share_is_the_median_of_its_rounds_and_absent_where_unmeasured() -> None:
+    runs = _runs()
+    runs["single"] = [
+        Run(350.0, 3.2, 1.0, 1.5, 1.4),
+        Run(340.0, 3.3, 1.0, 1.4, 1.2),
+        Run(360.0, 3.1, 1.0, 1.5, 1.3),
+    ]
+    cell = _cell("resnet18", 0, runs)
+    assert cell["single"]["loop_cpu_ms_per_sample"] == 1.3
+    assert "loop_cpu_ms_per_sample" not in cell["batch"]  # no round measured it
+    assert cell["runs"]["single"][0]["loop_cpu_ms_per_sample"] == 1.4  # every round kept
+
+
+def test_a_threads_cpu_is_read_from_its_own_task() -> None:
+    from hapi_bench.micro._wrk import cpu_seconds, thread_cpu_seconds
+
+    end = time.process_time() + 0.05
+    while time.process_time() < end:  # some CPU on this (the main) thread
+        pass
+    own = thread_cpu_seconds(os.getpid())
+    assert 0 < own <= cpu_seconds(os.getpid()) + 0.02  # one thread of the process's total

@@ -51,6 +51,7 @@ def test_hapi_bench_has_the_testbed_and_the_micro_benchmarks() -> None:
     assert set(main.commands) == {
         "testbed",
         "proxy",
+        "servers",
         "pushdown",
         "batching",
         "device",
