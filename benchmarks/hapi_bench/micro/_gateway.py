@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -77,11 +77,24 @@ class BenchGateway(NamedTuple):
         Path(f"/proc/{self.pid}/clear_refs").write_text("5")
 
 
+def hapi_serve(port: int) -> list[str]:
+    """The command line of ``hapi serve`` on ``port`` (settings from the environment)."""
+    return [str(Path(sys.executable).parent / "hapi"), "serve", "--port", str(port)]
+
+
 @contextlib.contextmanager
 def gateway_subprocess(
-    log: Path, backend: str, key: str, secret: str, extra_env: Mapping[str, str] | None = None
+    log: Path,
+    backend: str,
+    key: str,
+    secret: str,
+    extra_env: Mapping[str, str] | None = None,
+    command: Callable[[int], list[str]] = hapi_serve,
 ) -> Iterator[BenchGateway]:
-    """Run the gateway in front of ``backend``; yields its URL, client credentials and pid."""
+    """Run the gateway in front of ``backend``; yields its URL, client credentials and pid.
+
+    ``command(port)`` starts it: ``hapi serve`` by default, or another server of the same
+    app reading the same ``HAPI_*`` variables."""
     port, client_key, client_secret = free_port(), "BENCHCLIENT", os.urandom(16).hex()
     env = {
         **os.environ,
@@ -96,11 +109,8 @@ def gateway_subprocess(
         "HAPI_IDENTITY_PUSHDOWN_REQUESTS": "0",
         **(extra_env or {}),
     }
-    hapi = Path(sys.executable).parent / "hapi"
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(hapi), "serve", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+        proc = subprocess.Popen(command(port), env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_gateway(url, proc, log)

@@ -21,18 +21,15 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from hapi.store import free_port
 from hapi_bench.core._errors import BenchError
 from hapi_bench.core._host import cpu_model
-from hapi_bench.micro._gateway import BenchGateway, BenchStore, bench_store, wait_for_gateway
+from hapi_bench.micro._gateway import BenchGateway, bench_store, gateway_subprocess
 from hapi_bench.micro._proxy import _presigner
 from hapi_bench.micro._wrk import WrkResult, run_wrk, wrk_binary
 
@@ -46,40 +43,13 @@ def gateway_app() -> Any:
     return create_app(GatewaySettings.from_env(os.environ))
 
 
-@contextlib.contextmanager
-def _granian(bench: BenchStore) -> Iterator[BenchGateway]:
-    """The gateway app under granian, configured as :func:`gateway_subprocess` configures
-    ``hapi serve``."""
-    port, key, secret = free_port(), "BENCHCLIENT", os.urandom(16).hex()
-    env = {
-        **os.environ,
-        "HAPI_BACKEND_URL": bench.store.endpoint_url,
-        "HAPI_BACKEND_ACCESS_KEY_ID": bench.key,
-        "HAPI_BACKEND_SECRET_ACCESS_KEY": bench.secret,
-        "HAPI_ACCESS_KEY_ID": key,
-        "HAPI_SECRET_ACCESS_KEY": secret,
-        "HAPI_IDENTITY_UPSTREAM_REQUESTS": "0",
-        "HAPI_IDENTITY_PUSHDOWN_REQUESTS": "0",
-    }
-    command = [
+def _granian(port: int) -> list[str]:
+    """granian serving :func:`gateway_app` on ``port``: one worker, uvloop."""
+    return [
         sys.executable, "-m", "granian", "--interface", "asgi", "--factory",
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--loop", "uvloop",
         "--log-level", "warning", "--no-ws", f"{__name__}:gateway_app",
     ]  # fmt: skip
-    log = bench.tmp / "granian.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_gateway(url, proc, log)
-        yield BenchGateway(url, key, secret, proc.pid)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _target(gw: BenchGateway) -> tuple[str, str]:
@@ -108,7 +78,15 @@ def run(out: Path, rounds: int, seconds: float, connections: int) -> dict[str, A
         bench.s3.put_object(Bucket="bench", Key="small", Body=body)
         gateways = {
             "uvicorn": running.enter_context(bench.gateway("gateway.log")),
-            "granian": running.enter_context(_granian(bench)),
+            "granian": running.enter_context(
+                gateway_subprocess(
+                    bench.tmp / "granian.log",
+                    bench.store.endpoint_url,
+                    bench.key,
+                    bench.secret,
+                    command=_granian,
+                )
+            ),
         }
         _same_answer(gateways, body)
         for index in range(rounds):

@@ -7,20 +7,7 @@ import importlib.util
 import pytest
 
 from hapi_bench.micro import _servers
-from hapi_bench.micro._wrk import WrkResult
-
-
-def _run(rate: float, p99: float, cpu: float | None) -> WrkResult:
-    return WrkResult(
-        requests=int(rate * 8),
-        requests_per_s=rate,
-        p50_ms=p99 / 3,
-        p99_ms=p99,
-        timeouts=0,
-        errors=0,
-        non_2xx=0,
-        cpu_us_per_request=cpu,
-    )
+from tests.bench.unit.test_proxy_summary import _run
 
 
 def test_a_servers_figures_are_medians_of_its_rounds_and_keep_every_run():
