@@ -335,11 +335,17 @@ class ModelRun:
         loader.set_epoch(epoch)
         before = self._counters()
         samples = 0
-        for features, labels in loader:
-            rows = flat(features)
-            head.step(rows, labels)
-            trace.add(rows.detach().numpy(), labels.numpy())
-            samples += len(labels)
+        try:
+            for features, labels in loader:
+                rows = flat(features)
+                head.step(rows, labels)
+                trace.add(rows.detach().numpy(), labels.numpy())
+                samples += len(labels)
+        except Exception as exc:  # a loader's error, with what the gateway refused so far
+            raise BenchError(
+                f"{loader.name} failed in epoch {epoch} after {samples} samples: {exc}; "
+                f"{self._refusals()}"
+            ) from exc
         after = self._counters(wall_first=True)
         if samples != len(self.settings.keys):
             raise BenchError(f"{loader.name}: {samples} of {len(self.settings.keys)} samples")
@@ -353,6 +359,17 @@ class ModelRun:
             dropped_frames=after.dropped - before.dropped,
             retransmission_timeouts=after.timeouts - before.timeouts,
         )
+
+    def _refusals(self) -> str:
+        """The gateway's 5xx answers and refusals since it started, from its metrics."""
+        url, auth = self.tier.spec.gateway_url + "/metrics", self.tier.spec.control_auth()
+        try:
+            with self.link.unshaped():
+                text = httpx.get(url, auth=auth, timeout=10).text
+        except httpx.HTTPError as exc:
+            return f"the gateway's metrics could not be read: {exc!r}"
+        found = refusals(text)
+        return "the gateway refused: " + ", ".join(found) if found else "the gateway refused none"
 
     def _client_cpu(self) -> float:
         """This process and its workers (not the storage tier, nor the second job)."""
@@ -369,6 +386,27 @@ class ModelRun:
         # tc and netstat, read before the clock starts or after it stops, as the rest
         dropped, timeouts = self.link.queue_stats()[1], self.link.retransmission_timeouts()
         return _Counters(wall or time.perf_counter(), rx, client, storage, dropped, timeouts)
+
+
+_REFUSALS = (
+    "hapi_identity_limited_total{",
+    "hapi_pushdown_rate_limited_total{",
+    "hapi_upstream_errors_total{",
+)
+
+
+def refusals(metrics: str) -> list[str]:
+    """From a gateway's Prometheus exposition: each series of 5xx answers, identity and
+    rate limits and upstream failures with a count above zero, as ``series=count``."""
+    found = []
+    for line in metrics.splitlines():
+        series, _, value = line.rpartition(" ")
+        if not series or not value.replace(".", "", 1).isdigit() or float(value) <= 0:
+            continue
+        answered = series.startswith("hapi_requests_total{") and 'status="5' in series
+        if answered or series.startswith(_REFUSALS):
+            found.append(f"{series}={float(value):g}")
+    return found
 
 
 @contextmanager

@@ -107,3 +107,27 @@ def test_the_command_renders_a_results_file_again_with_device_figures(tmp_path: 
     assert "blocks 7,000/s (measured, split 10)" in text
     assert (tmp_path / "o" / "headtohead.png").stat().st_size > 0
     assert not (tmp_path / "o" / "headtohead.json").exists()
+
+
+def test_a_failed_loader_is_reported_with_the_gateways_5xx_answers_and_refusals() -> None:
+    from hapi_bench.headtohead._run import refusals
+
+    metrics = "\n".join(
+        [
+            "# HELP hapi_requests_total Requests handled, by S3 operation and status.",
+            'hapi_requests_total{operation="GetObject",status="200"} 5120.0',
+            'hapi_requests_total{operation="GetObject",status="503"} 3.0',
+            'hapi_requests_total{operation="PutObject",status="500"} 0.0',
+            'hapi_requests_total{operation="GetObject",status="404"} 2.0',
+            'hapi_identity_limited_total{identity="c",bound="upstream"} 3.0',
+            'hapi_upstream_errors_total{kind="reset"} 1.0',
+            'hapi_pushdown_rate_limited_total{identity="c"} 0.0',
+            "hapi_cache_writes_pending 0.0",
+        ]
+    )
+    assert refusals(metrics) == [
+        'hapi_requests_total{operation="GetObject",status="503"}=3',
+        'hapi_identity_limited_total{identity="c",bound="upstream"}=3',
+        'hapi_upstream_errors_total{kind="reset"}=1',
+    ]
+    assert refusals('hapi_requests_total{operation="GetObject",status="200"} 9.0') == []
