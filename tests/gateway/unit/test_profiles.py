@@ -18,7 +18,7 @@ from hapi.gateway.pushdown._profiles import (
 from hapi.models import RuntimeSettings, create_session
 from hapi.models.testing import compose
 from tests.gateway.support import ManualClock, fake_probes
-from tests.models.unit.test_block_times import _block
+from tests.models.unit.test_block_times import ROWS, WIDTH, _block
 from tests.planner.synthetic import manifest
 
 MODEL = manifest(freeze=3)
@@ -104,7 +104,7 @@ def test_a_run_is_divided_by_what_it_learned_else_by_the_manifest() -> None:
 
 
 def _profiled(tmp_path: Path) -> ProfiledRun:
-    graph = compose([_block(256, 1), _block(256, 6)])
+    graph = compose([_block(WIDTH, 1), _block(WIDTH, 6)])
     settings = RuntimeSettings(device="cpu", intra_op_threads=1)
     session = create_session(graph, settings, profile_prefix=str(tmp_path / "trace"))
     return ProfiledRun(lambda x: session.run(None, {"input": x})[0], session, 2, batches=3)
@@ -112,7 +112,7 @@ def _profiled(tmp_path: Path) -> ProfiledRun:
 
 def test_a_session_learns_its_blocks_shares_from_its_first_batches(tmp_path: Path) -> None:
     run = _profiled(tmp_path)
-    batch = np.ones((32, 256), np.float32)
+    batch = np.ones((ROWS, WIDTH), np.float32)
     for _ in range(2):
         run(batch)
     assert run.shares is None
@@ -121,12 +121,12 @@ def test_a_session_learns_its_blocks_shares_from_its_first_batches(tmp_path: Pat
     assert run.shares[1] > run.shares[0]  # six matmuls against one
     assert list(tmp_path.iterdir()) == []  # the trace is gone
     run.close()  # nothing left to end
-    assert run(batch).shape == (32, 256)
+    assert run(batch).shape == (ROWS, WIDTH)
 
 
 def test_a_session_closed_before_it_learned_leaves_no_trace(tmp_path: Path) -> None:
     run = _profiled(tmp_path)
-    run(np.ones((4, 256), np.float32))
+    run(np.ones((4, WIDTH), np.float32))
     run.close()
     assert run.shares is None and list(tmp_path.iterdir()) == []
 
@@ -167,7 +167,7 @@ def test_cold_and_profiled_runs_are_not_counted_as_inference_time() -> None:
 
 def test_a_profiled_run_says_while_it_profiles(tmp_path: Path) -> None:
     run = _profiled(tmp_path)
-    batch = np.ones((4, 256), np.float32)
+    batch = np.ones((4, WIDTH), np.float32)
     states = []
     for _ in range(4):
         states.append(run.profiling)
@@ -301,14 +301,14 @@ def test_timed_runs_take_the_division_of_their_batchs_bucket() -> None:
 
 def test_a_chain_of_real_sessions_learns_the_heavier_block() -> None:
     settings = RuntimeSettings(device="cpu", intra_op_threads=1)
-    blocks = [_block(256, 1), _block(256, 6)]
+    blocks = [_block(WIDTH, 1), _block(WIDTH, 6)]
     composed = create_session(compose(blocks), settings)
     chain = [create_session(b, settings) for b in blocks]
     run = ChainedRun(
         lambda x: composed.run(None, {"input": x})[0],
         [lambda x, s=s: s.run(None, {"input": x})[0] for s in chain],
     )
-    batch = np.ones((32, 256), np.float32)
+    batch = np.ones((ROWS, WIDTH), np.float32)
     while run.profiling_for(len(batch)):
         assert np.array_equal(run(batch), batch)  # identity weights: every block returns x
     shares = run.shares_for(len(batch))

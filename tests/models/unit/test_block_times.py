@@ -11,6 +11,12 @@ from onnx import TensorProto, helper, numpy_helper
 from hapi.models import RuntimeSettings, block_times, create_session
 from hapi.models.testing import compose
 
+WIDTH, ROWS = 512, 256
+"""The blocks' width and a batch's rows: a matmul of 33M multiply-adds, milliseconds of
+kernel time, so that one preemption of the test (a loaded machine) cannot make one matmul
+look as long as six; at 256 wide and 32 rows each kernel took tens of microseconds, and
+a profile once gave the two blocks 0.50 and 0.50."""
+
 
 def _block(size: int, repeats: int) -> onnx.ModelProto:
     """``input [N, size] -> output [N, size]``: ``repeats`` matmuls with a weight."""
@@ -33,10 +39,10 @@ def _block(size: int, repeats: int) -> onnx.ModelProto:
 
 
 def test_a_composed_graphs_profile_is_divided_by_block(tmp_path: Path) -> None:
-    graph = compose([_block(256, 1), _block(256, 6)])
+    graph = compose([_block(WIDTH, 1), _block(WIDTH, 6)])
     settings = RuntimeSettings(device="cpu", intra_op_threads=1)
     session = create_session(graph, settings, profile_prefix=str(tmp_path / "trace"))
-    batch = np.ones((64, 256), np.float32)
+    batch = np.ones((ROWS, WIDTH), np.float32)
     for _ in range(3):
         session.run(None, {"input": batch})
     path = session.end_profiling()
@@ -45,4 +51,4 @@ def test_a_composed_graphs_profile_is_divided_by_block(tmp_path: Path) -> None:
     assert second > first  # six matmuls against one
     assert block_times(path, 1) == (first,)  # blocks past the count are left out
     # Profiling has ended: the session keeps serving.
-    assert session.run(None, {"input": batch})[0].shape == (64, 256)
+    assert session.run(None, {"input": batch})[0].shape == (ROWS, WIDTH)
