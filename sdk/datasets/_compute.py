@@ -269,10 +269,10 @@ class Engine:
         samples: list[tuple[str, Sample]] = []
         outputs: list[np.ndarray] = []
         nbytes = ran = 0
+        augment = None if self.augment is None else replace(self.augment, bucket=bucket)
         for key, data in objects:
             nbytes += len(data)
             try:
-                augment = None if self.augment is None else replace(self.augment, bucket=bucket)
                 decoded = decode_object(
                     data, self.spec.manifest.preprocess, key=key, augment=augment
                 )

@@ -324,7 +324,7 @@ def learned(
         logger.info("%s: no plan at the measured bandwidth: %s", manifest.ref, exc)
         return choice
     keeper = choice.keeper or planner.SplitKeeper(_started_at(proposed, choice.split))
-    kept = keeper.update(proposed, fetch_bytes=block_bytes(manifest, proposed.split))
+    kept = keeper.update(proposed)
     measured = replace(choice, plan=kept, keeper=keeper, bandwidth_source="measured")
     if kept.split == choice.split:
         if choice.policy != "fewest-bytes":  # the reason stands: the split did not change
@@ -337,17 +337,6 @@ def learned(
         trial=None,
         reason=f"re-planned {when}: {keeper.why} {kept.reason()}",
     )
-
-
-def block_bytes(manifest: Manifest, split: int | None) -> int:
-    """Bytes of the blocks a client runs at ``split``: ``[split, freeze)``, every frozen
-    block for ``None`` (raw objects). A process starting there fetches them from the
-    registry (each DataLoader worker builds its own session), over the link its data
-    crosses: a re-plan that would not repay them soon is not made. On a 10 Mbit/s link,
-    EfficientNet-Lite0's 13.4 MB of blocks took 11 s of an epoch for a move from split
-    19 to raw objects predicted to save 0.5 s an epoch (the head to head, 2026-12-02)."""
-    start = 0 if split is None else split
-    return sum(block.size for block in manifest.blocks[start : manifest.freeze])
 
 
 def _started_at(proposed: planner.Plan, split: int | None) -> planner.Plan:
@@ -446,13 +435,13 @@ def with_trial(choice: SplitChoice, epochs: bool) -> SplitChoice:
         return untried
     gap = rival.epoch_s / plan.chosen.epoch_s - 1.0
     kept = replace(plan, split=rival.split, note="")
-    ours, theirs = planner.split_label(rival.split), planner.split_label(plan.split)
+    taken, pick = planner.split_label(rival.split), planner.split_label(plan.split)
     reason = (
-        f"{plan.reason()} Split {ours} is predicted within {gap:.1%} of it and sends "
+        f"{plan.reason()} Split {taken} is predicted within {gap:.1%} of it and sends "
         f"{protocol.format_bytes(rival.bytes_per_sample)} a sample instead of "
         f"{protocol.format_bytes(plan.chosen.bytes_per_sample)}: a near tie a map-style "
-        f"dataset cannot time, so it reads split {ours}, the fewer bytes, rather than "
-        f"split {theirs}."
+        f"dataset cannot time, so it reads split {taken}, the fewer bytes, rather than "
+        f"split {pick}."
     )
     return replace(
         untried, split=rival.split, reason=reason, plan=kept, keeper=planner.SplitKeeper(kept)
@@ -530,7 +519,7 @@ def _replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> Sp
         keeper.update(plan)  # the plan holds: a pending change starts over
         return None
     proposed = planner.replan(manifest, plan, measured, min_gain=0.0)
-    kept = keeper.update(proposed, fetch_bytes=block_bytes(manifest, proposed.split))
+    kept = keeper.update(proposed)
     if kept.split == choice.split:
         logger.info("%s after epoch %d: %s", manifest.ref, stats.epoch, keeper.why)
         return None

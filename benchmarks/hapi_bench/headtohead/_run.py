@@ -138,18 +138,22 @@ class CacheControl:
     def __init__(self, store: Any, tier: StorageTier, link: Link) -> None:
         self.store, self.tier, self.link = store, tier, link
 
+    def metrics(self) -> str:
+        """The gateway's ``/metrics``, read past the link's shaping."""
+        url, auth = self.tier.spec.gateway_url + "/metrics", self.tier.spec.control_auth()
+        with self.link.unshaped():
+            return httpx.get(url, auth=auth, timeout=10).text
+
     def drain(self) -> None:
         """Wait until the gateway has written every queued entry.
 
         Raises:
             BenchError: Writes still pending after ``DRAIN_TIMEOUT_S``.
         """
-        url, auth = self.tier.spec.gateway_url + "/metrics", self.tier.spec.control_auth()
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while time.monotonic() < deadline:
-            with self.link.unshaped():
-                if not pending_writes(httpx.get(url, auth=auth, timeout=10).text):
-                    return
+            if not pending_writes(self.metrics()):
+                return
             time.sleep(0.05)
         raise BenchError(f"the gateway's cache writes did not finish in {DRAIN_TIMEOUT_S:g} s")
 
@@ -362,10 +366,8 @@ class ModelRun:
 
     def _refusals(self) -> str:
         """The gateway's 5xx answers and refusals since it started, from its metrics."""
-        url, auth = self.tier.spec.gateway_url + "/metrics", self.tier.spec.control_auth()
         try:
-            with self.link.unshaped():
-                text = httpx.get(url, auth=auth, timeout=10).text
+            text = self.cache.metrics()
         except httpx.HTTPError as exc:
             return f"the gateway's metrics could not be read: {exc!r}"
         found = refusals(text)
@@ -401,7 +403,7 @@ def refusals(metrics: str) -> list[str]:
     found = []
     for line in metrics.splitlines():
         series, _, value = line.rpartition(" ")
-        if not series or not value.replace(".", "", 1).isdigit() or float(value) <= 0:
+        if not series or line.startswith("#") or float(value) <= 0:
             continue
         answered = series.startswith("hapi_requests_total{") and 'status="5' in series
         if answered or series.startswith(_REFUSALS):

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from hapi_bench.core._errors import BenchError
+from hapi_bench.core._errors import BenchError, TestbedUnavailable
 from hapi_bench.core._host import cpu_model
 from hapi_bench.micro._gateway import BenchGateway, bench_store, gateway_subprocess
 from hapi_bench.micro._proxy import _presigner
@@ -70,7 +70,10 @@ def run(out: Path, rounds: int, seconds: float, connections: int) -> dict[str, A
     """Measure both servers; returns (and writes) the results."""
     wrk_binary()
     if importlib.util.find_spec("granian") is None:
-        raise ModuleNotFoundError("granian is not installed", name="granian")
+        raise TestbedUnavailable(
+            "granian is not installed (pip install -e './benchmarks[servers]', "
+            "or pip install granian)"
+        )
     runs: dict[str, list[WrkResult]] = {name: [] for name in SERVERS}
     with bench_store() as bench, contextlib.ExitStack() as running:
         body = os.urandom(4096)
@@ -154,14 +157,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--rounds and --connections must be at least 1, --seconds above 0")
     try:
         run(args.out, args.rounds, args.seconds, args.connections)
-    except ModuleNotFoundError as exc:
-        if exc.name != "granian":
-            raise
-        print(
-            "hapi-bench servers: granian is not installed "
-            "(pip install -e './benchmarks[servers]', or pip install granian)",
-            file=sys.stderr,
-        )
+    except TestbedUnavailable as exc:  # nothing started: one line, exit 2
+        print(f"hapi-bench servers: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     except BenchError as exc:
         print(f"hapi-bench servers: {exc}", file=sys.stderr)

@@ -190,18 +190,21 @@ def cpu_seconds(pid: int) -> float:
     total = 0.0
     for proc in [pid, *_descendants(pid)]:
         try:
-            fields = Path(f"/proc/{proc}/stat").read_text().rsplit(")", 1)[1].split()
+            total += _stat_cpu(Path(f"/proc/{proc}/stat"))
         except OSError:
             continue  # gone meanwhile
-        total += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
     return total
 
 
 def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:
     """User + system CPU seconds of one thread of ``pid`` (its main thread by default:
     for the gateway, the event loop's)."""
-    task = Path(f"/proc/{pid}/task/{pid if tid is None else tid}/stat")
-    fields = task.read_text().rsplit(")", 1)[1].split()
+    return _stat_cpu(Path(f"/proc/{pid}/task/{pid if tid is None else tid}/stat"))
+
+
+def _stat_cpu(stat: Path) -> float:
+    """utime + stime of a ``/proc`` ``stat`` file, in seconds."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 

@@ -121,6 +121,7 @@ def test_a_failed_loader_is_reported_with_the_gateways_5xx_answers_and_refusals(
             'hapi_requests_total{operation="GetObject",status="404"} 2.0',
             'hapi_identity_limited_total{identity="c",bound="upstream"} 3.0',
             'hapi_upstream_errors_total{kind="reset"} 1.0',
+            'hapi_upstream_errors_total{kind="timeout"} 1.5e+06',  # how large counts print
             'hapi_pushdown_rate_limited_total{identity="c"} 0.0',
             "hapi_cache_writes_pending 0.0",
         ]
@@ -129,5 +130,6 @@ def test_a_failed_loader_is_reported_with_the_gateways_5xx_answers_and_refusals(
         'hapi_requests_total{operation="GetObject",status="503"}=3',
         'hapi_identity_limited_total{identity="c",bound="upstream"}=3',
         'hapi_upstream_errors_total{kind="reset"}=1',
+        'hapi_upstream_errors_total{kind="timeout"}=1.5e+06',
     ]
     assert refusals('hapi_requests_total{operation="GetObject",status="200"} 9.0') == []

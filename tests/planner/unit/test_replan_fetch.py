@@ -14,21 +14,35 @@ import dataclasses
 import pytest
 
 from hapi import planner
-from hapi.sdk.planning._split import SplitChoice, block_bytes, learned
+from hapi.models import Manifest
+from hapi.planner._cost import client_weight_bytes
+from hapi.sdk.planning._split import Basis, SplitChoice, learned
 from tests.planner import synthetic
 
 
 def _moved() -> tuple[planner.Plan, planner.Plan]:
-    """A plan and a proposal at a slower link that picks another split."""
+    """A plan and a proposal at a faster link that picks an earlier split: one with
+    client blocks to fetch."""
     model, profile = synthetic.r18(raw_bytes=110_000.0)
-    first = planner.plan(model, profile, 1e9, dataset_size=2_000)
-    proposed = planner.plan(model, profile, 20e6, dataset_size=2_000)
-    assert proposed.split != first.split
+    first = planner.plan(model, profile, 20e6, dataset_size=2_000)
+    proposed = planner.plan(model, profile, 100e6, dataset_size=2_000)
+    assert proposed.split is not None and proposed.split < model.freeze
+    assert proposed.split != first.split and planner.gain_over(proposed, first.split) > 0.10
     return first, proposed
 
 
 def _saved_s(first: planner.Plan, proposed: planner.Plan, window: int) -> float:
     return window * (proposed.candidate(first.split).epoch_s - proposed.chosen.epoch_s)
+
+
+def _fetching(proposed: planner.Plan, fetch: int) -> planner.Plan:
+    """``proposed`` with client blocks of ``fetch`` bytes in all at its split."""
+    weights = list(proposed.profile.weight_bytes)
+    start = 0 if proposed.split is None else proposed.split
+    weights[start:] = [fetch] + [0] * (len(weights) - start - 1)
+    profile = dataclasses.replace(proposed.profile, weight_bytes=tuple(weights))
+    assert client_weight_bytes(profile, proposed.split) == fetch
+    return dataclasses.replace(proposed, profile=profile)
 
 
 @pytest.mark.parametrize(
@@ -40,30 +54,31 @@ def test_a_move_is_made_only_if_its_window_of_savings_repays_its_blocks_on_the_l
     first, proposed = _moved()
     keeper = planner.SplitKeeper(first)
     fetch = int(share * _saved_s(first, proposed, keeper.window) * proposed.bandwidth_bps / 8)
-    kept = [keeper.update(proposed, fetch_bytes=fetch).split for _ in range(4)]
+    kept = [keeper.update(_fetching(proposed, fetch)).split for _ in range(4)]
     if moves:  # the usual hysteresis: the second proposal in a row moves it
         assert kept[:2] == [first.split, proposed.split]
         return
     assert kept == [first.split] * 4  # however often it is proposed
     assert "take to fetch over the link" in keeper.why
     assert planner.split_label(proposed.split) in keeper.why
-    # the same proposal with the blocks at hand goes through the usual hysteresis
-    assert [keeper.update(proposed).split for _ in range(2)] == [first.split, proposed.split]
+    # the same proposal with no blocks to fetch goes through the usual hysteresis
+    at_hand = _fetching(proposed, 0)
+    assert [keeper.update(at_hand).split for _ in range(2)] == [first.split, proposed.split]
 
 
 def test_a_client_runs_the_blocks_from_its_split_to_the_freeze_point() -> None:
-    model, _ = synthetic.r18()
+    model, profile = synthetic.r18()
     sizes = [block.size for block in model.blocks]
-    assert block_bytes(model, None) == sum(sizes[: model.freeze])  # raw: every frozen block
-    assert block_bytes(model, 0) == sum(sizes[: model.freeze])
-    assert block_bytes(model, 3) == sum(sizes[3 : model.freeze])
-    assert block_bytes(model, model.freeze) == 0  # features at the freeze point: none
+    assert client_weight_bytes(profile, None) == sum(sizes[: model.freeze])  # every block
+    assert client_weight_bytes(profile, 0) == sum(sizes[: model.freeze])
+    assert client_weight_bytes(profile, 3) == sum(sizes[3 : model.freeze])
+    assert client_weight_bytes(profile, model.freeze) == 0  # features at the freeze point
 
 
-def _measuring(model: object, profile: planner.Profile) -> SplitChoice:
+def _measuring(model: Manifest, profile: planner.Profile) -> SplitChoice:
     """A job planned at a 20 Mbit/s hint, 200 samples an epoch, whose responses measure
     the link (see :func:`learned`)."""
-    basis = _Basis(model, profile, 200)
+    basis = Basis(profile, planner.DEFAULT_BATCH_SIZE, 200)
     first = basis.plan(model, 20e6)
     keeper = planner.SplitKeeper(first)
     choice = SplitChoice(first.split, first.reason(), "planner", first, True, keeper)
@@ -74,10 +89,11 @@ def test_a_link_measured_faster_does_not_move_the_job_onto_blocks_it_cannot_repa
     model, profile = synthetic.r18(raw_bytes=110_000.0)
     choice = _measuring(model, profile)
     started = choice.split
-    proposed = choice.basis.plan(model, 60e6)  # type: ignore[union-attr]
+    assert choice.basis is not None
+    proposed = choice.basis.plan(model, 60e6)
     assert proposed.split != started and planner.gain_over(proposed, started) > 0.10
     saved_s = 2 * (proposed.candidate(started).epoch_s - proposed.chosen.epoch_s)
-    assert saved_s < block_bytes(model, proposed.split) * 8 / 60e6  # 2.2 s against 2.7 s
+    assert saved_s < client_weight_bytes(profile, proposed.split) * 8 / 60e6  # 2.2 s, 2.7 s
     for checkpoint in range(4):  # before: moved at the second
         choice = learned(choice, model, 60e6, f"after {checkpoint} responses")
         assert choice.split == started
@@ -92,20 +108,3 @@ def test_a_link_measured_fast_enough_to_repay_the_blocks_moves_the_job() -> None
     assert choice.split == started  # 1 of 2
     choice = learned(choice, model, 100e6, "after 16 responses")
     assert choice.split != started and "changed split" in choice.reason
-
-
-@dataclasses.dataclass(frozen=True)
-class _Basis:
-    """What ``learned`` plans with: the job's profile at a given bandwidth."""
-
-    model: object
-    profile: planner.Profile
-    dataset_size: int
-
-    def plan(self, manifest: object, bandwidth_bps: float) -> planner.Plan:
-        return planner.plan(
-            self.model,  # type: ignore[arg-type]
-            self.profile,
-            bandwidth_bps,
-            dataset_size=self.dataset_size,
-        )

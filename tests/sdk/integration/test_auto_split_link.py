@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from hapi import planner, sdk
-from hapi.sdk.planning._split import block_bytes
+from hapi.planner._cost import client_weight_bytes
 from tests.sdk.shaper import Shaper
 from tests.sdk.support import picture
 from tests.support import control_get, empty_bucket
@@ -102,7 +102,7 @@ def test_the_link_is_learned_within_the_first_epoch_and_remembered(
     assert len(features) == OBJECTS
     choice = dataset.split_choice
     assert choice.bandwidth_source == "measured" and choice.plan is not None
-    _same_or_near_tie(choice.plan, dataset.split, probed.split, registered["r18"])
+    _same_or_near_tie(choice.plan, dataset.split, probed.split)
     if dataset.split != start:  # when it changed, it changed during the first epoch
         after = re.search(r"re-planned after (\d+) responses", choice.reason)
         assert after is not None and int(after.group(1)) < OBJECTS, choice.reason
@@ -115,10 +115,10 @@ def test_the_link_is_learned_within_the_first_epoch_and_remembered(
     assert planned - fixed <= _control_plane(gateway), (planned, fixed)
     assert again.split_choice.bandwidth_source == "remembered"
     assert again.split_choice.plan is not None
-    _same_or_near_tie(again.split_choice.plan, again.split, probed.split, registered["r18"])
+    _same_or_near_tie(again.split_choice.plan, again.split, probed.split)
 
 
-def _same_or_near_tie(plan: Any, split: int | None, probed: int | None, manifest: Any) -> None:
+def _same_or_near_tie(plan: Any, split: int | None, probed: int | None) -> None:
     """``split`` is the probe's pick, or ``plan`` (at the learned figure) predicts the
     probe's pick no more than the keeper's minimum gain faster: a near tie, which the
     hysteresis rightly does not chase (the two runs' figures differ by a few percent);
@@ -131,7 +131,7 @@ def _same_or_near_tie(plan: Any, split: int | None, probed: int | None, manifest
     if kept <= best * (1 + planner.DEFAULT_MIN_GAIN):
         return
     saved_s = planner.DEFAULT_WINDOW * (kept - best)
-    fetch_s = block_bytes(manifest, probed) * 8 / plan.bandwidth_bps
+    fetch_s = client_weight_bytes(plan.profile, probed) * 8 / plan.bandwidth_bps
     assert saved_s <= fetch_s, (split, probed, saved_s, fetch_s, plan.reason())
 
 
@@ -244,7 +244,7 @@ def test_a_map_style_job_learns_the_link_its_dataloader_workers_measure(
     choice = dataset.split_choice
     assert choice.bandwidth_source == "measured" and choice.plan is not None, choice.reason
     assert 0.3 * RATE_BPS < choice.plan.bandwidth_bps < 1.5 * RATE_BPS, choice.plan.reason()
-    _same_or_near_tie(choice.plan, dataset.split, probed.split, registered["r18"])
+    _same_or_near_tie(choice.plan, dataset.split, probed.split)
     assert "the workers', before epoch 1" in choice.reason or dataset.split == probed.split
     saved = json.loads((bandwidth_memory / "bandwidth.json").read_text())
     assert link.endpoint_url in saved["endpoints"]
