@@ -378,8 +378,10 @@ class SplitKeeper:
         self._pending: int | None = None
         self._count = 0
 
-    def update(self, proposed: Plan) -> Plan:
-        """Take one epoch's proposal; return the plan in force after it (``why`` says why)."""
+    def update(self, proposed: Plan, *, readers: int = 1) -> Plan:
+        """Take one epoch's proposal; return the plan in force after it (``why`` says why).
+        ``readers``: the processes reading for the job (DataLoader workers), each of which
+        fetches the blocks a move makes it run, over the same link."""
         old = self.current.split
         if proposed.split == old:
             self.current, self._count, self._pending = proposed, 0, None
@@ -393,7 +395,7 @@ class SplitKeeper:
                 f"{gain:.0%} faster (a change needs more than {self.min_gain:.0%})."
             )
             return self.current
-        unpaid = self._unpaid(proposed, old)
+        unpaid = self._unpaid(proposed, old, max(1, readers))
         if unpaid is not None:
             self._count, self._pending = 0, None
             self.why = unpaid
@@ -414,10 +416,12 @@ class SplitKeeper:
         self.current, self._count, self._pending = proposed, 0, None
         return self.current
 
-    def _unpaid(self, proposed: Plan, old: int | None) -> str | None:
-        """Why a change whose blocks take longer to fetch than ``window`` epochs of its
-        saving repay is not made (``None``: it pays)."""
-        fetch_bytes = client_weight_bytes(proposed.profile, proposed.split)
+    def _unpaid(self, proposed: Plan, old: int | None, readers: int) -> str | None:
+        """Why a change whose blocks, fetched by each of ``readers``, take longer to cross
+        the link than ``window`` epochs of its saving repay is not made (``None``: it
+        pays)."""
+        blocks = client_weight_bytes(proposed.profile, proposed.split)
+        fetch_bytes = readers * blocks
         kept = proposed.candidate(old)
         if fetch_bytes <= 0 or not kept.feasible:
             return None
@@ -425,10 +429,11 @@ class SplitKeeper:
         fetch_s = fetch_bytes * 8 / proposed.bandwidth_bps
         if saved_s > fetch_s:
             return None
+        each = f", for each of {readers} processes reading" if readers > 1 else ""
         return (
             f"kept split {split_label(old)}: split {split_label(proposed.split)} would save "
             f"{format_duration(saved_s)} over {self.window} epochs, less than the "
-            f"{format_duration(fetch_s)} its blocks ({format_bytes(fetch_bytes)}) take to "
+            f"{format_duration(fetch_s)} its blocks ({format_bytes(blocks)}{each}) take to "
             "fetch over the link."
         )
 

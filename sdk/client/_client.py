@@ -28,15 +28,18 @@ cut into one part per gateway, sent at once, whose answers are put back in key o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import boto3
+import urllib3
 from botocore.awsrequest import AWSRequest, AWSResponse
 from botocore.config import Config
 from botocore.exceptions import (
@@ -62,6 +65,7 @@ from ._errors import (
 from ._features import Features
 from ._parts import merge
 from ._placement import Locality, resolve_placement
+from ._wire import WireSpan, read_timed
 
 AugmentSpec = AugmentPolicy | str | Mapping[str, Any] | None
 """An augmentation policy, its spec string or its mapping form; ``None``: none."""
@@ -377,23 +381,51 @@ def _batch(
     endpoint, response = _post_batch(s3, bucket, body.encode(), first, prefer)
     if response.status_code != 200 or _GATEWAY_MARK not in response.headers:
         raise _batch_error(response, endpoint, bucket, first)
-    return _features(response.content, response.headers, bucket, first, endpoint)
+    features = _features(response.content, response.headers, bucket, first, endpoint)
+    return dataclasses.replace(features, wire=(response.wire,))
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """A batch request's answer, its body read and timed (:func:`read_timed`)."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+    wire: WireSpan
+
+    @classmethod
+    def read(cls, response: AWSResponse) -> _Reply:
+        """``response`` (sent with ``stream_output``), its body read now.
+
+        Raises:
+            HTTPClientError: The connection failed while the body was read.
+        """
+        try:
+            content, wire = read_timed(response.raw)
+        except urllib3.exceptions.HTTPError as exc:  # what botocore's send wraps so
+            raise HTTPClientError(error=exc) from exc
+        return cls(response.status_code, response.headers, content, wire)
 
 
 def _post_batch(
     s3: Any, bucket: str, body: bytes, key: str, prefer: str | None = None
-) -> tuple[str, AWSResponse]:
-    def attempt(endpoint: str) -> tuple[str, AWSResponse]:
+) -> tuple[str, _Reply]:
+    def attempt(endpoint: str) -> tuple[str, _Reply]:
         url = f"{endpoint}/{quote(bucket, safe='')}?hapi-batch"
         request = AWSRequest(
-            method="POST", url=url, data=body, headers={"Content-Type": "application/json"}
+            method="POST",
+            url=url,
+            data=body,
+            headers={"Content-Type": "application/json"},
+            stream_output=True,  # the body is read here, timed
         )
         request.context[_PINNED_KEY] = endpoint  # so the routing hook leaves it there
         # The client's own signer: its credentials (refreshed as boto3 does), region and
         # signature version. With no Content-MD5 header S3SigV4Auth hashes the body.
         s3._request_signer.sign("GetFeaturesBatch", request)
         try:
-            response: AWSResponse = s3._endpoint.http_session.send(request.prepare())
+            response = _Reply.read(s3._endpoint.http_session.send(request.prepare()))
         except _TRANSPORT_ERRORS as exc:
             raise EndpointFailure(str(exc)) from exc
         except BotoCoreError as exc:
@@ -412,7 +444,7 @@ def _post_batch(
     return failover(_pool(s3), attempt, bucket=bucket, key=key, prefer=prefer)
 
 
-def _check_length(response: AWSResponse) -> None:
+def _check_length(response: _Reply) -> None:
     # botocore sends with enforce_content_length=False: a gateway that dies mid-body
     # leaves a short body here, not an exception.
     expected = response.headers.get("content-length", "")
@@ -433,11 +465,11 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
     return float(value) if value.isdigit() else None
 
 
-def _error_code(response: AWSResponse) -> str:
+def _error_code(response: _Reply) -> str:
     return parse_error(response.content).code
 
 
-def _batch_error(response: AWSResponse, endpoint: str, bucket: str, key: str) -> SDKError:
+def _batch_error(response: _Reply, endpoint: str, bucket: str, key: str) -> SDKError:
     """A batch request's reply other than features. Only an answer without the gateway's
     mark that is neither a refusal nor a server error shows a plain store: a refusal or a
     5xx from whatever answered (a proxy, a store, a gateway's load balancer) says nothing
@@ -457,7 +489,7 @@ def _client_failure(exc: ClientError, bucket: str, key: str) -> SDKError | Endpo
     return error
 
 
-def _xml_error(response: AWSResponse, bucket: str, key: str) -> RequestError:
+def _xml_error(response: _Reply, bucket: str, key: str) -> RequestError:
     error = parse_error(response.content)
     return request_error(
         error.code or f"HTTP{response.status_code}",

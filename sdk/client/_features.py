@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import RequestError
+from ._wire import WireSpan
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Features:
         views: With ``augment=``, each row's view as the gateway drew it: ``{"view",
             "box": [top, left, height, width] or None, "flip", "jitter": [[name,
             factor], ...]}`` (torchvision's parameters); ``None`` without.
+        wire: When the body was on the wire, as the client received it: one span per
+            response (a batch sent in parts has one per part); empty where not timed.
     """
 
     features: np.ndarray
@@ -46,6 +49,7 @@ class Features:
     endpoint: str = ""
     cache: str = ""
     views: tuple[dict[str, Any], ...] | None = None
+    wire: tuple[WireSpan, ...] = ()
 
     def raise_for_errors(self) -> None:
         """Raise the first per-object error of a batch, if any."""

@@ -50,6 +50,7 @@ def merge(keys: list[str], parts: list[list[str]], replies: list[Features]) -> F
         server_timing=timing,
         endpoint=",".join(dict.fromkeys(reply.endpoint for reply in replies)),
         cache="miss" if "miss" in caches else first.cache,
+        wire=tuple(span for reply in replies for span in reply.wire),
         views=None
         if first.views is None
         else tuple(reply.views[j] for reply, i in order if reply.views is not None for j in i),

@@ -22,7 +22,7 @@ from hapi.protocol import Augmentation, AugmentPolicy
 from ..client._client import AugmentSpec, policy_of
 from ..planning._link import LinkEstimate, SpanLog, checkpoint_step, endpoint_key
 from ..planning._split import SplitChoice, learned
-from ..planning._stats import Meter, transfer_span
+from ..planning._stats import Meter, wire_spans
 from ._build import Prepared
 from ._compute import Batch, Engine
 from ._constructors import Constructors
@@ -69,6 +69,7 @@ class FeatureSource(Constructors):
         self._spans: SpanLog | None = SpanLog() if learns else None
         self._replayed = 0  # spans of the log this process has planned with
         self._checkpoints = 0
+        self._readers = 1  # processes that have read for this dataset, as the log last showed
 
     # -- per-process state --------------------------------------------------------------
 
@@ -132,6 +133,7 @@ class FeatureSource(Constructors):
             round_trip=batch.round_trip,
             local_samples=batch.local_samples * used // rows if rows else 0,
             gateway_cache=batch.gateway_cache,
+            wire=batch.wire,
         )
         self._observe(batch)
 
@@ -143,7 +145,10 @@ class FeatureSource(Constructors):
         log = self._spans
         if log is None or batch.mode != "pushdown" or batch.round_trip is None:
             return
-        log.add(batch.nbytes, transfer_span(batch.round_trip, batch.server_ms))
+        for carried, span in wire_spans(
+            batch.nbytes, batch.round_trip, batch.server_ms, batch.wire
+        ):
+            log.add(carried, span)
         if len(log) >= self._replayed + checkpoint_step():
             self._learn("after {n} responses")
 
@@ -157,6 +162,7 @@ class FeatureSource(Constructors):
         if log is None:
             return
         spans = log.spans()
+        self._readers = max(self._readers, log.readers())
         link = LinkEstimate()
         for nbytes, span in spans:
             link.add(nbytes, span)
@@ -164,7 +170,8 @@ class FeatureSource(Constructors):
             if bits is None or link.responses <= self._replayed:
                 continue
             text = when.format(n=link.responses)
-            self._take(learned(self._choice, self._spec.manifest, bits, text))
+            manifest = self._spec.manifest
+            self._take(learned(self._choice, manifest, bits, text, readers=self._readers))
             self._remember(bits)
             self._checkpoints += 1
             if self._checkpoints >= LIVE_CHECKPOINTS:

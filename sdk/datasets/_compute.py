@@ -48,6 +48,7 @@ from ..client._errors import (
     request_error,
 )
 from ..client._parts import owners_of
+from ..client._wire import WireSpan
 from ._local_cache import LocalCache
 from ._prefetch import Deferred, Fetch
 
@@ -116,6 +117,7 @@ class Batch:
         gateway_cache: The gateway's ``x-hapi-cache`` answer (``hit``, ``miss``,
             ``bypass``; empty without a request or pushdown).
         split: The split the gateway ran (``None``: no pushdown).
+        wire: The response's arrival as the client timed it (``Features.wire``).
     """
 
     features: np.ndarray
@@ -128,6 +130,7 @@ class Batch:
     local_samples: int = 0
     gateway_cache: str = ""
     split: int | None = None
+    wire: tuple[WireSpan, ...] = ()
 
 
 class Engine:
@@ -258,6 +261,7 @@ class Engine:
             round_trip=round_trip,
             gateway_cache=reply.cache,
             split=split,
+            wire=reply.wire,
         )
 
     def decode_and_run(self, bucket: str, objects: Iterable[tuple[str, bytes]]) -> Batch:
@@ -469,4 +473,5 @@ def _assemble(
         split=None if first is None else first.split,
         local_samples=len(objects) - sum(len(batch.objects) for batch in fetched),
         gateway_cache="" if first is None else first.gateway_cache,
+        wire=() if first is None else first.wire,
     )

@@ -214,7 +214,8 @@ class LinkEstimate:
         return self.bandwidth_bps()
 
 
-_SPAN = struct.Struct("<ddq")  # start, end (the monotonic clock, shared by processes), bytes
+# start, end (the monotonic clock, shared by processes), bytes, the process that read it
+_SPAN = struct.Struct("<ddqq")
 
 
 class SpanLog:
@@ -240,7 +241,7 @@ class SpanLog:
 
     def add(self, nbytes: int, span: tuple[float, float]) -> None:
         """Record one response of ``nbytes`` on the wire during ``span``."""
-        record = _SPAN.pack(span[0], span[1], nbytes)
+        record = _SPAN.pack(span[0], span[1], nbytes, os.getpid())
         try:  # never created here: once the owner removed it, nobody would
             handle = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
@@ -260,13 +261,21 @@ class SpanLog:
     def spans(self) -> list[tuple[int, tuple[float, float]]]:
         """Every response recorded so far, ``(bytes, (start, end))``, in the order the
         requests started (whole records only)."""
+        found = [(n, (start, end)) for start, end, n, _ in self._records()]
+        return sorted(found, key=lambda item: item[1][0])
+
+    def readers(self) -> int:
+        """How many processes have logged a response: each of them fetches the blocks a
+        move to an earlier split runs on the client."""
+        return len({pid for *_, pid in self._records()})
+
+    def _records(self) -> list[tuple[float, float, int, int]]:
         try:
             data = Path(self.path).read_bytes()
         except OSError:
             return []
         whole = len(data) - len(data) % _SPAN.size
-        found = [(n, (start, end)) for start, end, n in _SPAN.iter_unpack(data[:whole])]
-        return sorted(found, key=lambda item: item[1][0])
+        return list(_SPAN.iter_unpack(data[:whole]))
 
 
 def _remove_if_owner(path: str, owner: int) -> None:

@@ -308,12 +308,18 @@ _SOURCE_WORDS = {
 
 
 def learned(
-    choice: SplitChoice, manifest: Manifest, bandwidth_bps: float, when: str
+    choice: SplitChoice,
+    manifest: Manifest,
+    bandwidth_bps: float,
+    when: str,
+    *,
+    readers: int = 1,
 ) -> SplitChoice:
     """``choice`` once the job's own responses have measured the link at
     ``bandwidth_bps`` (``when`` says after what): the planner's proposal at that figure
     goes through the keeper's hysteresis, so the split changes only for a gain of more
-    than 10% proposed twice in a row. A choice the planner cannot revise (a given split,
+    than 10% proposed twice in a row, and only when it repays the blocks each of
+    ``readers`` processes would fetch. A choice the planner cannot revise (a given split,
     no gateway's view) is returned as it is."""
     basis = choice.basis
     if basis is None or not choice.measured_bandwidth:
@@ -324,7 +330,7 @@ def learned(
         logger.info("%s: no plan at the measured bandwidth: %s", manifest.ref, exc)
         return choice
     keeper = choice.keeper or planner.SplitKeeper(_started_at(proposed, choice.split))
-    kept = keeper.update(proposed)
+    kept = keeper.update(proposed, readers=readers)
     measured = replace(choice, plan=kept, keeper=keeper, bandwidth_source="measured")
     if kept.split == choice.split:
         if choice.policy != "fewest-bytes":  # the reason stands: the split did not change
@@ -399,19 +405,23 @@ def gateway_auth(s3: Any) -> GatewayAuth | None:
     return GatewayAuth(credentials, s3.meta.region_name or "us-east-1")
 
 
-def replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> SplitChoice | None:
+def replanned(
+    choice: SplitChoice, manifest: Manifest, stats: EpochStats, *, readers: int = 1
+) -> SplitChoice | None:
     """A new choice when an epoch's measurements call for another split and the gain
     persists (hysteresis), or a near tie's trial moves on; else ``None`` (the keeper
     remembers the pending proposal). A choice whose bandwidth was never measured (an
-    epoch too short for the link estimate to settle) learns it from the epoch's figure."""
+    epoch too short for the link estimate to settle) learns it from the epoch's figure.
+    ``readers``: the processes reading for the job, each of which fetches the blocks a
+    move makes it run."""
     trial = choice.trial
     if trial is not None and not trial.done and stats.samples:
-        return _trial_step(choice, trial, manifest, stats)
+        return _trial_step(choice, trial, manifest, stats, readers)
     bits = stats.bandwidth_bps if stats.mode == "pushdown" else None
     if choice.bandwidth_source != "measured" and choice.basis is not None and bits:
-        new = learned(choice, manifest, bits, f"in epoch {stats.epoch}")
+        new = learned(choice, manifest, bits, f"in epoch {stats.epoch}", readers=readers)
         return None if new is choice else new
-    return _replanned(choice, manifest, stats)
+    return _replanned(choice, manifest, stats, readers)
 
 
 def with_trial(choice: SplitChoice, epochs: bool) -> SplitChoice:
@@ -449,7 +459,7 @@ def with_trial(choice: SplitChoice, epochs: bool) -> SplitChoice:
 
 
 def _trial_step(
-    choice: SplitChoice, trial: planner.Trial, manifest: Manifest, stats: EpochStats
+    choice: SplitChoice, trial: planner.Trial, manifest: Manifest, stats: EpochStats, readers: int
 ) -> SplitChoice:
     """The choice after one epoch of a trial: its next split, or the one it keeps. A
     first epoch that left the plan's assumptions so far that a third split is predicted
@@ -471,7 +481,7 @@ def _trial_step(
             "that another split is predicted faster than both, so the trial is off and "
             "re-planning decides.",
         )
-        return _replanned(ended, manifest, stats) or ended
+        return _replanned(ended, manifest, stats, readers) or ended
     trial.record(stats.split, stats.seconds, stats.samples)
     if not trial.done:
         reason = f"trial after epoch {stats.epoch}: {trial.why()}"
@@ -510,7 +520,9 @@ def _beyond_the_tie(
     return proposed.split not in trial.schedule
 
 
-def _replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> SplitChoice | None:
+def _replanned(
+    choice: SplitChoice, manifest: Manifest, stats: EpochStats, readers: int
+) -> SplitChoice | None:
     plan, keeper = choice.plan, choice.keeper
     if plan is None or keeper is None or stats.mode != "pushdown" or not stats.samples:
         return None
@@ -519,7 +531,7 @@ def _replanned(choice: SplitChoice, manifest: Manifest, stats: EpochStats) -> Sp
         keeper.update(plan)  # the plan holds: a pending change starts over
         return None
     proposed = planner.replan(manifest, plan, measured, min_gain=0.0)
-    kept = keeper.update(proposed)
+    kept = keeper.update(proposed, readers=readers)
     if kept.split == choice.split:
         logger.info("%s after epoch %d: %s", manifest.ref, stats.epoch, keeper.why)
         return None

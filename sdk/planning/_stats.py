@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ..client._wire import WireSpan
 
 
 @dataclass(frozen=True)
@@ -22,8 +24,10 @@ class EpochStats:
         split: The split used (``None``: no pushdown).
         mode: ``pushdown``, or ``local`` when objects were read and computed here.
         server_ms: The gateway's ``Server-Timing`` durations summed, by stage.
-        transfer_seconds: Wall time during which responses were on the wire (request
-            round trips less the gateway's own time, overlapping requests counted once).
+        transfer_seconds: Wall time during which responses were on the wire, overlapping
+            requests counted once (:func:`wire_spans`).
+        transfer_bytes: The bytes those spans carried (a timed body's first piece is
+            not in them).
         storage_seconds: Wall time during which the gateway held this pass's requests
             after fetching their objects: decoding, running blocks, or queued behind other
             work (its ``total``: another tenant's batches on a loaded storage side count);
@@ -47,6 +51,7 @@ class EpochStats:
     mode: str
     server_ms: dict[str, float]
     transfer_seconds: float = 0.0
+    transfer_bytes: int = 0
     storage_seconds: float = 0.0
     local_samples: int = 0
     gateway_hits: int = 0
@@ -76,9 +81,9 @@ class EpochStats:
     @property
     def bandwidth_bps(self) -> float | None:
         """Bits per second received while transferring (``None`` if not measured)."""
-        if self.transfer_seconds <= 0 or not self.bytes_received:
+        if self.transfer_seconds <= 0 or not self.transfer_bytes:
             return None
-        return self.bytes_received * 8 / self.transfer_seconds
+        return self.transfer_bytes * 8 / self.transfer_seconds
 
     @property
     def storage_ms_per_sample(self) -> float | None:
@@ -133,6 +138,7 @@ class Meter:
         self.local_samples = 0
         self.gateway_hits = 0
         self._transfers: list[tuple[float, float]] = []
+        self._transfer_bytes = 0
         self._storage: list[tuple[float, float]] = []
         self._started = time.perf_counter()
         self._bar: Any = None
@@ -152,8 +158,10 @@ class Meter:
         round_trip: tuple[float, float] | None = None,
         local_samples: int = 0,
         gateway_cache: str = "",
+        wire: Sequence[WireSpan] = (),
     ) -> None:
-        """Count one batch of results; ``round_trip`` is its request's (start, end)."""
+        """Count one batch of results; ``round_trip`` is its request's (start, end),
+        ``wire`` its body's arrival as the client timed it."""
         self.local_samples += local_samples
         self.gateway_hits += gateway_cache == "hit"
         if round_trip is not None:
@@ -161,7 +169,9 @@ class Meter:
             served = gateway_seconds(server_ms)
             fetched = server_ms.get("fetch", 0.0) / 1000
             self._storage.append((start + fetched, min(end, start + served)))
-            self._transfers.append(transfer_span(round_trip, server_ms))
+            for carried, span in wire_spans(nbytes, round_trip, server_ms, wire):
+                self._transfers.append(span)
+                self._transfer_bytes += carried
         self.samples += samples
         self.bytes_received += nbytes
         if mode != "cached":  # an all-local batch made no request
@@ -193,12 +203,28 @@ class Meter:
             mode=self.mode,
             server_ms=dict(self.server_ms),
             transfer_seconds=_union(self._transfers),
+            transfer_bytes=self._transfer_bytes,
             storage_seconds=_union(self._storage),
             local_samples=self.local_samples,
             gateway_hits=self.gateway_hits,
             resumed=self.resumed,
             held_peak=self.held_peak,
         )
+
+
+def wire_spans(
+    nbytes: int,
+    round_trip: tuple[float, float],
+    server_ms: dict[str, float],
+    wire: Sequence[WireSpan] = (),
+) -> list[tuple[int, tuple[float, float]]]:
+    """When a response of ``nbytes`` was on the wire, and the bytes each span carried:
+    the client's timing of its body (:func:`hapi.sdk.client._wire.read_timed`) where it
+    timed any; else, for a body too small to time, its round trip less the gateway's
+    time (:func:`transfer_span`), which counts the request's send and the gateway's
+    event loop as wire time too, with all its bytes."""
+    timed = [(span.nbytes, (span.start, span.end)) for span in wire if span.nbytes]
+    return timed or [(nbytes, transfer_span(round_trip, server_ms))]
 
 
 def transfer_span(

@@ -66,6 +66,20 @@ def test_a_move_is_made_only_if_its_window_of_savings_repays_its_blocks_on_the_l
     assert [keeper.update(at_hand).split for _ in range(2)] == [first.split, proposed.split]
 
 
+@pytest.mark.parametrize(("readers", "moves"), [(1, True), (2, False), (3, False)])
+def test_every_process_reading_fetches_the_blocks(readers: int, moves: bool) -> None:
+    # Blocks that 60% of the window's saving would fetch once: repaid for one reader, not
+    # for two DataLoader workers that each fetch them over the same link.
+    first, proposed = _moved()
+    keeper = planner.SplitKeeper(first)
+    fetch = int(0.6 * _saved_s(first, proposed, keeper.window) * proposed.bandwidth_bps / 8)
+    moving = _fetching(proposed, fetch)
+    kept = [keeper.update(moving, readers=readers).split for _ in range(2)]
+    assert kept == ([first.split, proposed.split] if moves else [first.split] * 2)
+    if not moves:
+        assert f"for each of {readers} processes reading" in keeper.why, keeper.why
+
+
 def test_a_client_runs_the_blocks_from_its_split_to_the_freeze_point() -> None:
     model, profile = synthetic.r18()
     sizes = [block.size for block in model.blocks]

@@ -28,6 +28,7 @@ def _epoch(epoch: int, split: int | None, bandwidth_bps: float) -> EpochStats:
         mode="pushdown",
         server_ms={},
         transfer_seconds=samples * per_sample * 8 / bandwidth_bps,
+        transfer_bytes=samples * per_sample,
     )
 
 

@@ -179,6 +179,7 @@ def test_the_span_log_gathers_every_process_and_only_its_owner_removes_it(method
     # whole records from three processes, in the order the requests started
     assert [start for _, (start, _) in spans] == [float(i) for i in range(150)]
     assert all(nbytes == 1000 + int(start) for nbytes, (start, _) in spans)
+    assert log.readers() == 3
     assert os.path.exists(log.path)  # the workers' exits removed nothing
     path = log.path
     del log, spans

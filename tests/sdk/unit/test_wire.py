@@ -1,0 +1,113 @@
+"""A response body timed where it arrives (``read_timed``), and which spans the link
+estimate takes from a response (``wire_spans``)."""
+
+from __future__ import annotations
+
+import io
+import itertools
+
+import pytest
+
+from hapi.sdk.client._wire import BUFFERED, FIRST_PIECE, WireSpan, read_timed
+from hapi.sdk.planning._stats import Meter, wire_spans
+
+
+class _Body:
+    """An HTTP body that hands out what it holds, recording each read's size."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+        self.reads: list[int | None] = []
+
+    def read(self, amt: int | None = None) -> bytes:
+        self.reads.append(amt)
+        return self._data.read(amt)
+
+
+def _clock(*times: float):
+    ticks = iter(times)
+    return lambda: next(ticks)
+
+
+@pytest.mark.parametrize(
+    "size", [0, 1, FIRST_PIECE, FIRST_PIECE + BUFFERED, FIRST_PIECE + BUFFERED + 1, 2_000_000]
+)
+def test_the_body_is_whole_and_its_span_counts_only_what_came_after_the_first_piece(
+    size: int,
+) -> None:
+    data = bytes(itertools.islice(itertools.cycle(range(251)), size))
+    body = _Body(data)
+    content, span = read_timed(body, clock=_clock(10.0, 12.5))
+    assert content == data
+    assert body.reads == [FIRST_PIECE, None]  # two reads, whatever the size
+    assert (span.start, span.end, span.seconds) == (10.0, 12.5, 2.5)
+    assert span.nbytes == max(0, size - FIRST_PIECE - BUFFERED)
+
+
+def test_a_timed_body_gives_its_own_span_and_an_untimed_one_the_round_trip() -> None:
+    round_trip, server_ms = (100.0, 100.5), {"total": 300.0, "infer": 200.0}
+    timed = (WireSpan(0, 100.30, 100.31), WireSpan(50_000, 100.40, 100.45))
+    assert wire_spans(90_000, round_trip, server_ms, timed) == [(50_000, (100.40, 100.45))]
+    # Too small to time (or a caller that timed nothing): the round trip less the gateway's
+    # 300 ms, with every byte.
+    for untimed in ((), (WireSpan(0, 100.30, 100.31),)):
+        assert wire_spans(90_000, round_trip, server_ms, untimed) == [(90_000, (100.3, 100.5))]
+
+
+def test_an_epoch_measures_the_link_from_the_timed_bytes_over_their_spans() -> None:
+    meter = Meter(0, total=None, progress=False)
+    for start in (0.0, 1.0):  # two responses, 1 MB timed of 1.1 MB each, 10 ms apiece
+        meter.record(
+            samples=8,
+            nbytes=1_100_000,
+            split=3,
+            mode="pushdown",
+            server_ms={"total": 500.0},
+            round_trip=(start, start + 0.6),
+            wire=(WireSpan(1_000_000, start + 0.55, start + 0.56),),
+        )
+    stats = meter.finish()
+    assert stats.bytes_received == 2_200_000 and stats.transfer_bytes == 2_000_000
+    assert stats.transfer_seconds == pytest.approx(0.02)
+    assert stats.bandwidth_bps == pytest.approx(2_000_000 * 8 / 0.02)
+
+
+def test_a_gateway_that_dies_mid_body_fails_the_request_as_an_unreachable_endpoint() -> None:
+    # A real socket that answers as a gateway would, then closes 5 KB into a 100 KB body:
+    # the body is read outside botocore's send now, and its failure must still be the
+    # endpoint's (failed over, then reported), not an unknown exception.
+    import socket
+    import threading
+
+    from hapi import sdk
+    from hapi.sdk.client._errors import EndpointsUnavailable
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        while True:  # the request, and any retry
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nx-hapi-request-id: t\r\n"
+                    b"Content-Type: application/x-hapi-features\r\n\r\n" + b"\0" * 5000
+                )
+
+    threading.Thread(target=answer, daemon=True).start()
+    s3 = sdk.client(
+        f"http://127.0.0.1:{port}",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+        region_name="us-east-1",
+    )
+    try:
+        with pytest.raises(EndpointsUnavailable) as caught:
+            s3.get_features_batch(Bucket="b", Keys=["a.jpg"], model="m", split=1)
+    finally:
+        server.close()
+    assert f"127.0.0.1:{port}" in str(caught.value), caught.value
