@@ -34,13 +34,15 @@ class Epoch:
 @dataclass(frozen=True, kw_only=True)
 class ConfigResult:
     """One configuration in one cell: its epochs (one head trained through them all) and
-    the head's held-out accuracy after the last."""
+    the head's held-out accuracy after the last. ``plan``: the planner's last plan for
+    hapi's split (candidates and the profile they were priced on), when it planned."""
 
     config: str
     epochs: tuple[Epoch, ...]
     accuracy: float
     split: int | None = None
     split_reason: str = ""
+    plan: dict[str, Any] | None = None
 
     @property
     def cold_s(self) -> float:

@@ -331,6 +331,7 @@ class ModelRun:
                     accuracy=heads[name].accuracy(*self.held),
                     split=None if choice is None else choice.split,
                     split_reason="" if choice is None else choice.reason,
+                    plan=None if choice is None or choice.plan is None else choice.plan.to_dict(),
                 )
             )
         return tuple(results), check(traces, S3TORCH)
