@@ -41,13 +41,7 @@ from ._cost import (
 )
 from ._errors import InvalidInput, NoFeasibleSplit, PlannerError
 from ._plan import DEFAULT_BYTE_MARGIN, NEAR_TIE, Plan, format_duration, near_rival
-from ._profile import (
-    DEFAULT_DECODE_MS,
-    DEFAULT_RAW_BYTES,
-    OtherWork,
-    Profile,
-    profile_from_manifest,
-)
+from ._profile import DEFAULT_DECODE_MS, DEFAULT_RAW_BYTES, Profile, profile_from_manifest
 from ._trial import Trial
 from ._view import GatewayProfile, gateway_view
 
@@ -67,7 +61,6 @@ __all__ = [
     "InvalidInput",
     "Measurement",
     "NoFeasibleSplit",
-    "OtherWork",
     "Plan",
     "PlannerError",
     "Profile",

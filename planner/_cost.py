@@ -186,7 +186,12 @@ def _candidate(
     profile: Profile, split: int | None, freeze: int, bandwidth: float, batch: int, batches: int
 ) -> Candidate:
     start = 0 if split is None else split
-    storage = 0.0 if split is None else profile.storage_batch_ms(split, batch)
+    storage = 0.0
+    if split is not None:
+        storage = (profile.storage_decode_ms + sum(profile.storage_ms[:split])) * batch
+        storage *= profile.storage_load
+        if not profile.shared_compute:  # on one box the client's compute shares the cores
+            storage /= profile.storage_available
     client_decode = profile.client_decode_ms if split is None else 0.0
     client = (client_decode + sum(profile.client_ms[start:]) + profile.head_ms) * batch
     client += profile.client_request_ms * (batch if split is None else 1)

@@ -25,36 +25,6 @@ DEFAULT_DECODE_MS = 10.0
 """Decoding and preprocessing one ImageNet-sized JPEG with Pillow on one CPU core."""
 
 
-@dataclass(frozen=True)
-class OtherWork:
-    """Another job's batcher busy on the storage side, as a plan prices sharing with it.
-
-    The gateway runs every batcher's batches on one inference thread, in the order they
-    are ready: a batch of another batcher (other blocks) is not shared with, it is waited
-    for. So a split whose blocks ``splits`` does not name pays ``share * batch_ms`` of
-    waiting per batch (a batch of its own arrives while one of the other's runs for that
-    share of the time), whatever its own work; a split it names shares the batcher, and
-    the device with it, in proportion (``1 + share``). On the head to head's loaded cell
-    (2026-12-02), ResNet18's split 3 priced as its own work times 1.86 (284 ms a batch)
-    ran at about 1 s a batch behind the second job's 400 ms batches of every block.
-
-    Args:
-        share: The share of the last seconds it ran batches (1 with a queue now).
-        batch_ms: Its batch's run time (ms per sample times its mean batch), ``None``
-            when the gateway has not measured one: then it is priced as sharing every
-            split's device in proportion.
-        splits: The splits of this model its batcher serves (it runs their blocks).
-    """
-
-    share: float
-    batch_ms: float | None = None
-    splits: tuple[int, ...] = ()
-
-    def shares(self, split: int) -> bool:
-        """Whether a batch at ``split`` shares this batcher (or is priced as if)."""
-        return self.batch_ms is None or split in self.splits
-
-
 @dataclass(frozen=True, kw_only=True)
 class Profile:
     """What the cost model knows about a model on both sides; per-block tuples cover the
@@ -80,11 +50,6 @@ class Profile:
         client_memory_bytes: The client's memory budget; ``None`` for unlimited.
         storage_load: Factor on the storage stage's time: 1 as profiled, ``n`` when its
             device is time-shared in turn with ``n - 1`` busy tenants.
-        storage_others: The busy tenants behind ``storage_load``, when the gateway
-            said what they run (:class:`OtherWork`): a split's blocks then share in
-            proportion only with those that run them, and wait for the others' batches.
-            ``storage_load`` over one plus their shares is the factor a re-plan measured
-            (1 as the gateway saw it), applied to both.
         storage_available: The share of a core the storage side gets on its host
             (``0 < available <= 1``; measured by the gateway): the storage stage is
             divided by it, except with ``shared_compute``, where what takes the rest
@@ -120,7 +85,6 @@ class Profile:
     wire_dtype: str = "float32"
     shared_compute: bool = False
     storage_origin: str = ""
-    storage_others: tuple[OtherWork, ...] = ()
 
     def __post_init__(self) -> None:
         blocks = (
@@ -147,9 +111,6 @@ class Profile:
             raise InvalidInput("profile: storage_load must be > 0 and storage_batch >= 1")
         if not 0 < self.storage_available <= 1:
             raise InvalidInput("profile: storage_available must be in (0, 1]")
-        for other in self.storage_others:
-            if not 0 <= other.share < math.inf or (other.batch_ms or 0) < 0:
-                raise InvalidInput("profile: another tenant's share and batch must be >= 0")
         for budget in (self.storage_memory_bytes, self.client_memory_bytes):
             if budget is not None and budget <= 0:
                 raise InvalidInput("profile: memory budgets must be positive (or None)")
@@ -170,26 +131,6 @@ class Profile:
     def blocks(self) -> int:
         """How many blocks the profile covers."""
         return len(self.storage_ms)
-
-    def storage_batch_ms(self, split: int, batch: int) -> float:
-        """Storage-side wall time of one batch of ``batch`` samples at ``split``:
-        decoding time-shared with every busy tenant, the blocks with those that run
-        them, plus the wait for the others' batches (:class:`OtherWork`)."""
-        decode = self.storage_decode_ms * batch * self.storage_load
-        blocks = sum(self.storage_ms[:split]) * batch
-        wait = 0.0
-        if not self.storage_others:
-            blocks *= self.storage_load
-        else:
-            drift = self.storage_load / (1.0 + sum(o.share for o in self.storage_others))
-            shared = sum(o.share for o in self.storage_others if o.shares(split))
-            blocks *= drift * (1.0 + shared)
-            waited = (o for o in self.storage_others if not o.shares(split))
-            wait = drift * sum(o.share * (o.batch_ms or 0.0) for o in waited)
-        own = decode + blocks
-        if not self.shared_compute:  # on one box the client's compute shares the cores
-            own /= self.storage_available
-        return own + wait
 
     def bytes_at(self, split: int | None) -> float:
         """Bytes one sample sends over the network at ``split`` (``None``: no pushdown)."""

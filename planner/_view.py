@@ -12,16 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from hapi.protocol import (
-    Figure,
-    GatewayStats,
-    ModelProfile,
-    StorageLoad,
-    StorageProfile,
-    TenantStats,
-)
+from hapi.protocol import Figure, GatewayStats, ModelProfile, StorageLoad, StorageProfile
 
-from ._profile import OtherWork, Profile
+from ._profile import Profile
 
 BUSY_SHARE = 0.05  # a tenant running batches less of the time than this is idle
 
@@ -47,10 +40,6 @@ class GatewayProfile:
             seconds for one without a queue now (a job that sends its next request when
             its last is answered keeps the device busy with an empty queue). ``None``:
             each busy tenant counts 1.
-        others: The busy tenants one by one, where the gateway said what they run and
-            how long their batches take (:class:`~hapi.planner.OtherWork`): a split
-            waits for the batches of those that run other blocks rather than sharing
-            them. Empty: every busy tenant is priced as sharing every split.
     """
 
     model: str
@@ -59,7 +48,6 @@ class GatewayProfile:
     memory_bytes: int | None
     busy_tenants: int
     busy_work: float | None = None
-    others: tuple[OtherWork, ...] = ()
 
     @property
     def scale(self) -> float:
@@ -93,18 +81,9 @@ class GatewayProfile:
         if not self.busy_tenants:
             return origin
         jobs = "job" if self.busy_tenants == 1 else "jobs"
-        waited = [o for o in self.others if o.batch_ms is not None]
-        if not waited:
-            return (
-                f"{origin} {self.busy_tenants} other {jobs} busy on the storage side: its "
-                f"blocks priced x{self.storage_load:.2f} for sharing the device."
-            )
-        batches = ", ".join(f"{o.batch_ms:.0f} ms" for o in waited)
         return (
-            f"{origin} {self.busy_tenants} other {jobs} busy on the storage side "
-            f"(batches of {batches}): decoding priced x{self.storage_load:.2f} for sharing "
-            "the device, and a split that runs other blocks than theirs waits for their "
-            "batches on the gateway's one inference thread."
+            f"{origin} {self.busy_tenants} other {jobs} busy on the storage side: its "
+            f"blocks priced x{self.storage_load:.2f} for sharing the device."
         )
 
     def apply(self, profile: Profile) -> Profile:
@@ -126,7 +105,6 @@ class GatewayProfile:
             storage_decode_ms=decode_ms,
             storage_memory_bytes=self.memory_bytes or profile.storage_memory_bytes,
             storage_load=self.storage_load,
-            storage_others=self.others,
             storage_available=self.storage.load.available,
             storage_origin=self.origin(),
         )
@@ -180,23 +158,12 @@ def gateway_view(model: ModelProfile, stats: GatewayStats) -> GatewayProfile:
     """The planner's view of ``model`` from the gateway's typed answers, for a job that
     has sent nothing yet (every busy tenant is another job's)."""
     work = [1.0 if t.queue_depth else t.busy_share for t in stats.tenants]
-    busy = [(t, w) for t, w in zip(stats.tenants, work, strict=True) if w >= BUSY_SHARE]
     budget = stats.memory_budget
     return GatewayProfile(
         model=model.ref,
         cpu_ms=tuple(block.cpu_ms for block in model.blocks[: model.freeze]),
         storage=model.storage,
         memory_bytes=budget.new_tenant_share() if budget.total_bytes else None,
-        busy_tenants=len(busy),
-        busy_work=sum(w for _, w in busy),
-        others=tuple(_other(tenant, w, model.ref) for tenant, w in busy),
+        busy_tenants=sum(1 for w in work if w >= BUSY_SHARE),
+        busy_work=sum(w for w in work if w >= BUSY_SHARE),
     )
-
-
-def _other(tenant: TenantStats, share: float, ref: str) -> OtherWork:
-    """A busy batcher as the plan of ``ref`` prices it: its batch's run time from its
-    mean time per sample and its recent batches' mean size, when it has both."""
-    batch_ms = None
-    if tenant.ms_per_sample is not None and tenant.mean_batch_size:
-        batch_ms = tenant.ms_per_sample * tenant.mean_batch_size
-    return OtherWork(share, batch_ms, tuple(tenant.serves(ref)))

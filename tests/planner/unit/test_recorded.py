@@ -28,7 +28,7 @@ import pytest
 
 from hapi.models import Manifest
 from hapi.models.testing import BlockInfo, InputSpec, get_preset
-from hapi.planner import OtherWork, Plan, Profile, Trial, plan
+from hapi.planner import Plan, Profile, Trial, plan
 from tests.planner.recorded import TOLERANCE, best, configurations, regret, regret_of
 
 RECORDED = Path(__file__).parent / "recorded"
@@ -61,10 +61,6 @@ def profile_of(cell: Mapping[str, Any]) -> Profile:
     if "wire_bytes" in recorded:
         values["input_bytes"] = recorded["wire_bytes"][0]
         values["output_bytes"] = recorded["wire_bytes"][1:]
-    values["storage_others"] = [
-        OtherWork(other["share"], other["batch_ms"], tuple(other["splits"]))
-        for other in values.get("storage_others", [])
-    ]
     return Profile(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 

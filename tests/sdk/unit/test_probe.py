@@ -10,7 +10,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from hapi.planner import GatewayProfile, InvalidInput, OtherWork, plan, profile_from_manifest
+from hapi.planner import GatewayProfile, InvalidInput, plan, profile_from_manifest
 from hapi.protocol import StorageProfile
 from hapi.sdk import ProbeError, fetch_gateway_profile, probe_bandwidth
 from tests.planner.synthetic import manifest, r18
@@ -282,34 +282,6 @@ def test_a_job_keeping_the_device_busy_between_requests_is_a_busy_tenant() -> No
         applied = view.apply(profile_from_manifest(manifest(freeze=4)))
         assert applied.storage_load == pytest.approx(load)
         assert (f"priced x{load:.2f}" in view.origin()) == (busy > 0)
-
-
-def test_each_busy_batcher_is_priced_by_what_it_runs_and_how_long_its_batches_take() -> None:
-    # A batcher running this model's split 2 (30 ms a sample, batches of 4) and one of
-    # another model (3 ms, batches of 4), both busy: a split-2 batch shares the first and
-    # waits for the second's; a split-1 batch waits for both.
-    ours = _tenant(["synthetic@1:2"], 30.0, 100, busy=0.8)
-    theirs = _tenant(["other@1:3"], 3.0, 50, queued=2, busy=0.3)
-    untimed = _tenant(["other@1:5"], None, 0, busy=0.5)
-    model = _model_json([ours], _storage({0: 6.0, 1: 8.0}, decode_ms=4.5, available=1.0))
-    stats = _stats([ours, theirs, untimed], active=1)
-    with httpx.Client(transport=_transport(model, stats)) as client:
-        view = fetch_gateway_profile(GATEWAY, "synthetic", client=client)
-    assert view.others == (
-        OtherWork(0.8, 120.0, (2,)),
-        OtherWork(1.0, 12.0, ()),  # queued: it takes a turn at every batch
-        OtherWork(0.5, None, ()),  # never timed: shares every split in proportion
-    )
-    assert "batches of 120 ms, 12 ms" in view.origin()
-    profile = view.apply(profile_from_manifest(manifest(freeze=4)))
-    assert profile.storage_others == view.others and profile.storage_load == pytest.approx(3.3)
-    decode, batch = 4.5 * 3.3, 8
-    assert profile.storage_batch_ms(2, batch) == pytest.approx(
-        decode * batch + (6.0 + 8.0) * batch * (1 + 0.8 + 0.5) + 1.0 * 12.0
-    )
-    assert profile.storage_batch_ms(1, batch) == pytest.approx(
-        decode * batch + 6.0 * batch * (1 + 0.5) + 0.8 * 120.0 + 1.0 * 12.0
-    )
 
 
 def test_gateway_view_of_an_unserved_model_is_the_manifest() -> None:
