@@ -1,8 +1,9 @@
 """What the SDK knows of the link to a gateway without probing it.
 
 :class:`LinkEstimate` is the bandwidth the job's own responses achieved: their bytes over
-the time they were on the wire (a request's round trip less the gateway's own time, with
-overlapping responses counted once), the figures the epoch's statistics use.
+the time they were on the wire (timed where their bodies arrive, with overlapping
+responses counted once), the figures the epoch's statistics use. :class:`SpanLog` and
+:class:`EpochLog` gather what every process reading for a dataset measured.
 
 :class:`BandwidthMemory` keeps the last figure measured for each endpoint in the user's
 cache directory (``$XDG_CACHE_HOME/hapi/bandwidth.json``, else ``~/.cache/hapi/``), with
@@ -214,38 +215,33 @@ class LinkEstimate:
         return self.bandwidth_bps()
 
 
-# start, end (the monotonic clock, shared by processes), bytes, the process that read it
-_SPAN = struct.Struct("<ddqq")
+class _RecordLog:
+    """Fixed records appended by every process that reads for a dataset: the process that
+    owns the dataset and its DataLoader workers, forked or spawned, persistent or not.
 
-
-class SpanLog:
-    """The wire spans of a dataset's pushdown responses, from every process that reads
-    for it: the process that owns the dataset and its DataLoader workers, forked or
-    spawned, persistent or not.
-
-    Each process appends one fixed record per response to one file (a single append of
-    24 bytes, which the kernel does not interleave) and reads everyone's, so that a worker
-    estimates the link the whole job uses, not its own share of it, and the owner can plan
-    with what its workers measured (they run the requests; it runs none). The owner
-    creates the file and removes it when the log is collected or the process exits;
-    copies in other processes only name it.
+    Each process appends one record at a time to one file (a single append, which the
+    kernel does not interleave) and reads everyone's. The owner creates the file and
+    removes it when the log is collected or the process exits; copies in other processes
+    only name it.
     """
 
+    _RECORD: struct.Struct
+    _KIND: str
+
     def __init__(self) -> None:
-        handle, path = tempfile.mkstemp(prefix="hapi-link-", suffix=".spans")
+        handle, path = tempfile.mkstemp(prefix=f"hapi-{self._KIND}-", suffix=".log")
         os.close(handle)
         self.path = path
         # Only this object removes the file: a pickled copy has no finalizer, and a forked
         # copy's finalizer checks the process.
         weakref.finalize(self, _remove_if_owner, path, os.getpid())
 
-    def add(self, nbytes: int, span: tuple[float, float]) -> None:
-        """Record one response of ``nbytes`` on the wire during ``span``."""
-        record = _SPAN.pack(span[0], span[1], nbytes, os.getpid())
+    def _append(self, *fields: float | int) -> None:
+        record = self._RECORD.pack(*fields)
         try:  # never created here: once the owner removed it, nobody would
             handle = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
-            logger.debug("the link's span log %s is gone: %s", self.path, exc)
+            logger.debug("the %s log %s is gone: %s", self._KIND, self.path, exc)
             return
         try:
             os.write(handle, record)
@@ -254,9 +250,31 @@ class SpanLog:
 
     def __len__(self) -> int:
         try:
-            return os.stat(self.path).st_size // _SPAN.size
+            return os.stat(self.path).st_size // self._RECORD.size
         except OSError:
             return 0
+
+    def _records(self) -> list[tuple[Any, ...]]:
+        try:
+            data = Path(self.path).read_bytes()
+        except OSError:
+            return []
+        whole = len(data) - len(data) % self._RECORD.size
+        return list(self._RECORD.iter_unpack(data[:whole]))
+
+
+class SpanLog(_RecordLog):
+    """The wire spans of a dataset's pushdown responses, one record per response, so that
+    a worker estimates the link the whole job uses, not its own share of it, and the
+    owner can plan with what its workers measured (they run the requests; it runs none)."""
+
+    # start, end (the monotonic clock, shared by processes), bytes, the process that read it
+    _RECORD = struct.Struct("<ddqq")
+    _KIND = "link"
+
+    def add(self, nbytes: int, span: tuple[float, float]) -> None:
+        """Record one response of ``nbytes`` on the wire during ``span``."""
+        self._append(span[0], span[1], nbytes, os.getpid())
 
     def spans(self) -> list[tuple[int, tuple[float, float]]]:
         """Every response recorded so far, ``(bytes, (start, end))``, in the order the
@@ -269,13 +287,50 @@ class SpanLog:
         move to an earlier split runs on the client."""
         return len({pid for *_, pid in self._records()})
 
-    def _records(self) -> list[tuple[float, float, int, int]]:
-        try:
-            data = Path(self.path).read_bytes()
-        except OSError:
-            return []
-        whole = len(data) - len(data) % _SPAN.size
-        return list(_SPAN.iter_unpack(data[:whole]))
+
+@dataclass(frozen=True)
+class Served:
+    """One pushdown response as an epoch's figures count it (see :class:`EpochLog`)."""
+
+    samples: int
+    split: int
+    storage: tuple[float, float]
+    wire: tuple[float, float]
+    wire_bytes: int
+    pid: int
+
+
+class EpochLog(_RecordLog):
+    """The map-style dataset's pushdown responses since its owner last looked: what its
+    DataLoader workers' epoch measured (the samples, the split, when the gateway held
+    each request, when its body was on the wire), for the owner to re-plan with at the
+    next ``set_epoch`` as the iterable form does after each epoch. :meth:`take` empties
+    it."""
+
+    # samples, split, storage start, end, wire start, end, wire bytes, process
+    _RECORD = struct.Struct("<qqddddqq")
+    _KIND = "epoch"
+
+    def add(self, served: Served) -> None:
+        self._append(
+            served.samples,
+            served.split,
+            *served.storage,
+            *served.wire,
+            served.wire_bytes,
+            served.pid,
+        )
+
+    def take(self) -> list[Served]:
+        """Every response logged since the last call, and the log emptied (one written
+        while it is emptied may be lost: an epoch's figures lose a response)."""
+        records = self._records()
+        with contextlib.suppress(OSError):
+            os.truncate(self.path, 0)
+        return [
+            Served(samples, split, (s0, s1), (w0, w1), nbytes, pid)
+            for samples, split, s0, s1, w0, w1, nbytes, pid in records
+        ]
 
 
 def _remove_if_owner(path: str, owner: int) -> None:

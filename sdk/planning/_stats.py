@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client._wire import WireSpan
+from ._link import Served
 
 
 @dataclass(frozen=True)
@@ -165,10 +166,7 @@ class Meter:
         self.local_samples += local_samples
         self.gateway_hits += gateway_cache == "hit"
         if round_trip is not None:
-            start, end = round_trip
-            served = gateway_seconds(server_ms)
-            fetched = server_ms.get("fetch", 0.0) / 1000
-            self._storage.append((start + fetched, min(end, start + served)))
+            self._storage.append(storage_span(round_trip, server_ms))
             for carried, span in wire_spans(nbytes, round_trip, server_ms, wire):
                 self._transfers.append(span)
                 self._transfer_bytes += carried
@@ -210,6 +208,40 @@ class Meter:
             resumed=self.resumed,
             held_peak=self.held_peak,
         )
+
+
+def storage_span(
+    round_trip: tuple[float, float], server_ms: Mapping[str, float]
+) -> tuple[float, float]:
+    """When the gateway held a request after fetching its objects (decoding, running
+    blocks, or queued behind other work), on the client's clock."""
+    start, end = round_trip
+    fetched = server_ms.get("fetch", 0.0) / 1000
+    return start + fetched, min(end, start + gateway_seconds(server_ms))
+
+
+def served_stats(epoch: int, served: Sequence[Served], split: int, seconds: float) -> EpochStats:
+    """An epoch's figures from the responses its DataLoader workers logged
+    (:class:`~hapi.sdk.planning._link.EpochLog`), counting those at ``split``: what the
+    iterable form's :class:`Meter` gives after an epoch, for the map-style form's owner,
+    which ran none of the requests. ``seconds``: the epoch's wall time as the owner saw it
+    (from one ``set_epoch`` to the next)."""
+    at_split = [s for s in served if s.split == split]
+    timed = [s for s in at_split if s.wire_bytes]
+    return EpochStats(
+        epoch=epoch,
+        samples=sum(s.samples for s in at_split),
+        seconds=seconds,
+        bytes_received=sum(s.wire_bytes for s in at_split),
+        wait_seconds=0.0,
+        requests=sum(1 for s in at_split if s.samples),
+        split=split,
+        mode="pushdown",
+        server_ms={},
+        transfer_seconds=_union([s.wire for s in timed]),
+        transfer_bytes=sum(s.wire_bytes for s in timed),
+        storage_seconds=_union([s.storage for s in at_split]),
+    )
 
 
 def wire_spans(

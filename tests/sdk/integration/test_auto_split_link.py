@@ -270,3 +270,51 @@ def test_a_map_style_job_learns_the_link_its_dataloader_workers_measure(
     assert link.endpoint_url in saved["endpoints"]
     # The next epoch's workers start from the learned split, and features stay whole.
     assert sum(len(features) for features, _ in loader) == OBJECTS
+
+
+def test_a_map_style_job_replans_each_epoch_with_what_its_workers_measured(
+    link, gateway, registered, photos, bandwidth_memory, monkeypatch
+):
+    # Once the live link estimate is done, the map-style form had no epoch re-plan: its
+    # owner runs no request, so a move the storage side's load made slower than planned
+    # (the head to head's loaded cells, 2026-12-02) was never undone. Now each set_epoch
+    # re-plans with the epoch its workers logged: the samples, the split, the link and
+    # the storage side's time, as the iterable form does after an epoch.
+    from torch.utils.data import DataLoader
+
+    from hapi.sdk.datasets import _dataset
+
+    seen = []
+    real = _dataset.replanned
+
+    def spy(choice, manifest, stats, *, readers=1):
+        seen.append((stats, readers))
+        return real(choice, manifest, stats, readers=readers)
+
+    monkeypatch.setattr(_dataset, "replanned", spy)
+    # EfficientNet-Lite0 at a hint well below the link: pushdown, 8 objects (20 KB of
+    # features) a request, so that bodies are timed; 5 responses an epoch, so the live
+    # estimate's four checkpoints (at 8, 12, 16 and 20 responses) end in epoch 3.
+    dataset = _build(
+        link,
+        gateway,
+        photos,
+        form=sdk.FeatureDataset,
+        model="enl0",
+        bandwidth="4mbit",
+        request_size=8,
+        dtype="float32",
+    )
+    loader = DataLoader(dataset, batch_size=8, num_workers=2, persistent_workers=True)
+    for epoch in range(6):
+        dataset.set_epoch(epoch)
+        assert sum(len(features) for features, _ in loader) == OBJECTS
+    dataset.set_epoch(6)
+    assert seen, "no epoch was re-planned"
+    stats, readers = seen[-1]
+    assert readers == 2  # both workers read, and would each fetch a move's blocks
+    assert stats.samples == OBJECTS and stats.requests == OBJECTS // 8
+    assert stats.split == dataset.split or dataset.split_choice.policy == "replanned"
+    assert stats.bandwidth_bps is not None
+    assert 0.3 * RATE_BPS < stats.bandwidth_bps < 1.5 * RATE_BPS, stats.bandwidth_bps
+    assert stats.storage_ms_per_sample is not None and stats.storage_ms_per_sample > 0

@@ -17,9 +17,12 @@ import pytest
 from hapi.sdk.planning._link import (
     DEFAULT_LIFETIME_S,
     BandwidthMemory,
+    EpochLog,
     LinkEstimate,
+    Served,
     SpanLog,
 )
+from hapi.sdk.planning._stats import served_stats
 
 GATEWAY = "http://gateway.test:9080"
 
@@ -198,3 +201,43 @@ def test_a_span_log_whose_owner_went_away_is_not_written_again(tmp_path: Path) -
     copy.add(10, (1.0, 2.0))  # logged nowhere, and no stray file created
     assert not os.path.exists(path)
     assert len(copy) == 0 and copy.spans() == []
+
+
+def _serve(log: EpochLog, split: int) -> None:
+    for i in range(3):
+        start = 10.0 * i
+        log.add(
+            Served(4, split, (start, start + 2.0), (start + 2.0, start + 2.5), 1000, os.getpid())
+        )
+
+
+def test_the_epoch_log_gathers_every_process_and_empties_when_taken() -> None:
+    log = EpochLog()
+    worker = multiprocessing.get_context("fork").Process(target=_serve, args=(log, 3))
+    worker.start()
+    worker.join(60)
+    assert worker.exitcode == 0
+    _serve(log, 3)
+    taken = log.take()
+    assert len(taken) == 6 and len({s.pid for s in taken}) == 2
+    assert taken[0] == Served(4, 3, (0.0, 2.0), (2.0, 2.5), 1000, worker.pid)
+    assert log.take() == [] and len(log) == 0
+    _serve(log, 5)  # what comes after a take is the next epoch's
+    assert [s.split for s in log.take()] == [5, 5, 5]
+
+
+def test_an_epochs_figures_count_the_responses_at_its_split() -> None:
+    served = [
+        Served(4, 3, (0.0, 2.0), (2.0, 2.5), 1000, 1),
+        Served(4, 3, (1.0, 3.0), (3.0, 3.5), 3000, 2),  # overlapping: counted once
+        Served(0, 3, (0.0, 0.0), (3.0, 3.1), 500, 2),  # a second part of the same batch
+        Served(4, 5, (5.0, 9.0), (9.0, 9.5), 10**6, 1),  # the split before a move
+    ]
+    stats = served_stats(7, served, 3, seconds=12.0)
+    assert (stats.epoch, stats.samples, stats.requests, stats.split) == (7, 8, 2, 3)
+    assert stats.seconds == 12.0 and stats.mode == "pushdown"
+    assert stats.storage_seconds == pytest.approx(3.0)  # [0, 3]
+    assert stats.transfer_seconds == pytest.approx(1.0)  # [2, 2.5] and [3, 3.5]
+    assert stats.transfer_bytes == 4500
+    assert stats.bandwidth_bps == pytest.approx(4500 * 8 / 1.0)
+    assert stats.storage_ms_per_sample == pytest.approx(3000 / 8)
