@@ -310,3 +310,29 @@ def cache_writes_settled(gateway: RunningGateway) -> None:
         return float(found.group(1)) == 0
 
     wait_for(idle, "the cache writes to finish")
+
+
+@contextlib.contextmanager
+def cut_short_server(answer: bytes) -> Iterator[str]:
+    """A server on loopback that reads each request, sends ``answer`` (a head promising
+    more body than follows) and closes: a peer that dies mid-body. Yields its URL."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                conn.recv(65536)
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()

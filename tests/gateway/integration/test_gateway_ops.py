@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ import httpx
 import pytest
 from botocore.config import Config
 
-from tests.support import control_get, free_port, gateway_process
+from tests.support import control_get, cut_short_server, free_port, gateway_process
 
 
 def test_health_reports_backend(gateway):
@@ -122,23 +121,9 @@ def test_unreachable_backend_is_503_with_retry_after(tmp_path):
 @pytest.fixture
 def truncating_backend() -> Iterator[str]:
     """A backend that promises 1 MiB and closes the connection after 1000 bytes."""
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n" + b"z" * 1000)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{port}"
-    server.close()
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n"
+    with cut_short_server(head + b"z" * 1000) as url:
+        yield url
 
 
 def test_truncated_upstream_body_is_not_a_complete_response(tmp_path, truncating_backend):

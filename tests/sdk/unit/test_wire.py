@@ -76,38 +76,18 @@ def test_a_gateway_that_dies_mid_body_fails_the_request_as_an_unreachable_endpoi
     # A real socket that answers as a gateway would, then closes 5 KB into a 100 KB body:
     # the body is read outside botocore's send now, and its failure must still be the
     # endpoint's (failed over, then reported), not an unknown exception.
-    import socket
-    import threading
-
     from hapi import sdk
     from hapi.sdk.client._errors import EndpointsUnavailable
+    from tests.support import cut_short_server
 
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-
-    def answer() -> None:
-        while True:  # the request, and any retry
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(65536)
-                conn.sendall(
-                    b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nx-hapi-request-id: t\r\n"
-                    b"Content-Type: application/x-hapi-features\r\n\r\n" + b"\0" * 5000
-                )
-
-    threading.Thread(target=answer, daemon=True).start()
-    s3 = sdk.client(
-        f"http://127.0.0.1:{port}",
-        aws_access_key_id="k",
-        aws_secret_access_key="s",
-        region_name="us-east-1",
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nx-hapi-request-id: t\r\n"
+        b"Content-Type: application/x-hapi-features\r\n\r\n"
     )
-    try:
+    with cut_short_server(head + b"\0" * 5000) as url:
+        s3 = sdk.client(
+            url, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
+        )
         with pytest.raises(EndpointsUnavailable) as caught:
             s3.get_features_batch(Bucket="b", Keys=["a.jpg"], model="m", split=1)
-    finally:
-        server.close()
-    assert f"127.0.0.1:{port}" in str(caught.value), caught.value
+    assert url in str(caught.value), caught.value
