@@ -383,13 +383,10 @@ class SplitKeeper:
         ``readers``: the processes reading for the job (DataLoader workers), each of which
         fetches the blocks a move makes it run, over the same link."""
         lean, heavy = self._lean(proposed)
+        stays = lean.split == self.current.split  # then the heavy split is the whole why
         kept = self._decide(lean, readers)
         if heavy:
-            self.why = (
-                heavy[0].upper()
-                + heavy[1:]
-                + ("" if self.why.endswith("is still the best.") else " " + self.why)
-            )
+            self.why = heavy[0].upper() + heavy[1:] + ("" if stays else " " + self.why)
         return kept
 
     def _decide(self, proposed: Plan, readers: int) -> Plan:

@@ -28,7 +28,6 @@ cut into one part per gateway, sent at once, whose answers are put back in key o
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -381,8 +380,9 @@ def _batch(
     endpoint, response = _post_batch(s3, bucket, body.encode(), first, prefer)
     if response.status_code != 200 or _GATEWAY_MARK not in response.headers:
         raise _batch_error(response, endpoint, bucket, first)
-    features = _features(response.content, response.headers, bucket, first, endpoint)
-    return dataclasses.replace(features, wire=(response.wire,))
+    return _features(
+        response.content, response.headers, bucket, first, endpoint, wire=(response.wire,)
+    )
 
 
 @dataclass(frozen=True)
@@ -515,7 +515,12 @@ def _client_error(exc: ClientError, bucket: str, key: str) -> RequestError:
 
 
 def _features(
-    body: bytes, headers: Mapping[str, str], bucket: str, key: str, endpoint: str
+    body: bytes,
+    headers: Mapping[str, str],
+    bucket: str,
+    key: str,
+    endpoint: str,
+    wire: tuple[WireSpan, ...] = (),
 ) -> Features:
     try:
         tensors, meta = decode(body)
@@ -543,6 +548,7 @@ def _features(
         endpoint=endpoint,
         cache=headers.get("x-hapi-cache", ""),
         views=views,
+        wire=wire,
     )
 
 

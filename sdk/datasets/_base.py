@@ -20,9 +20,9 @@ import torch
 from hapi.protocol import Augmentation, AugmentPolicy
 
 from ..client._client import AugmentSpec, policy_of
-from ..planning._link import LinkEstimate, SpanLog, checkpoint_step, endpoint_key
+from ..planning._link import EpochLog, LinkEstimate, Served, SpanLog, checkpoint_step, endpoint_key
 from ..planning._split import SplitChoice, learned
-from ..planning._stats import Meter, wire_spans
+from ..planning._stats import Meter, storage_span, wire_spans
 from ._build import Prepared
 from ._compute import Batch, Engine
 from ._constructors import Constructors
@@ -70,6 +70,9 @@ class FeatureSource(Constructors):
         self._replayed = 0  # spans of the log this process has planned with
         self._checkpoints = 0
         self._readers = 1  # processes that have read for this dataset, as the log last showed
+        # What an epoch's responses measured, for an owner that runs none of them (the
+        # map-style form sets it; the iterable form counts its own epochs).
+        self._served: EpochLog | None = None
 
     # -- per-process state --------------------------------------------------------------
 
@@ -140,14 +143,32 @@ class FeatureSource(Constructors):
     # -- learning the link from the job's own responses -------------------------------------
 
     def _observe(self, batch: Batch) -> None:
-        """Log a pushdown response's wire span; once the log (every process's responses)
-        has reached this process's next checkpoint, plan with it."""
-        log = self._spans
-        if log is None or batch.mode != "pushdown" or batch.round_trip is None:
+        """Log a pushdown response's wire spans, and (the map-style form) what its epoch
+        counts; once the span log (every process's responses) has reached this
+        process's next checkpoint, plan with it."""
+        log, served = self._spans, self._served
+        if (log is None and served is None) or batch.mode != "pushdown":
             return
-        for carried, span in wire_spans(
-            batch.nbytes, batch.round_trip, batch.server_ms, batch.wire
-        ):
+        if batch.round_trip is None or batch.split is None:
+            return
+        spans = wire_spans(batch.nbytes, batch.round_trip, batch.server_ms, batch.wire)
+        if served is not None:
+            storage = storage_span(batch.round_trip, batch.server_ms)
+            for index, (carried, wire) in enumerate(spans):
+                first = index == 0  # a batch sent in parts has a span per part
+                served.add(
+                    Served(
+                        samples=len(batch.objects) if first else 0,
+                        split=batch.split,
+                        storage=storage if first else (0.0, 0.0),
+                        wire=wire,
+                        wire_bytes=carried,
+                        pid=os.getpid(),
+                    )
+                )
+        if log is None:
+            return
+        for carried, span in spans:
             log.add(carried, span)
         if len(log) >= self._replayed + checkpoint_step():
             self._learn("after {n} responses")

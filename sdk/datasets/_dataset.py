@@ -8,7 +8,6 @@ shuffling, sharding by rank and worker and resumable positions, is ``_iterable``
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from typing import Any, Self
@@ -16,9 +15,9 @@ from typing import Any, Self
 from torch.utils.data import Dataset
 
 from ..client._client import AugmentSpec
-from ..planning._link import EpochLog, Served
+from ..planning._link import EpochLog
 from ..planning._split import replanned, with_trial
-from ..planning._stats import EpochStats, Meter, served_stats, storage_span, wire_spans
+from ..planning._stats import EpochStats, Meter, served_stats
 from ._base import DEFAULT_PREFETCH, FeatureSource, Item
 from ._build import Prepared
 from ._compute import Batch
@@ -63,7 +62,7 @@ class FeatureDataset(FeatureSource, Dataset[Item]):
         self._meter: Meter | None = None
         # What the workers' pushdown responses measured since the last set_epoch: once
         # the live link estimate is done, each set_epoch re-plans with it.
-        self._served: EpochLog | None = EpochLog() if self._choice.basis is not None else None
+        self._served = EpochLog() if self._choice.basis is not None else None
         self._epoch_started = time.perf_counter()
 
     # WebDataset shards have no index: the constructor is the iterable form's, which returns
@@ -124,27 +123,6 @@ class FeatureDataset(FeatureSource, Dataset[Item]):
         choice = replanned(self._choice, self._spec.manifest, stats, readers=self._readers)
         if choice is not None:
             self._take(choice)
-
-    def _observe(self, batch: Batch) -> None:
-        super()._observe(batch)
-        log = self._served
-        if log is None or batch.mode != "pushdown" or batch.round_trip is None:
-            return
-        assert batch.split is not None
-        spans = wire_spans(batch.nbytes, batch.round_trip, batch.server_ms, batch.wire)
-        storage = storage_span(batch.round_trip, batch.server_ms)
-        for index, (carried, wire) in enumerate(spans):
-            first = index == 0  # a batch sent in parts has a span per part
-            log.add(
-                Served(
-                    samples=len(batch.objects) if first else 0,
-                    split=batch.split,
-                    storage=storage if first else (0.0, 0.0),
-                    wire=wire,
-                    wire_bytes=carried,
-                    pid=os.getpid(),
-                )
-            )
 
     def __len__(self) -> int:
         return len(self._source.keys)

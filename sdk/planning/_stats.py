@@ -227,7 +227,6 @@ def served_stats(epoch: int, served: Sequence[Served], split: int, seconds: floa
     which ran none of the requests. ``seconds``: the epoch's wall time as the owner saw it
     (from one ``set_epoch`` to the next)."""
     at_split = [s for s in served if s.split == split]
-    timed = [s for s in at_split if s.wire_bytes]
     return EpochStats(
         epoch=epoch,
         samples=sum(s.samples for s in at_split),
@@ -238,8 +237,8 @@ def served_stats(epoch: int, served: Sequence[Served], split: int, seconds: floa
         split=split,
         mode="pushdown",
         server_ms={},
-        transfer_seconds=_union([s.wire for s in timed]),
-        transfer_bytes=sum(s.wire_bytes for s in timed),
+        transfer_seconds=_union([s.wire for s in at_split]),
+        transfer_bytes=sum(s.wire_bytes for s in at_split),
         storage_seconds=_union([s.storage for s in at_split]),
     )
 
