@@ -12,6 +12,7 @@ import httpx
 from hapi.protocol import Placement
 
 from ._control import ControlPlane
+from ._exchange import Incoming, Outgoing
 from ._metrics import Metrics
 from ._observe import Observe
 from ._router import Router
@@ -19,7 +20,7 @@ from ._settings import GatewaySettings
 from ._store import StoreClient
 from ._types import ASGIReceive, ASGISend, Scope
 from .edge._proxy import Proxy
-from .edge._transport import Incoming, Outgoing, UpstreamTransport
+from .edge._transport import UpstreamTransport
 from .pushdown._handler import Pushdown
 from .pushdown._registry import AsyncRegistry
 from .pushdown._resources import open_pushdown
@@ -32,10 +33,10 @@ class _Upstream:
     """Holds the upstream client: an injected one (owned by the caller, usable at once),
     or one this app creates in its lifespan and closes there.
 
-    The pass-through sends straight to the client's transports (:meth:`send`): a proxy
-    wants none of a general-purpose client's per-request machinery (URL merging, auth and
-    redirect handling, cookie extraction), which cost it about a sixth of its CPU per small
-    request.
+    The pass-through and the store client send straight to the client's transports
+    (:meth:`exchange`): neither wants a general-purpose client's per-request machinery (URL
+    merging, auth and redirect handling, cookie extraction), which cost the pass-through
+    about a sixth of its CPU per small request.
     """
 
     def __init__(self, settings: GatewaySettings, injected: httpx.AsyncClient | None) -> None:
@@ -49,16 +50,10 @@ class _Upstream:
             raise RuntimeError("the gateway's upstream client is used outside its lifespan")
         return self._client
 
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        """Send ``request`` (built with its ``timeout`` extension); the response's body is
-        still to be read."""
-        if self._transports is None:  # an injected client: its own transports decide
-            return await self.get().send(request, stream=True)
-        return await self._transports[request.url.scheme].handle_async_request(request)
-
     async def exchange(self, outgoing: Outgoing) -> Incoming:
-        """:meth:`send` for a request already encoded (the pass-through's): straight to the
-        lean transport where it serves the scheme, else through httpx's models."""
+        """Send ``outgoing`` (the pass-through's and the store client's requests, encoded
+        already); the response's body is still to be read. Straight to the lean transport
+        where it serves the scheme, else through httpx's models."""
         transport = None if self._transports is None else self._transports[outgoing.scheme]
         if isinstance(transport, UpstreamTransport):
             return await transport.exchange(outgoing)
@@ -147,7 +142,7 @@ class Gateway:
         self.upstream = _Upstream(settings, upstream)
         self.proxy = Proxy(settings, self.upstream.get, self.upstream.exchange)
         self.router = Router(settings, self.proxy, self.metrics)
-        self.store = StoreClient.of(settings, self.upstream.get, self.upstream.send)
+        self.store = StoreClient.of(settings, self.upstream.get, self.upstream.exchange)
         self._registry = registry
         self._runner = runner
         self._placement = placement

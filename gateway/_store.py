@@ -16,91 +16,93 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
-from urllib.parse import quote, urlencode
+from typing import NamedTuple
+from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
 
 from hapi.protocol import Credentials, ListedObject, parse_error, parse_list_page
 
 from ._errors import BackendError
+from ._exchange import Exchange, Incoming, Outgoing
 from ._operation import object_path
 from ._settings import GatewaySettings
-from ._signing import UNSIGNED_PAYLOAD, sign_request
+from ._signing import DEFAULT_PORTS, UNSIGNED_PAYLOAD, host_from_url, sign_target
 
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+_WITH_BODY = frozenset({"PUT", "POST"})  # sent with a Content-Length even when empty
+
+
+def _query(query: Mapping[str, str]) -> str:
+    """A query encoded the way SigV4 canonicalizes it."""
+    return urlencode(sorted(query.items()), quote_via=quote)
 
 
 @functools.lru_cache(maxsize=8)
 def _timeouts(read_s: float, connect_s: float) -> dict[str, float | None]:
-    """httpx's timeout extension for a request sent straight to a transport (built once:
-    :meth:`StoreClient.acting_as` makes a client per request)."""
+    """httpx's timeouts of one request, by phase (built once: :meth:`StoreClient.acting_as`
+    makes a client per request)."""
     return httpx.Timeout(read_s, connect=connect_s).as_dict()
+
+
+class _Backend(NamedTuple):
+    """Where the store is, parsed once from ``backend_url``."""
+
+    scheme: str
+    host: str
+    port: int
+    host_header: str  # the Host header: the host, and a port other than the scheme's
+    prefix: str  # a path the store is served under ("" for none)
+
+    @classmethod
+    @functools.lru_cache(maxsize=8)
+    def of(cls, url: str) -> _Backend:
+        parts = urlsplit(url)
+        return cls(
+            parts.scheme,
+            parts.hostname or "",
+            parts.port or DEFAULT_PORTS.get(parts.scheme, 80),
+            host_from_url(parts),
+            parts.path.rstrip("/"),
+        )
 
 
 @dataclass(frozen=True)
 class StoreClient:
-    """Signed S3 requests from the gateway to its store, over the app's upstream client.
+    """Signed S3 requests from the gateway to its store.
 
     Args:
         settings: Where the store is (``backend_url``) and the region to sign for.
         client: Getter of the upstream HTTP client (the app's lifespan owns it).
         credentials: The identity the requests act as; ``None`` sends them unsigned.
-        send: Sends a built request straight to the client's transports (the response's
-            body still to read), for the per-object GETs of pushdown: a general-purpose
-            client's per-request machinery (URL merging, auth and redirect handling,
-            cookies) cost them about a tenth of the event loop's time. ``None``: the
-            client's own ``send``.
+        exchange: Sends a request as it goes on the wire (:class:`._exchange.Outgoing`)
+            straight to the app's lean transport: a general-purpose client's request and
+            response models (URL parsing, header objects, auth and redirect handling) cost
+            pushdown's per-object GET more of the event loop than its signature did.
+            ``None``: through ``client``.
     """
 
     settings: GatewaySettings
     client: Callable[[], httpx.AsyncClient]
     credentials: Credentials | None
-    send: Callable[[httpx.Request], Awaitable[httpx.Response]] | None = None
+    exchange: Exchange | None = None
 
     @classmethod
     def of(
         cls,
         settings: GatewaySettings,
         client: Callable[[], httpx.AsyncClient],
-        send: Callable[[httpx.Request], Awaitable[httpx.Response]] | None = None,
+        exchange: Exchange | None = None,
     ) -> StoreClient:
         """The client acting as the gateway's backend identity."""
-        return cls(settings, client, settings.backend_credentials, send)
+        return cls(settings, client, settings.backend_credentials, exchange)
 
     def acting_as(self, credentials: Credentials | None) -> StoreClient:
         """The same client acting as ``credentials`` (``None``: unsigned requests, which
         the store judges as anonymous)."""
         return replace(self, credentials=credentials)
-
-    def url(self, bucket: str, key: str = "", query: Mapping[str, str] | None = None) -> str:
-        """The path-style URL of ``bucket`` (or of its object ``key``), with ``query``
-        encoded the way SigV4 canonicalizes it."""
-        url = self.settings.backend_url + (object_path(bucket, key) if bucket else "/")
-        if query:
-            url += "?" + urlencode(sorted(query.items()), quote_via=quote)
-        return url
-
-    def sign(
-        self,
-        method: str,
-        url: str,
-        headers: Mapping[str, str] | None = None,
-        payload_sha256: str = UNSIGNED_PAYLOAD,
-    ) -> dict[str, str]:
-        """``headers`` plus this client's signature (unchanged when it is anonymous)."""
-        if self.credentials is None:
-            return dict(headers or {})
-        return sign_request(
-            method=method,
-            url=url,
-            headers=headers or {},
-            credentials=self.credentials,
-            region=self.settings.region,
-            payload_sha256=payload_sha256,
-        )
 
     async def request(
         self,
@@ -119,68 +121,86 @@ class StoreClient:
         A refused connection is retried once for idempotent methods (a store restarting,
         a pooled connection the store closed); other transport errors are raised.
         """
-        url = self.url(bucket, key, query)
-        signed = self.sign(method, url, headers, payload_sha256)
+        outgoing = self.outgoing(
+            method, bucket, key, query, headers, content, payload_sha256, timeout
+        )
         for attempt in (1, 2):
             try:
-                return await self._send(method, url, signed, content, timeout)
+                reply = await self._send(outgoing)
+                return httpx.Response(
+                    reply.status, headers=reply.headers, content=await reply.read()
+                )
             except httpx.ConnectError:
                 if attempt == 2 or method not in _IDEMPOTENT:
                     raise
         raise AssertionError("unreachable")
 
-    async def _send(
-        self,
-        method: str,
-        url: str,
-        headers: Mapping[str, str],
-        content: bytes | None,
-        timeout: float | None,
-    ) -> httpx.Response:
-        """One signed request, its reply read whole: straight to the transports when the
-        app gave a ``send`` (a cache hit's HEAD and GET spent more of the event loop in
-        the client's machinery than on the wire), else through the client."""
-        if self.send is None:
-            request = self.client().build_request(method, url, headers=headers, content=content)
-            if timeout is not None:
-                request.extensions["timeout"] = httpx.Timeout(timeout).as_dict()
-            return await self.client().send(request)
-        request = httpx.Request(
-            method, url, headers=headers, content=content, extensions=self._extensions(timeout)
-        )
-        reply = await self.send(request)
-        try:
-            await reply.aread()
-        finally:
-            await reply.aclose()
-        return reply
-
-    def _extensions(self, timeout: float | None = None) -> dict[str, Any]:
-        """httpx's extensions of a request sent straight to a transport: its timeouts
-        (``timeout`` for every phase, else the settings' read and connect timeouts)."""
-        if timeout is not None:
-            return {"timeout": _timeouts(timeout, timeout)}
-        return {"timeout": _timeouts(self.settings.read_timeout_s, self.settings.connect_timeout_s)}
-
     @contextlib.asynccontextmanager
-    async def stream(self, bucket: str, key: str) -> AsyncIterator[httpx.Response]:
+    async def stream(self, bucket: str, key: str) -> AsyncIterator[Incoming]:
         """A signed GET whose body is read as it arrives (any status)."""
-        url = self.url(bucket, key)
-        if self.send is None:
-            async with self.client().stream("GET", url, headers=self.sign("GET", url)) as reply:
-                yield reply
-            return
-        request = httpx.Request(
-            "GET",
-            url,
-            headers=self.sign("GET", url),
-            extensions=self._extensions(),
-        )
-        reply = await self.send(request)
+        reply = await self._send(self.outgoing("GET", bucket, key))
         try:
             yield reply
         finally:
-            await reply.aclose()
+            await reply.body.aclose()
+
+    def outgoing(
+        self,
+        method: str,
+        bucket: str,
+        key: str = "",
+        query: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+        payload_sha256: str = UNSIGNED_PAYLOAD,
+        timeout: float | None = None,
+    ) -> Outgoing:
+        """One request to the store as it goes on the wire: path-style, signed as this
+        client's identity (``Host`` and the body's length among its headers)."""
+        backend = _Backend.of(self.settings.backend_url)
+        path = backend.prefix + (object_path(bucket, key) if bucket else "/")
+        encoded = _query(query) if query else ""
+        if self.credentials is None:
+            signed = {name.lower(): value for name, value in (headers or {}).items()}
+            signed.setdefault("host", backend.host_header)
+        else:
+            signed = sign_target(
+                method=method,
+                host=backend.host_header,
+                path=path,
+                query=encoded,
+                headers=headers or {},
+                credentials=self.credentials,
+                region=self.settings.region,
+                payload_sha256=payload_sha256,
+            )
+        if content is not None or method in _WITH_BODY:
+            signed["content-length"] = str(len(content or b""))
+        wire = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in signed.items()]
+        return Outgoing(
+            method,
+            backend.scheme,
+            backend.host,
+            backend.port,
+            (path + "?" + encoded if encoded else path).encode("ascii"),
+            wire,
+            content,
+            self._timeouts(timeout),
+        )
+
+    async def _send(self, outgoing: Outgoing) -> Incoming:
+        """Straight to the app's transport when it gave an ``exchange``, else through the
+        client (tests' mocks)."""
+        if self.exchange is not None:
+            return await self.exchange(outgoing)
+        return Incoming.of(await self.client().send(outgoing.to_httpx(), stream=True))
+
+    def _timeouts(self, timeout: float | None = None) -> dict[str, float | None]:
+        """A request's timeouts: ``timeout`` for every phase, else the settings' read and
+        connect timeouts."""
+        if timeout is not None:
+            return _timeouts(timeout, timeout)
+        return _timeouts(self.settings.read_timeout_s, self.settings.connect_timeout_s)
 
     async def list_objects(self, bucket: str, prefix: str) -> AsyncIterator[ListedObject]:
         """Every object under ``prefix``, page after page; nothing when the bucket does not

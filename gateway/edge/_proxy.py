@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,6 +17,7 @@ import httpx
 
 from .._access import check_form_upload
 from .._errors import AccessDenied, InvalidRequest, ServiceUnavailable
+from .._exchange import Exchange, Incoming, Outgoing
 from .._identities import Caller, caller_of
 from .._operation import COPY_SOURCE, S3Operation
 from .._settings import GatewaySettings
@@ -27,7 +28,6 @@ from ._form import form_boundary
 from ._post_object import PostObject
 from ._sigv2 import verify_presigned_v2
 from ._sigv4 import Verified, verify_request
-from ._transport import Incoming, Outgoing
 
 # Never forwarded: hop-by-hop headers, the client's own signature, and the aws-chunked
 # framing headers (the upstream body is the decoded payload).
@@ -85,7 +85,7 @@ class Proxy:
         self,
         settings: GatewaySettings,
         client: Callable[[], httpx.AsyncClient],
-        send: Callable[[Outgoing], Awaitable[Incoming]],
+        send: Exchange,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings

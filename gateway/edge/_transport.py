@@ -30,11 +30,13 @@ import re
 import socket
 import struct
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
-from typing import Any, NamedTuple, cast
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import NamedTuple, cast
 
 import httptools
 import httpx
+
+from .._exchange import Incoming, Outgoing, Timeouts
 
 _HIGH_WATER = 2 * 1024 * 1024  # body bytes held before the socket stops being read
 _LOW_WATER = 512 * 1024  # ... and resumes
@@ -43,56 +45,6 @@ _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a re
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "DELETE", "PUT"})
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00\r\n]")
-
-Timeouts = Mapping[str, Any]
-Headers = Sequence[tuple[bytes, bytes]]
-
-
-class Outgoing(NamedTuple):
-    """A request as it goes on the wire: what :meth:`UpstreamTransport.exchange` sends.
-
-    ``headers`` go out as they are, so they carry ``Host`` and the body's framing
-    (``Content-Length``, or ``Transfer-Encoding: chunked`` for a body of unknown length).
-
-    ``body`` held whole (``bytes``) may be sent again on a fresh connection when a reused
-    one turns out stale; a streamed one is sent once.
-    """
-
-    method: str
-    scheme: str
-    host: str
-    port: int
-    target: bytes  # the path and query, percent-encoded
-    headers: Headers
-    body: bytes | AsyncIterable[bytes] | None
-    timeouts: Timeouts
-
-    def url(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}{self.target.decode('ascii')}"
-
-    def to_httpx(self) -> httpx.Request:
-        """The same request for an httpx transport or client (https://, tests' mocks)."""
-        return httpx.Request(
-            self.method,
-            self.url(),
-            headers=list(self.headers),
-            content=self.body,
-            extensions={"timeout": dict(self.timeouts)},
-        )
-
-
-class Incoming(NamedTuple):
-    """A response whose body is still to be read: iterate ``body``, then ``aclose`` it."""
-
-    status: int
-    headers: Headers
-    body: httpx.AsyncByteStream
-
-    @classmethod
-    def of(cls, response: httpx.Response) -> Incoming:
-        stream = response.stream
-        assert isinstance(stream, httpx.AsyncByteStream)
-        return cls(response.status_code, response.headers.raw, stream)
 
 
 class _Message:

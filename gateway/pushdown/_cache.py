@@ -522,9 +522,9 @@ def _context(
     return (bucket, manifest.hashes[:split], manifest.preprocess, dtype, augmented)
 
 
-def identity_from(bucket: str, key: str, headers: httpx.Headers) -> ObjectIdentity | None:
-    """An object's identity from a GET or HEAD response's headers (``None`` without an
-    ETag: such an object cannot be cached safely)."""
+def identity_from(bucket: str, key: str, headers: Mapping[str, str]) -> ObjectIdentity | None:
+    """An object's identity from a GET or HEAD response's headers (by lowercase name, or
+    ``httpx.Headers``; ``None`` without an ETag: such an object cannot be cached safely)."""
     etag = headers.get("etag", "").strip('"')
     if not etag:
         return None

@@ -24,6 +24,7 @@ from .._errors import (
     ServiceUnavailable,
     UnprocessableObject,
 )
+from .._exchange import Incoming
 from .._settings import GatewaySettings
 from .._store import StoreClient, backend_error
 from ._cache import identity_from
@@ -120,24 +121,25 @@ class ObjectLister:
         # indexes want random access); the objects of a request are capped together.
         try:
             async with store.stream(bucket, key) as reply:
-                if reply.status_code != 200:
-                    raise backend_error(reply.status_code, await reply.aread(), f"/{bucket}/{key}")
-                identity = identity_from(bucket, key, reply.headers)
+                if reply.status != 200:
+                    raise backend_error(reply.status, await reply.read(), f"/{bucket}/{key}")
+                fields = reply.fields()
+                identity = identity_from(bucket, key, fields)
                 if identity is not None:
                     listing.identities[key] = identity
-                return await self._read_capped(reply, bucket, key, listing, batch)
+                declared = int(fields.get("content-length", "0"))
+                return await self._read_capped(reply, declared, bucket, key, listing, batch)
         except httpx.TransportError as exc:
             raise ServiceUnavailable(
                 f"the backend store cannot be reached: {exc!r}", retry_after=1
             ) from exc
 
     async def _read_capped(
-        self, reply: httpx.Response, bucket: str, key: str, listing: Listing, batch: bool
+        self, reply: Incoming, declared: int, bucket: str, key: str, listing: Listing, batch: bool
     ) -> bytes:
-        declared = int(reply.headers.get("content-length", "0"))
         self._hold(declared, bucket, key, listing, batch)
         parts, size = [], 0
-        async for chunk in reply.aiter_bytes():
+        async for chunk in reply.body:
             size += len(chunk)
             if size > declared:  # no or a wrong length: hold what arrives, as it arrives
                 self._hold(size - max(declared, size - len(chunk)), bucket, key, listing, batch)

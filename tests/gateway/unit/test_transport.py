@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from hapi.gateway import GatewaySettings
 from hapi.gateway._app import new_upstream_client
-from hapi.gateway.edge._transport import Outgoing, UpstreamTransport
+from hapi.gateway._exchange import Outgoing
+from hapi.gateway.edge._transport import UpstreamTransport
 from hapi.protocol import Credentials
 
 pytestmark = pytest.mark.anyio
