@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from hapi.models import Manifest, PendingSample, TooManySamples, UndecodableObject, list_samples
+from hapi.models import (
+    Manifest,
+    PendingSample,
+    TooManySamples,
+    UndecodableObject,
+    list_samples,
+)
 from hapi.protocol import Augmentation, ObjectIdentity
 
 from .._errors import (
@@ -88,7 +94,7 @@ class ObjectLister:
                 listing.fetch_ms = max(listing.fetch_ms, (time.perf_counter() - started) * 1000)
             try:
                 listing.samples[key] = await self._list(
-                    data, bucket, key, manifest, listing, augment
+                    data, bucket, key, manifest, listing, batch, augment
                 )
             except S3Error:
                 listing.held -= len(data)  # a failed key's bytes are dropped now
@@ -170,21 +176,31 @@ class ObjectLister:
         key: str,
         manifest: Manifest,
         listing: Listing,
+        batch: bool,
         augment: Augmentation | None,
     ) -> list[PendingSample]:
         cap = self._settings.max_request_samples
-        loop = asyncio.get_running_loop()
-        try:
-            found: list[PendingSample] = await loop.run_in_executor(
-                self._decode_pool,
-                lambda: list_samples(
-                    data,
-                    key=key,
-                    max_samples=max(0, cap - listing.counted),
-                    max_pixels=self._settings.max_image_pixels,
-                    augment=augment,
-                ),
+
+        def listed() -> list[PendingSample]:
+            return list_samples(
+                data,
+                key=key,
+                max_samples=max(0, cap - listing.counted),
+                max_pixels=self._settings.max_image_pixels,
+                augment=augment,
             )
+
+        lone = (
+            PendingSample.unread(data, key)
+            if _read_when_decoded(manifest, batch, augment)
+            else None
+        )
+        try:
+            if lone is not None:
+                found = [lone]
+            else:
+                loop = asyncio.get_running_loop()
+                found = await loop.run_in_executor(self._decode_pool, listed)
         except TooManySamples as exc:
             raise _too_many(cap, bucket, key) from exc
         except UndecodableObject as exc:
@@ -196,6 +212,16 @@ class ObjectLister:
         if listing.counted > cap:
             raise _too_many(cap, bucket, key)
         return found
+
+
+def _read_when_decoded(manifest: Manifest, batch: bool, augment: Augmentation | None) -> bool:
+    """Whether an object that is one image is listed unread, its header read where it is
+    decoded: so its sample crosses one hop to the decoding pool, not two (one to read the
+    header, one to read it again and decode). For a single GET of an image that Pillow
+    decodes, with no view to draw: its decode refuses the same objects with the same
+    errors, and the answer starts only after it. A batch's keys are checked as they are
+    listed, so that a bad key fails alone; a shard's members are listed in the pool."""
+    return not batch and augment is None and manifest.preprocess.decoder == "pil"
 
 
 def _too_many(cap: int, bucket: str, key: str) -> InvalidRequest:

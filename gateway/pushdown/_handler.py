@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import math
 import threading
 import time
 from collections.abc import Awaitable, Mapping, Sequence
@@ -260,7 +261,7 @@ class Pushdown:
         )
         writer = None
         if cache is not None and missing:
-            row_bytes = 4 * int(np.prod(answer.row_shape))
+            row_bytes = 4 * math.prod(answer.row_shape)
             writer = EntryWriter(
                 cache,
                 manifest,
@@ -363,8 +364,8 @@ class Pushdown:
     def window(self, manifest: Manifest, split: int, batcher: Batcher | None) -> int:
         """Samples per window: two windows (one decoding, one running) of inputs,
         activations and outputs fit in ``max_decoded_bytes``."""
-        inputs = 4 * int(np.prod(manifest.input.shape))
-        outputs = 4 * int(np.prod(_output_shape(manifest, split)))
+        inputs = 4 * math.prod(manifest.input.shape)
+        outputs = 4 * math.prod(_output_shape(manifest, split))
         activations = per_sample_bytes(manifest, split) if split else 0
         each = inputs + activations + 2 * outputs  # outputs: float32, then their wire bytes
         size = max(1, self._settings.max_decoded_bytes // (2 * each))

@@ -9,7 +9,9 @@ keeps running figures instead of the rows and is sent whole at the end.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,10 +47,15 @@ class Answer:
     def shape(self) -> tuple[int, ...]:
         return (len(self.samples), *self.row_shape)
 
-    def labels(self) -> np.ndarray | None:
+    @functools.cached_property
+    def _labels(self) -> np.ndarray | None:
         if not any(s.label is not None for s in self.samples):
             return None
         return np.array([-1 if s.label is None else s.label for s in self.samples], np.int64)
+
+    def labels(self) -> np.ndarray | None:
+        """The samples' labels (-1 for none), or ``None`` when no sample has one."""
+        return self._labels
 
     def metadata(self) -> dict[str, str]:
         meta = {
@@ -72,21 +79,23 @@ class Answer:
             return None
         return [view_dict(s) for s in self.samples]
 
+    @functools.cached_property
     def _tensors(self) -> list[tuple[str, str, tuple[int, ...], int]]:
-        """(name, dtype code, shape, bytes) of each tensor the answer sends."""
+        """(name, dtype code, shape, bytes) of each tensor the answer sends (its samples,
+        row shape and dtype are fixed once it is made)."""
         code, itemsize = _CODES[self.params.dtype]
-        tensors = [("features", code, self.shape, itemsize * int(np.prod(self.shape)))]
+        tensors = [("features", code, self.shape, itemsize * math.prod(self.shape))]
         if self.labels() is not None:
             tensors.append(("labels", "I64", (len(self.samples),), 8 * len(self.samples)))
         return tensors
 
     def tensor_bytes(self) -> int:
         """The tensors' bytes, the safetensors header left out."""
-        return sum(size for *_, size in self._tensors())
+        return sum(size for *_, size in self._tensors)
 
     def safetensors_head(self) -> tuple[bytes, int]:
         """The safetensors header (length prefix included) and the whole payload's size."""
-        head = safetensors_header(self._tensors(), self.metadata())
+        head = safetensors_header(self._tensors, self.metadata())
         return head, len(head) + self.tensor_bytes()
 
     def server_timing(self) -> dict[str, float]:
@@ -172,8 +181,10 @@ class FeatureStream:
             await self._start()
         labels = self._answer.labels()
         tail = b"" if labels is None else np.ascontiguousarray(labels, "<i8").tobytes()
-        held, self._held = self._held or [], None
-        await self._send({"type": "http.response.body", "body": b"".join([*held, tail])})
+        parts, self._held = [*(self._held or []), tail], None
+        # One part goes as it is: joining copies it (hundreds of KB at an early split).
+        body = parts[0] if len(parts) == 2 and not tail else b"".join(parts)
+        await self._send({"type": "http.response.body", "body": body})
 
     async def _start(self) -> None:
         self._started = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import os
 import tempfile
 import threading
@@ -124,7 +125,7 @@ def per_sample_bytes(manifest: Manifest, split: int) -> int:
     consecutive activations (a block's input and output live together), or the block's
     own measured peak when that is larger."""
     blocks = manifest.blocks[:split]
-    input_bytes = 4 * int(np.prod(manifest.input.shape))
+    input_bytes = 4 * math.prod(manifest.input.shape)
     best = 0
     for block in blocks:
         best = max(best, input_bytes + block.output_bytes, block.peak_activation_bytes)
