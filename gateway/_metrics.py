@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
 # render()'s "every identity's series" (what an admin key sees); never an access key id.
 ALL_IDENTITIES = "*"
 # Where an object pushdown fetched was, as the placement label says it.
 FETCH_PLACEMENTS = ("local", "remote", "unknown")
+_M = TypeVar("_M", bound=MetricWrapperBase)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -186,11 +188,21 @@ class Metrics:
             registry=self.registry,
         )
         self._series: dict[tuple[str, int], _RequestSeries] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
         self.device_memory = Gauge(
             "hapi_device_memory_used_bytes",
             "Memory in use on the inference GPU, read at each scrape (0 on a CPU-only node).",
             registry=self.registry,
         )
+
+    def series(self, metric: _M, *values: str) -> _M:
+        """``metric.labels(*values)``, looked up once per combination: ``labels()`` locks
+        and builds tuples, several times in every pushdown request otherwise."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return cast(_M, child)
 
     def observe(
         self, operation: str, status: int, seconds: float, sent: int, received: int

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -100,7 +100,11 @@ class ObjectLister:
                 listing.held -= len(data)  # a failed key's bytes are dropped now
                 raise
 
-        outcomes = await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
+        outcomes = (
+            [await _outcome(one(keys[0]))]  # a single GET's one key: no task to gather
+            if len(keys) == 1
+            else await asyncio.gather(*(one(k) for k in keys), return_exceptions=True)
+        )
         for key, outcome in zip(keys, outcomes, strict=True):
             if not isinstance(outcome, BaseException):
                 continue
@@ -212,6 +216,15 @@ class ObjectLister:
         if listing.counted > cap:
             raise _too_many(cap, bucket, key)
         return found
+
+
+async def _outcome(work: Awaitable[None]) -> BaseException | None:
+    """What ``asyncio.gather(..., return_exceptions=True)`` gives of one awaitable."""
+    try:
+        await work
+    except Exception as exc:
+        return exc
+    return None
 
 
 def _read_when_decoded(manifest: Manifest, batch: bool, augment: Augmentation | None) -> bool:

@@ -189,7 +189,9 @@ class Pushdown:
         manifest, params = await self._resolve(params)
         assert params.split is not None
         if self._metrics is not None:
-            self._metrics.model_requests.labels(manifest.ref, str(params.split)).inc()
+            self._metrics.series(
+                self._metrics.model_requests, manifest.ref, str(params.split)
+            ).inc()
         hits, timings, cache = await self._lookup(bucket, keys, manifest, params)
         missing = [key for key in keys if key not in hits]
         split = params.split
@@ -224,7 +226,9 @@ class Pushdown:
     def _served(self, source: str, samples: int) -> None:
         """Meter samples served without the batcher (its meter counts computed ones)."""
         if self._metrics is not None and samples:
-            self._metrics.pushdown_samples.labels(self.caller.name, source).inc(samples)
+            self._metrics.series(self._metrics.pushdown_samples, self.caller.name, source).inc(
+                samples
+            )
 
     def _answer(
         self,
@@ -350,7 +354,7 @@ class Pushdown:
                 self._served("cache", sum(isinstance(s, CachedSample) for s in windows[index]))
                 if self._metrics is not None:
                     labels = (answer.manifest.ref, str(answer.params.split))
-                    self._metrics.model_samples.labels(*labels).inc(len(rows))
+                    self._metrics.series(self._metrics.model_samples, *labels).inc(len(rows))
             await stream.finish()
         except BaseException as exc:
             decoding.cancel()
@@ -386,7 +390,9 @@ class Pushdown:
         decoded = (
             None
             if self._metrics is None
-            else self._metrics.decode_seconds.labels(manifest.ref, str(answer.params.split))
+            else self._metrics.series(
+                self._metrics.decode_seconds, manifest.ref, str(answer.params.split)
+            )
         )
 
         def one(index: int, sample: PendingSample) -> None:
@@ -435,7 +441,7 @@ class Pushdown:
                 loop.run_in_executor(self._decode_pool, one, i, s) for i, s in enumerate(window)
             ]
         try:
-            await asyncio.gather(*jobs)
+            await (jobs[0] if len(jobs) == 1 else asyncio.gather(*jobs))  # one: no gathering
         except UndecodableObject as exc:
             raise UnprocessableObject(
                 f"{exc} (model {manifest.ref} needs an image or a tar shard)"

@@ -98,8 +98,8 @@ class FetchMeter:
     def _count(self, located: asyncio.Future[Where], size: int) -> None:
         where = "unknown" if located.cancelled() else located.result()
         if self._metrics is not None:
-            self._metrics.object_fetches.labels(where).inc()
-            self._metrics.object_fetch_bytes.labels(where).inc(size)
+            self._metrics.series(self._metrics.object_fetches, where).inc()
+            self._metrics.series(self._metrics.object_fetch_bytes, where).inc(size)
 
     def _where(self, placement: Placement, bucket: str, key: str) -> Where:
         try:
