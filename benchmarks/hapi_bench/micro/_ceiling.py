@@ -18,7 +18,10 @@ bare loop's own process; the gateway's, without its clients') over the samples.
 
 With ``--decode-processes N``, a second gateway decodes in N worker processes (off the
 interpreter lock) and is measured in the same rounds, as the modes ``batch-processes`` and
-``single-processes``.
+``single-processes``. With ``--baseline DIR`` (another checkout of hapi, e.g. from ``git
+worktree add``), a gateway running that checkout's code is measured in the same rounds, as
+the modes ``batch-baseline`` and ``single-baseline``: a change's effect, interleaved, on
+the same cores.
 
 Goals (issue "a storage node at full speed"): at every split, the gateway at least 0.9x the
 bare loop for batch requests and 0.8x for single-object GETs. Writes
@@ -37,6 +40,7 @@ import os
 import resource
 import statistics
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -338,6 +342,7 @@ def run(
     seconds: float,
     rounds: int,
     decode_processes: int = 0,
+    baseline: Path | None = None,
 ) -> dict[str, Any]:
     """Measure every (model, split); returns and writes the results."""
     wrk_binary()  # fail before minutes of set-up, not after
@@ -354,10 +359,13 @@ def run(
         for name, blob in zip(keys, blobs, strict=True):
             bench.s3.put_object(Bucket=_BUCKET, Key=name, Body=blob)
         with contextlib.ExitStack() as running:
-            drivers = {"": _driver(running, bench, seconds, {})}
+            drivers = {"": _driver(running, bench, seconds, {}, "gw.log")}
             if decode_processes:
                 extra = {"HAPI_DECODE_PROCESSES": str(decode_processes)}
-                drivers["-processes"] = _driver(running, bench, seconds, extra)
+                drivers["-processes"] = _driver(running, bench, seconds, extra, "gw-processes.log")
+            if baseline is not None:
+                extra = {"PYTHONPATH": str(baseline_tree(baseline, bench.tmp / "baseline"))}
+                drivers["-baseline"] = _driver(running, bench, seconds, extra, "gw-baseline.log")
             reader = StoreReader(bench.store.endpoint_url, bench.key, bench.secret, _BUCKET)
             running.callback(reader.close)
             store = _Store(reader, bench.store.pid)
@@ -372,6 +380,7 @@ def run(
         f"GETs on {GET_CLIENTS}",
         "rounds": rounds,
         "decode_processes": decode_processes,
+        "baseline": None if baseline is None else str(baseline),
         "cpu_count": os.cpu_count(),
         "cpu": cpu_model(),
         "goals": GOALS,
@@ -382,14 +391,31 @@ def run(
 
 
 def _driver(
-    running: contextlib.ExitStack, bench: Any, seconds: float, env: dict[str, str]
+    running: contextlib.ExitStack, bench: Any, seconds: float, env: dict[str, str], log: str
 ) -> GatewayDriver:
-    """A gateway (cache off, ``env`` added) in ``running``, and its driver."""
-    name = "gw-processes.log" if env else "gw.log"
-    gw = running.enter_context(bench.gateway(name, {"HAPI_CACHE_ENABLED": "false", **env}))
+    """A gateway (cache off, ``env`` added; its output in ``log``) in ``running``, and its
+    driver."""
+    gw = running.enter_context(bench.gateway(log, {"HAPI_CACHE_ENABLED": "false", **env}))
     driver = GatewayDriver(gw, seconds, store_pid=bench.store.pid)
     running.callback(driver.close)
     return driver
+
+
+def baseline_tree(checkout: Path, scratch: Path) -> Path:
+    """A folder that, first on ``PYTHONPATH``, makes ``hapi`` import from ``checkout``: a
+    ``hapi`` package of links to the checkout's package folders, as its ``pyproject.toml``
+    maps them (the console scripts and entry points stay the installed ones)."""
+    config = tomllib.loads((checkout / "pyproject.toml").read_text())
+    folders: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
+    root = scratch / "hapi"
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "__init__.py").touch()
+    for package, folder in folders.items():
+        _, _, name = package.partition(".")
+        if not (checkout / folder).is_dir():
+            raise BenchError(f"--baseline {checkout}: no folder {folder} for {package}")
+        (root / name).symlink_to((checkout / folder).resolve(), target_is_directory=True)
+    return scratch
 
 
 class _Store(NamedTuple):
@@ -660,8 +686,24 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="also measure a gateway decoding in this many worker processes (0: do not)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also measure a gateway running another checkout of hapi (modes *-baseline)",
+    )
     args = parser.parse_args(argv)
     if args.decode_processes < 0:
         parser.error("--decode-processes must be 0 or positive")
+    if args.baseline is not None and not (args.baseline / "pyproject.toml").is_file():
+        parser.error(f"--baseline {args.baseline}: not a checkout of hapi (no pyproject.toml)")
     names = tuple(n.strip() for n in args.models.split(",") if n.strip())
-    run(args.out, names, args.splits, args.images, args.seconds, args.rounds, args.decode_processes)
+    run(
+        args.out,
+        names,
+        args.splits,
+        args.images,
+        args.seconds,
+        args.rounds,
+        args.decode_processes,
+        args.baseline,
+    )

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from hapi_bench.core._errors import BenchError
 from hapi_bench.core._host import busy_seconds
-from hapi_bench.micro._ceiling import GOALS, Run, _cell, _modes, _report
+from hapi_bench.micro._ceiling import GOALS, Run, _cell, _modes, _report, baseline_tree
 
 
 def _runs(store: float | None = 1.0) -> dict[str, list[Run]]:
@@ -151,3 +155,29 @@ def test_a_threads_cpu_is_read_from_its_own_task() -> None:
         pass
     own = thread_cpu_seconds(os.getpid())
     assert 0 < own <= cpu_seconds(os.getpid()) + 0.02  # one thread of the process's total
+
+
+def test_a_baseline_tree_imports_hapi_from_the_other_checkout(tmp_path: Path) -> None:
+    checkout = tmp_path / "checkout"
+    (checkout / "gateway").mkdir(parents=True)
+    (checkout / "gateway" / "__init__.py").write_text("WHERE = 'baseline'\n")
+    (checkout / "pyproject.toml").write_text(
+        '[tool.setuptools.package-dir]\n"hapi.gateway" = "gateway"\n'
+    )
+    tree = baseline_tree(checkout, tmp_path / "tree")
+    found = subprocess.run(
+        [sys.executable, "-c", "import hapi.gateway as g; print(g.WHERE, g.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert found[0] == "baseline" and found[1].startswith(str(tree))
+
+
+def test_a_baseline_without_a_mapped_folder_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.setuptools.package-dir]\n"hapi.gateway" = "gateway"\n'
+    )
+    with pytest.raises(BenchError, match=r"no folder gateway for hapi\.gateway"):
+        baseline_tree(tmp_path, tmp_path / "tree")
