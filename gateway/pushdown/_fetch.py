@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -36,9 +36,11 @@ from .._store import StoreClient, backend_error
 from ._cache import identity_from
 from ._locality import FetchMeter
 
-__all__ = ["Listing", "ObjectLister"]
+__all__ = ["Listed", "Listing", "ObjectLister"]
 
 _FETCH_CONCURRENCY = 32
+Listed = Callable[[str, list[PendingSample]], None]
+"""What runs after a key's samples are listed, in the same pool job."""
 
 
 @dataclass
@@ -80,10 +82,14 @@ class ObjectLister:
         manifest: Manifest,
         batch: bool,
         augment: Augmentation | None = None,
+        then: Listed | None = None,
     ) -> Listing:
         """Fetch ``keys`` through ``store`` (acting as the caller's identity) and list their
         samples (each with its view of ``augment`` drawn, when given); per-key failures of a
-        batch are kept in the listing's ``errors``, every other failure is raised."""
+        batch are kept in the listing's ``errors``, every other failure is raised.
+
+        ``then(key, samples)`` runs in the pool job that listed a key, after it (a batch's
+        images are decoded there); what it raises fails that key as listing would."""
         listing = Listing()
         limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
 
@@ -94,7 +100,7 @@ class ObjectLister:
                 listing.fetch_ms = max(listing.fetch_ms, (time.perf_counter() - started) * 1000)
             try:
                 listing.samples[key] = await self._list(
-                    data, bucket, key, manifest, listing, batch, augment
+                    data, bucket, key, manifest, listing, batch, augment, then
                 )
             except S3Error:
                 listing.held -= len(data)  # a failed key's bytes are dropped now
@@ -182,17 +188,21 @@ class ObjectLister:
         listing: Listing,
         batch: bool,
         augment: Augmentation | None,
+        then: Listed | None,
     ) -> list[PendingSample]:
         cap = self._settings.max_request_samples
 
         def listed() -> list[PendingSample]:
-            return list_samples(
+            found = list_samples(
                 data,
                 key=key,
                 max_samples=max(0, cap - listing.counted),
                 max_pixels=self._settings.max_image_pixels,
                 augment=augment,
             )
+            if then is not None:
+                then(key, found)
+            return found
 
         lone = (
             PendingSample.unread(data, key)

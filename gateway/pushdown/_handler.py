@@ -32,7 +32,7 @@ import copy
 import math
 import threading
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -198,17 +198,49 @@ class Pushdown:
         batcher = await self.tenants.batcher(manifest, split) if split and missing else None
         # Samples are on their way: worth a short wait for company in the batcher.
         expected = batcher.expecting(self.caller.name) if batcher is not None else _NOT_EXPECTED
+        progress = _Progress()
+        decoded = self._decoded_as_listed(manifest, params, missing, batch, batcher, progress)
         with expected as arrival:
             try:
                 listing = await self._lister.list_all(
-                    self._as_caller, bucket, missing, manifest, batch, params.augment
+                    self._as_caller, bucket, missing, manifest, batch, params.augment, decoded
                 )
             except asyncio.CancelledError:
                 self.stats.requests_cancelled += 1
                 raise
             answer, writer = self._answer(keys, hits, listing, manifest, params, cache, timings)
             answer.started = started
-            await self._run(send, answer, arrival, writer)
+            await self._run(send, answer, arrival, progress, writer, decoded)
+
+    def _decoded_as_listed(
+        self,
+        manifest: Manifest,
+        params: Params,
+        missing: Sequence[str],
+        batch: bool,
+        batcher: Batcher | None,
+        progress: _Progress,
+    ) -> _DecodedAsListed | None:
+        """Where a batch's images are decoded in the pool job that lists them (one hop to
+        the pool a sample, not two; a key that fails to decode fails alone, as one that
+        fails to list does): for a batch that fits one window, decoded by Pillow in the
+        decoding threads, with no view to draw. ``None`` otherwise."""
+        split = params.split
+        assert split is not None
+        if (
+            not batch
+            or not missing
+            or params.augment is not None
+            or self._processes is not None
+            or manifest.preprocess.decoder != "pil"
+            or len(missing) > self.window(manifest, split, batcher)
+        ):
+            return None
+
+        def decode(sample: PendingSample, out: np.ndarray) -> None:
+            self._decode_into(manifest, split, progress, sample, out)
+
+        return _DecodedAsListed(missing, tuple(manifest.input.shape), decode)
 
     def _admit(self) -> None:
         """Count the request against its identity's rate.
@@ -325,18 +357,19 @@ class Pushdown:
         send: ASGISend,
         answer: Answer,
         arrival: Arrival | None,
+        progress: _Progress,
         writer: EntryWriter | None = None,
+        decoded: _DecodedAsListed | None = None,
     ) -> None:
         samples, stream = answer.samples, open_stream(send, answer)
         batcher = arrival.batcher if arrival is not None else None
         assert answer.params.split is not None
         size = self.window(answer.manifest, answer.params.split, batcher)
-        progress = _Progress()
         pending = sum(not isinstance(s, CachedSample) for s in samples)
         self.stats.samples_listed += pending
         windows = [samples[i : i + size] for i in range(0, len(samples), size)]
         decoding: asyncio.Future[np.ndarray] = asyncio.ensure_future(
-            self._decode(windows[0], answer, progress)
+            self._decode(windows[0], answer, progress, decoded)
         )
         try:
             for index in range(len(windows)):
@@ -380,29 +413,28 @@ class Pushdown:
         samples: Sequence[PendingSample | CachedSample],
         answer: Answer,
         progress: _Progress,
+        as_listed: _DecodedAsListed | None = None,
     ) -> np.ndarray:
-        """Decode the window's samples that the cache did not answer."""
-        started = time.perf_counter()
-        manifest = answer.manifest
+        """Decode the window's samples that the cache did not answer (the rows decoded as
+        they were listed, when every one was)."""
+        manifest, split = answer.manifest, answer.params.split
+        assert split is not None
         window = [s for s in samples if isinstance(s, PendingSample)]
+        early = None if as_listed is None else as_listed.rows(window)
+        if as_listed is not None and early is not None:
+            answer.timings["decode"] = answer.timings.get("decode", 0.0) + as_listed.ms()
+            return early
+        started = time.perf_counter()
         inputs = np.empty((len(window), *manifest.input.shape), np.float32)
         max_pixels = self._settings.max_image_pixels
         decoded = (
             None
             if self._metrics is None
-            else self._metrics.series(
-                self._metrics.decode_seconds, manifest.ref, str(answer.params.split)
-            )
+            else self._metrics.series(self._metrics.decode_seconds, manifest.ref, str(split))
         )
 
         def one(index: int, sample: PendingSample) -> None:
-            progress.start()
-            started = time.thread_time()
-            sample.decode(manifest.preprocess, max_pixels=max_pixels, out=inputs[index])
-            seconds = time.thread_time() - started
-            self.stats.count_decoded(seconds)
-            if decoded is not None:
-                decoded.inc(seconds)
+            self._decode_into(manifest, split, progress, sample, inputs[index])
 
         def chunk(start: int, stop: int) -> None:  # in a worker process, one message
             assert self._processes is not None
@@ -454,6 +486,25 @@ class Pushdown:
         _add(answer.timings, "decode", started)
         return inputs
 
+    def _decode_into(
+        self,
+        manifest: Manifest,
+        split: int,
+        progress: _Progress,
+        sample: PendingSample,
+        out: np.ndarray,
+    ) -> None:
+        """Decode one sample into ``out`` in a decoding thread, and meter it."""
+        progress.start()
+        started = time.thread_time()
+        sample.decode(manifest.preprocess, max_pixels=self._settings.max_image_pixels, out=out)
+        seconds = time.thread_time() - started
+        self.stats.count_decoded(seconds)
+        if self._metrics is not None:
+            self._metrics.series(self._metrics.decode_seconds, manifest.ref, str(split)).inc(
+                seconds
+            )
+
     async def _infer(
         self, inputs: np.ndarray, answer: Answer, arrival: Arrival | None
     ) -> np.ndarray:
@@ -469,6 +520,50 @@ class Pushdown:
         answer.batch_size = max(answer.batch_size, used)
         _add(answer.timings, "infer", started)
         return outputs
+
+
+class _DecodedAsListed:
+    """A batch's images decoded in the pool jobs that list them, a row per key.
+
+    Called (in a decoding thread) with each key's listed samples: an image is decoded into
+    its key's row, and a shard left for its window (its members are found only now).
+    :meth:`rows` gives a window's inputs when every one of its samples was decoded so.
+    """
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        shape: tuple[int, ...],
+        decode: Callable[[PendingSample, np.ndarray], None],
+    ) -> None:
+        self.inputs = np.empty((len(keys), *shape), np.float32)
+        self._row = {key: row for row, key in enumerate(keys)}
+        self._decode = decode
+        self._rows: dict[int, int] = {}  # id(sample) -> its row, once decoded
+        self._first = math.inf
+        self._last = -math.inf
+
+    def __call__(self, key: str, samples: list[PendingSample]) -> None:
+        if len(samples) != 1 or samples[0].key != key:
+            return  # a shard's members (named key#member): decoded with their window
+        started = time.perf_counter()
+        self._decode(samples[0], self.inputs[self._row[key]])
+        self._rows[id(samples[0])] = self._row[key]
+        self._first, self._last = min(self._first, started), max(self._last, time.perf_counter())
+
+    def rows(self, window: Sequence[PendingSample]) -> np.ndarray | None:
+        """The inputs of ``window`` in its order, or ``None`` if one was not decoded here."""
+        found = [self._rows.get(id(sample)) for sample in window]
+        rows = [row for row in found if row is not None]
+        if len(rows) < len(found):
+            return None
+        if rows == list(range(len(self.inputs))):
+            return self.inputs
+        return self.inputs[rows]  # some keys failed (or came twice): their rows copied
+
+    def ms(self) -> float:
+        """Milliseconds from the first decode's start to the last one's end."""
+        return max(0.0, (self._last - self._first) * 1000)
 
 
 def _view_material(params: Params) -> dict[str, object] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import tarfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from hapi.gateway._store import StoreClient
 from hapi.gateway.edge._transport import UpstreamTransport
 from hapi.gateway.pushdown._fetch import ObjectLister
 from hapi.gateway.pushdown._locality import FetchMeter
-from hapi.protocol import Credentials
+from hapi.protocol import Credentials, decode_features
 from tests.support import encode_image, signed_headers
 
 BUCKET = "pushdown-hops"
@@ -58,7 +59,7 @@ def _shard() -> bytes:
 @pytest.fixture(scope="module")
 def objects(backend_s3: Any) -> dict[str, bytes]:
     backend_s3.create_bucket(Bucket=BUCKET)
-    blobs = {"cat.jpg": CAT, "shard.tar": _shard(), "notes.txt": b"not an image"}
+    blobs = {"cat.jpg": CAT, "cat2.jpg": CAT, "shard.tar": _shard(), "notes.txt": b"not an image"}
     for key, blob in blobs.items():
         backend_s3.put_object(Bucket=BUCKET, Key=key, Body=blob)
     return blobs
@@ -172,3 +173,96 @@ def test_a_single_get_refuses_what_the_model_layer_refuses(
     assert error.findtext("Resource") == f"/{BUCKET}/{key}"
     # Refused, and the store holds what it held.
     assert backend_s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == blob
+
+
+def _jobs_per_request(
+    store, monkeypatch, requests: list[tuple[str, str, bytes | None]]
+) -> list[int]:
+    """The jobs each request hands the decoding pool, the whole gateway in-process (its
+    lean transport to the real store, the real blocks), one request after another."""
+    from asgi_lifespan import LifespanManager
+
+    from hapi.gateway import create_app
+    from hapi.gateway.pushdown._fairness import FairPool
+    from tests.gateway.support import CLIENT, client_signed
+
+    handed: list[str] = []
+    submit = FairPool.submit
+
+    def counting(self: FairPool, identity: str, fn: Callable[..., Any], *args: Any, **kw: Any):
+        handed.append(identity)
+        return submit(self, identity, fn, *args, **kw)
+
+    monkeypatch.setattr(FairPool, "submit", counting)
+    config = GatewaySettings(
+        backend_url=store.endpoint_url,
+        backend_credentials=Credentials(
+            store.credentials.access_key_id, store.credentials.secret_access_key
+        ),
+        clients={CLIENT[0]: ClientKey(CLIENT[1])},
+        cache_enabled=False,
+        device="cpu",
+    )
+    url = "http://gateway.test"
+
+    async def scenario() -> list[int]:
+        app = create_app(config)
+        counts = []
+        async with (
+            LifespanManager(app) as running,
+            httpx.AsyncClient(transport=httpx.ASGITransport(running.app), timeout=60) as client,
+        ):
+            for method, path, body in requests:
+                handed.clear()
+                headers = client_signed(method, url + path, body)
+                reply = await client.request(method, url + path, headers=headers, content=body)
+                assert reply.status_code == 200, reply.text
+                counts.append(len(handed))
+        return counts
+
+    return asyncio.run(scenario())
+
+
+def test_each_sample_crosses_one_hop_to_the_pool(store, registered, objects, monkeypatch):
+    batch = json.dumps({"keys": ["cat.jpg", "cat2.jpg"], "model": "r18", "split": 1}).encode()
+    counts = _jobs_per_request(
+        store,
+        monkeypatch,
+        [
+            ("GET", f"/{BUCKET}/cat.jpg?hapi-model=r18&hapi-split=1", None),
+            ("GET", f"/{BUCKET}/cat.jpg?hapi-model=r18&hapi-split=0", None),
+            ("POST", f"/{BUCKET}?hapi-batch", batch),
+            ("GET", f"/{BUCKET}/shard.tar?hapi-model=r18&hapi-split=1", None),
+        ],
+    )
+    # An image: one job that reads its header and decodes it. A batch of two images: one
+    # each. A shard: its listing, then its one member's decode.
+    assert counts == [1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.6, 0.9])
+def test_a_batch_fails_an_image_that_breaks_in_its_decode_alone(
+    gateway, backend_s3, registered, objects, cut
+):
+    """Its header reads as an image, its pixels do not: decoded as it is listed, the key
+    fails alone, as one whose header is wrong does."""
+    key = f"cut-{cut}.jpg"
+    backend_s3.put_object(Bucket=BUCKET, Key=key, Body=CAT[: int(len(CAT) * cut)])
+    body = json.dumps({"keys": ["cat.jpg", key], "model": "r18", "split": 1}).encode()
+    path = f"/{BUCKET}?hapi-batch"
+    reply = httpx.post(
+        gateway.endpoint_url + path,
+        content=body,
+        headers=signed_headers(gateway, "POST", path, body=body),
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+    tensors, meta = decode_features(reply.content)
+    assert json.loads(meta["keys"]) == ["cat.jpg"] and tensors["features"].shape[0] == 1
+    refusal = _model_layers_refusal(CAT[: int(len(CAT) * cut)], registered["r18"], key)
+    assert json.loads(meta["errors"]) == {key: f"UnprocessableObject: {refusal}"}
+    single = f"/{BUCKET}/cat.jpg?hapi-model=r18&hapi-split=1"
+    alone = httpx.get(
+        gateway.endpoint_url + single, headers=signed_headers(gateway, "GET", single), timeout=60
+    )
+    assert np.array_equal(decode_features(alone.content)[0]["features"], tensors["features"])
