@@ -188,6 +188,7 @@ class Tenants:
         self._latest: dict[str, tuple[float, Manifest]] = {}
         self._tenants: collections.OrderedDict[tuple[str, ...], _Tenant] = collections.OrderedDict()
         self._creating: dict[tuple[str, ...], asyncio.Task[_Tenant]] = {}
+        self._resolving: dict[str, asyncio.Task[Manifest]] = {}
         self.requests = RequestStats()
         self.serving = 0  # pushdown requests being served now (the cache's writes wait)
         self._idle_since = time.monotonic()
@@ -208,11 +209,24 @@ class Tenants:
         cached = self._latest.get(ref)
         if cached is not None and time.monotonic() - cached[0] < self._latest_ttl:
             return cached[1]
-        manifest = await self._lookup(ref)
+        # Every request that finds the name unresolved (each time its latest version goes
+        # stale) waits on one read of the registry, not one read each; one that goes away
+        # leaves the read to the others.
+        reading = self._resolving.get(ref)
+        if reading is None:
+            reading = asyncio.get_running_loop().create_task(self._lookup(ref))
+            self._resolving[ref] = reading
+            reading.add_done_callback(lambda task: self._resolved(ref, task))
+        manifest = await asyncio.shield(reading)
         self._pinned[manifest.ref] = manifest
         if "@" not in ref:
             self._latest[ref] = (time.monotonic(), manifest)
         return manifest
+
+    def _resolved(self, ref: str, task: asyncio.Task[Manifest]) -> None:
+        self._resolving.pop(ref, None)
+        if not task.cancelled():
+            task.exception()  # seen: every waiter may have gone away before it failed
 
     async def _lookup(self, ref: str) -> Manifest:
         try:

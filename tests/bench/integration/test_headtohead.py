@@ -128,6 +128,7 @@ def test_the_second_job_shows_a_planner_a_busy_storage_side(
     assert "busy on the storage side" in view.origin()
 
 
+@pytest.mark.slow  # 20 s: `make test-slow`
 def test_a_second_job_that_cannot_start_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     # A job whose gateway is not there never answers: the runner stops with the reason
     # rather than measure a loaded cell without its load.

@@ -251,6 +251,7 @@ def test_materialize_bad_input_is_one_line_and_exit_2(gateway):
     assert done.returncode == 2 and "expected s3://BUCKET/PREFIX" in done.stderr
 
 
+@pytest.mark.slow  # 20 s of CLI runs: `make test-slow`
 def test_cache_du_ls_prune_and_rm(gateway, registered, backend_s3, photos):
     bucket, _ = photos
     before = set(_entries(backend_s3))

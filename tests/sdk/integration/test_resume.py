@@ -361,7 +361,12 @@ def killed(gateway, registered, data, tmp_path_factory) -> tuple[Path, list[tupl
 
 @pytest.mark.parametrize(
     ("ranks", "workers"),
-    [(2, 2), (1, 2), pytest.param(3, 1, marks=pytest.mark.slow)],
+    # Two ranks and three (40 s each) in `make test-slow`; one in `make test`.
+    [
+        pytest.param(2, 2, marks=pytest.mark.slow),
+        (1, 2),
+        pytest.param(3, 1, marks=pytest.mark.slow),
+    ],
     ids=["on-2-ranks", "on-1-rank", "on-3-ranks"],
 )
 def test_a_ddp_job_killed_mid_epoch_resumes_with_each_sample_once(
@@ -457,9 +462,8 @@ def uninterrupted_views(gateway, registered, data, tmp_path_factory) -> dict[str
     return views
 
 
-@pytest.mark.parametrize(
-    "ranks", [1, pytest.param(3, marks=pytest.mark.slow)], ids=["on-1-rank", "on-3-ranks"]
-)
+@pytest.mark.slow  # 45 s a rank count: `make test-slow`
+@pytest.mark.parametrize("ranks", [1, 3], ids=["on-1-rank", "on-3-ranks"])
 def test_an_augmented_job_killed_mid_epoch_resumes_with_the_uninterrupted_views(
     gateway, registered, data, tmp_path, uninterrupted_views, ranks
 ):
