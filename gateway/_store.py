@@ -18,7 +18,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict, Unpack
 from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
@@ -45,6 +45,16 @@ def _timeouts(read_s: float, connect_s: float) -> dict[str, float | None]:
     """httpx's timeouts of one request, by phase (built once: :meth:`StoreClient.acting_as`
     makes a client per request)."""
     return httpx.Timeout(read_s, connect=connect_s).as_dict()
+
+
+class RequestOptions(TypedDict, total=False):
+    """What a request to the store may add to its method, bucket and key."""
+
+    query: Mapping[str, str] | None  # encoded the way SigV4 canonicalizes it
+    headers: Mapping[str, str] | None  # signed with the rest
+    content: bytes | None  # the body, sent with its Content-Length
+    payload_sha256: str  # the body's hex SHA-256 (default: UNSIGNED-PAYLOAD)
+    timeout: float | None  # for every phase (default: the settings' timeouts)
 
 
 class _Backend(NamedTuple):
@@ -105,25 +115,14 @@ class StoreClient:
         return replace(self, credentials=credentials)
 
     async def request(
-        self,
-        method: str,
-        bucket: str,
-        key: str = "",
-        *,
-        query: Mapping[str, str] | None = None,
-        headers: Mapping[str, str] | None = None,
-        content: bytes | None = None,
-        payload_sha256: str = UNSIGNED_PAYLOAD,
-        timeout: float | None = None,
+        self, method: str, bucket: str, key: str = "", **options: Unpack[RequestOptions]
     ) -> httpx.Response:
         """Send one signed request and read its reply (any status).
 
         A refused connection is retried once for idempotent methods (a store restarting,
         a pooled connection the store closed); other transport errors are raised.
         """
-        outgoing = self.outgoing(
-            method, bucket, key, query, headers, content, payload_sha256, timeout
-        )
+        outgoing = self.outgoing(method, bucket, key, **options)
         for attempt in (1, 2):
             try:
                 reply = await self._send(outgoing)
@@ -145,18 +144,13 @@ class StoreClient:
             await reply.body.aclose()
 
     def outgoing(
-        self,
-        method: str,
-        bucket: str,
-        key: str = "",
-        query: Mapping[str, str] | None = None,
-        headers: Mapping[str, str] | None = None,
-        content: bytes | None = None,
-        payload_sha256: str = UNSIGNED_PAYLOAD,
-        timeout: float | None = None,
+        self, method: str, bucket: str, key: str = "", **options: Unpack[RequestOptions]
     ) -> Outgoing:
         """One request to the store as it goes on the wire: path-style, signed as this
         client's identity (``Host`` and the body's length among its headers)."""
+        query, headers = options.get("query"), options.get("headers")
+        content = options.get("content")
+        payload_sha256 = options.get("payload_sha256", UNSIGNED_PAYLOAD)
         backend = _Backend.of(self.settings.backend_url)
         path = backend.prefix + (object_path(bucket, key) if bucket else "/")
         encoded = _query(query) if query else ""
@@ -185,7 +179,7 @@ class StoreClient:
             (path + "?" + encoded if encoded else path).encode("ascii"),
             wire,
             content,
-            self._timeouts(timeout),
+            self._timeouts(options.get("timeout")),
         )
 
     async def _send(self, outgoing: Outgoing) -> Incoming:
