@@ -11,15 +11,42 @@ hands each half a callable that sends an :class:`Outgoing` and returns an
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterable, Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 import httpx
 
-__all__ = ["Exchange", "Headers", "Incoming", "Outgoing", "Timeouts"]
+from ._signing import DEFAULT_PORTS, host_from_url
+
+__all__ = ["Backend", "Exchange", "Headers", "Incoming", "Outgoing", "Timeouts"]
 
 Timeouts = Mapping[str, Any]
 Headers = Sequence[tuple[bytes, bytes]]
+
+
+class Backend(NamedTuple):
+    """Where the store is, parsed once from ``backend_url``: what every :class:`Outgoing`
+    to it carries."""
+
+    scheme: str
+    host: str
+    port: int
+    host_header: str  # the Host header: the host, and a port other than the scheme's
+    prefix: str  # a path the store is served under ("" for none)
+
+    @classmethod
+    @functools.lru_cache(maxsize=8)
+    def of(cls, url: str) -> Backend:
+        parts = urlsplit(url)
+        return cls(
+            parts.scheme,
+            parts.hostname or "",
+            parts.port or DEFAULT_PORTS.get(parts.scheme, 80),
+            host_from_url(parts),
+            parts.path.rstrip("/"),
+        )
 
 
 class Outgoing(NamedTuple):

@@ -18,18 +18,18 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import NamedTuple, TypedDict, Unpack
-from urllib.parse import quote, urlencode, urlsplit
+from typing import TypedDict, Unpack
+from urllib.parse import quote, urlencode
 
 import httpx
 
 from hapi.protocol import Credentials, ListedObject, parse_error, parse_list_page
 
 from ._errors import BackendError
-from ._exchange import Exchange, Incoming, Outgoing
+from ._exchange import Backend, Exchange, Incoming, Outgoing
 from ._operation import object_path
 from ._settings import GatewaySettings
-from ._signing import DEFAULT_PORTS, UNSIGNED_PAYLOAD, host_from_url, sign_target
+from ._signing import UNSIGNED_PAYLOAD, sign_target
 
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 _WITH_BODY = frozenset({"PUT", "POST"})  # sent with a Content-Length even when empty
@@ -55,28 +55,6 @@ class RequestOptions(TypedDict, total=False):
     content: bytes | None  # the body, sent with its Content-Length
     payload_sha256: str  # the body's hex SHA-256 (default: UNSIGNED-PAYLOAD)
     timeout: float | None  # for every phase (default: the settings' timeouts)
-
-
-class _Backend(NamedTuple):
-    """Where the store is, parsed once from ``backend_url``."""
-
-    scheme: str
-    host: str
-    port: int
-    host_header: str  # the Host header: the host, and a port other than the scheme's
-    prefix: str  # a path the store is served under ("" for none)
-
-    @classmethod
-    @functools.lru_cache(maxsize=8)
-    def of(cls, url: str) -> _Backend:
-        parts = urlsplit(url)
-        return cls(
-            parts.scheme,
-            parts.hostname or "",
-            parts.port or DEFAULT_PORTS.get(parts.scheme, 80),
-            host_from_url(parts),
-            parts.path.rstrip("/"),
-        )
 
 
 @dataclass(frozen=True)
@@ -151,7 +129,7 @@ class StoreClient:
         query, headers = options.get("query"), options.get("headers")
         content = options.get("content")
         payload_sha256 = options.get("payload_sha256", UNSIGNED_PAYLOAD)
-        backend = _Backend.of(self.settings.backend_url)
+        backend = Backend.of(self.settings.backend_url)
         path = backend.prefix + (object_path(bucket, key) if bucket else "/")
         encoded = _query(query) if query else ""
         if self.credentials is None:

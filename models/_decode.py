@@ -90,14 +90,6 @@ class PendingSample:
     member: str = ""  # the image member, for errors (``shard#dir/0001.jpg``)
     view: ViewParams | None = None  # an augmented view in place of the centre crop
 
-    @classmethod
-    def unread(cls, data: bytes, key: str) -> PendingSample | None:
-        """The one sample of an object that is not a shard, its header not read (``None``
-        for a shard, whose members only a listing finds): for a caller that decodes it
-        next, since :meth:`decode` reads the header first and refuses the same objects
-        with the same errors as :func:`list_samples`."""
-        return None if is_tar(data) else cls(key, data, member=key)
-
     def decode(
         self,
         preset: Preset,

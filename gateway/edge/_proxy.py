@@ -8,7 +8,6 @@ chunk, with ASGI back-pressure bounding what is held in memory.
 from __future__ import annotations
 
 import asyncio
-import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,11 +16,11 @@ import httpx
 
 from .._access import check_form_upload
 from .._errors import AccessDenied, InvalidRequest, ServiceUnavailable
-from .._exchange import Exchange, Incoming, Outgoing
+from .._exchange import Backend, Exchange, Incoming, Outgoing
 from .._identities import Caller, caller_of
 from .._operation import COPY_SOURCE, S3Operation
 from .._settings import GatewaySettings
-from .._signing import DEFAULT_PORTS, host_from_url, sign_target
+from .._signing import sign_target
 from .._types import ASGIReceive, ASGISend, Scope, request_state
 from ._chunked import decode_body
 from ._form import form_boundary
@@ -94,14 +93,7 @@ class Proxy:
         self._timeout = httpx.Timeout(
             settings.read_timeout_s, connect=settings.connect_timeout_s
         ).as_dict()
-        backend = urllib.parse.urlsplit(settings.backend_url)
-        self._backend = (
-            backend.scheme,
-            backend.hostname or "",
-            backend.port or DEFAULT_PORTS.get(backend.scheme, 80),
-        )
-        self._backend_host = host_from_url(backend)
-        self._backend_prefix = backend.path.rstrip("/")
+        self._backend = Backend.of(settings.backend_url)
         self._now = now
         self._post_object = PostObject(settings, client, now)
 
@@ -267,7 +259,7 @@ class Proxy:
     ) -> Outgoing:
         """The upstream request, built from the parsed operation: its path, query and copy
         source encoded anew, its headers the parsed ones (one value a name)."""
-        path = self._backend_prefix + operation.upstream_path()
+        path = self._backend.prefix + operation.upstream_path()
         query = operation.upstream_query()
         to_sign: dict[str, str] = {}
         plain: dict[str, str] = {}
@@ -288,7 +280,7 @@ class Proxy:
             plain["transfer-encoding"] = "chunked"
         elif operation.method in _BODY_METHODS:
             plain["content-length"] = "0"
-        to_sign.setdefault("host", self._backend_host)
+        to_sign.setdefault("host", self._backend.host_header)
         # Signed as the caller's own store identity; an anonymous caller's request goes
         # unsigned (the backend's credentials never sign for it).
         signed = (
@@ -296,7 +288,7 @@ class Proxy:
             if caller.upstream is None
             else sign_target(
                 method=operation.method,
-                host=self._backend_host,
+                host=self._backend.host_header,
                 path=path,
                 query=query,
                 headers=to_sign,
@@ -305,12 +297,11 @@ class Proxy:
                 now=self._now(),
             )
         )
-        scheme, host, port = self._backend
         return Outgoing(
             operation.method,
-            scheme,
-            host,
-            port,
+            self._backend.scheme,
+            self._backend.host,
+            self._backend.port,
             (path + "?" + query if query else path).encode("ascii"),
             _latin1({**plain, **signed}),
             content,

@@ -88,8 +88,8 @@ class ObjectLister:
         samples (each with its view of ``augment`` drawn, when given); per-key failures of a
         batch are kept in the listing's ``errors``, every other failure is raised.
 
-        ``then(key, samples)`` runs in the pool job that listed a key, after it (a batch's
-        images are decoded there); what it raises fails that key as listing would."""
+        ``then(key, samples)`` runs in the pool job that listed a key, after it (images are
+        decoded there); what it raises fails that key as listing would."""
         listing = Listing()
         limit = asyncio.Semaphore(_FETCH_CONCURRENCY)
 
@@ -100,7 +100,7 @@ class ObjectLister:
                 listing.fetch_ms = max(listing.fetch_ms, (time.perf_counter() - started) * 1000)
             try:
                 listing.samples[key] = await self._list(
-                    data, bucket, key, manifest, listing, batch, augment, then
+                    data, bucket, key, manifest, listing, augment, then
                 )
             except S3Error:
                 listing.held -= len(data)  # a failed key's bytes are dropped now
@@ -186,7 +186,6 @@ class ObjectLister:
         key: str,
         manifest: Manifest,
         listing: Listing,
-        batch: bool,
         augment: Augmentation | None,
         then: Listed | None,
     ) -> list[PendingSample]:
@@ -204,17 +203,9 @@ class ObjectLister:
                 then(key, found)
             return found
 
-        lone = (
-            PendingSample.unread(data, key)
-            if _read_when_decoded(manifest, batch, augment)
-            else None
-        )
         try:
-            if lone is not None:
-                found = [lone]
-            else:
-                loop = asyncio.get_running_loop()
-                found = await loop.run_in_executor(self._decode_pool, listed)
+            loop = asyncio.get_running_loop()
+            found = await loop.run_in_executor(self._decode_pool, listed)
         except TooManySamples as exc:
             raise _too_many(cap, bucket, key) from exc
         except UndecodableObject as exc:
@@ -235,16 +226,6 @@ async def _outcome(work: Awaitable[None]) -> BaseException | None:
     except Exception as exc:
         return exc
     return None
-
-
-def _read_when_decoded(manifest: Manifest, batch: bool, augment: Augmentation | None) -> bool:
-    """Whether an object that is one image is listed unread, its header read where it is
-    decoded: so its sample crosses one hop to the decoding pool, not two (one to read the
-    header, one to read it again and decode). For a single GET of an image that Pillow
-    decodes, with no view to draw: its decode refuses the same objects with the same
-    errors, and the answer starts only after it. A batch's keys are checked as they are
-    listed, so that a bad key fails alone; a shard's members are listed in the pool."""
-    return not batch and augment is None and manifest.preprocess.decoder == "pil"
 
 
 def _too_many(cap: int, bucket: str, key: str) -> InvalidRequest:

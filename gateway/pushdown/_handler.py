@@ -199,7 +199,7 @@ class Pushdown:
         # Samples are on their way: worth a short wait for company in the batcher.
         expected = batcher.expecting(self.caller.name) if batcher is not None else _NOT_EXPECTED
         progress = _Progress()
-        decoded = self._decoded_as_listed(manifest, params, missing, batch, batcher, progress)
+        decoded = self._decoded_as_listed(manifest, params, missing, batcher, progress)
         with expected as arrival:
             try:
                 listing = await self._lister.list_all(
@@ -217,19 +217,18 @@ class Pushdown:
         manifest: Manifest,
         params: Params,
         missing: Sequence[str],
-        batch: bool,
         batcher: Batcher | None,
         progress: _Progress,
     ) -> _DecodedAsListed | None:
-        """Where a batch's images are decoded in the pool job that lists them (one hop to
-        the pool a sample, not two; a key that fails to decode fails alone, as one that
-        fails to list does): for a batch that fits one window, decoded by Pillow in the
-        decoding threads, with no view to draw. ``None`` otherwise."""
+        """Where a request's images are decoded in the pool job that lists them (one hop
+        to the pool a sample, not two; a batch's key that fails to decode fails alone, as
+        one that fails to list does): for a single GET, or a batch that fits one window,
+        decoded by Pillow in the decoding threads, with no view to draw. ``None``
+        otherwise."""
         split = params.split
         assert split is not None
         if (
-            not batch
-            or not missing
+            not missing
             or params.augment is not None
             or self._processes is not None
             or manifest.preprocess.decoder != "pil"
@@ -523,7 +522,7 @@ class Pushdown:
 
 
 class _DecodedAsListed:
-    """A batch's images decoded in the pool jobs that list them, a row per key.
+    """A request's images decoded in the pool jobs that list them, a row per key.
 
     Called (in a decoding thread) with each key's listed samples: an image is decoded into
     its key's row, and a shard left for its window (its members are found only now).

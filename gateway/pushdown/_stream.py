@@ -181,9 +181,9 @@ class FeatureStream:
             await self._start()
         labels = self._answer.labels()
         tail = b"" if labels is None else np.ascontiguousarray(labels, "<i8").tobytes()
-        parts, self._held = [*(self._held or []), tail], None
+        held, self._held = self._held or [], None
         # One part goes as it is: joining copies it (hundreds of KB at an early split).
-        body = parts[0] if len(parts) == 2 and not tail else b"".join(parts)
+        body = held[0] if len(held) == 1 and not tail else b"".join([*held, tail])
         await self._send({"type": "http.response.body", "body": body})
 
     async def _start(self) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import tarfile
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -65,7 +66,9 @@ def objects(backend_s3: Any) -> dict[str, bytes]:
     return blobs
 
 
-def _listed(store: Any, manifest: models.Manifest, keys: list[str], *, batch: bool) -> Any:
+def _listed(
+    store: Any, manifest: models.Manifest, keys: list[str], *, batch: bool, then: Any = None
+) -> Any:
     """List ``keys`` the way pushdown does, over the lean transport; returns the listing
     and the jobs the decoding pool was handed."""
     config = GatewaySettings(
@@ -82,20 +85,28 @@ def _listed(store: Any, manifest: models.Manifest, keys: list[str], *, batch: bo
             client_store = StoreClient.of(config, lambda: client, transport.exchange)
             with CountingPool() as pool:
                 lister = ObjectLister(config, pool, FetchMeter(None))
-                listing = await lister.list_all(client_store, BUCKET, keys, manifest, batch)
+                listing = await lister.list_all(
+                    client_store, BUCKET, keys, manifest, batch, then=then
+                )
                 return listing, pool.jobs
 
     return asyncio.run(scenario())
 
 
-def test_a_single_gets_image_is_listed_without_a_hop(store, registered, objects):
+def test_an_image_is_listed_and_decoded_in_one_pool_job(store, registered, objects):
     manifest = registered["r18"]
-    listing, jobs = _listed(store, manifest, ["cat.jpg"], batch=False)
-    assert jobs == 0 and not listing.errors
-    (sample,) = listing.samples["cat.jpg"]
-    # Unread, it decodes to exactly what the model layer makes of the object.
+    decoded: dict[str, Any] = {}
+
+    def then(key: str, samples: list[Any]) -> None:  # what pushdown decodes there
+        decoded[key] = (threading.current_thread(), samples[0].decode(manifest.preprocess))
+
+    listing, jobs = _listed(store, manifest, ["cat.jpg"], batch=False, then=then)
+    assert jobs == 1 and not listing.errors
+    thread, array = decoded["cat.jpg"]
+    assert thread is not threading.main_thread()
+    # Decoded where it was listed, it is exactly what the model layer makes of the object.
     want = models.decode_object(CAT, manifest.preprocess, key="cat.jpg")[0].array
-    assert np.array_equal(sample.decode(manifest.preprocess), want)
+    assert np.array_equal(array, want)
     identity = listing.identities["cat.jpg"]
     assert identity.size == len(CAT) and identity.etag
 
@@ -103,6 +114,7 @@ def test_a_single_gets_image_is_listed_without_a_hop(store, registered, objects)
 @pytest.mark.parametrize(
     ("keys", "batch", "jobs"),
     [
+        (["cat.jpg"], False, 1),  # a single GET's image is listed in the pool
         (["shard.tar"], False, 1),  # a shard's members are listed in the pool
         (["cat.jpg"], True, 1),  # a batch checks each key as it lists it
         (["cat.jpg", "shard.tar"], True, 2),
