@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-Stage = Literal["storage", "transfer", "client"]
+Stage = Literal["storage", "transfer", "client", "turns"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,13 +20,15 @@ class Candidate:
         transfer_ms: The network stage.
         client_ms: The client stage (decode without pushdown, blocks ``[split, freeze)``,
             the head's training step).
-        bottleneck: The slowest stage.
+        bottleneck: The slowest stage, or ``turns`` when readers in turn
+            (``Profile.readers_in_turn``) bound the cycle above every stage.
         epoch_s: Predicted epoch time in seconds (``inf`` when infeasible).
         storage_memory_bytes: Memory the storage side needs.
         client_memory_bytes: Memory the client needs.
         infeasible: Why the candidate does not fit, or ``None`` when it does.
         cycle_ms: Time per batch in the steady state: the slowest stage, or, with shared
-            compute, ``max(storage + client, transfer)``.
+            compute, ``max(storage + client, transfer)``; with ``r`` readers in turn, at
+            least ``(storage + transfer + client) / r``.
     """
 
     split: int | None

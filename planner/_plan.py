@@ -138,7 +138,12 @@ class Plan:
         }
 
 
-STAGE_WORDS = {"storage": "storage side", "transfer": "network", "client": "client"}
+STAGE_WORDS = {
+    "storage": "storage side",
+    "transfer": "network",
+    "client": "client",
+    "turns": "readers' turns (each waits for its batch, then computes on it)",
+}
 HEADERS = (
     "split",
     "storage runs",

@@ -63,6 +63,12 @@ class Profile:
         shared_compute: Both tiers run on one machine's cores (gateway and client on
             the same host), so storage and client compute take turns instead of
             overlapping.
+        readers_in_turn: How many readers fetch the job's batches when each requests a
+            batch, waits for it and computes on it before it requests the next (the
+            map-style ``FeatureDataset``, one reader per DataLoader worker): at most
+            that many batches are on their way or computing at once, so a batch takes
+            at least its three stages' sum over them. ``None``: requests are sent ahead
+            of the compute (the iterable form's prefetch), and the stages overlap.
     """
 
     storage_ms: tuple[float, ...]
@@ -85,6 +91,7 @@ class Profile:
     wire_dtype: str = "float32"
     shared_compute: bool = False
     storage_origin: str = ""
+    readers_in_turn: int | None = None
 
     def __post_init__(self) -> None:
         blocks = (
@@ -114,6 +121,8 @@ class Profile:
         for budget in (self.storage_memory_bytes, self.client_memory_bytes):
             if budget is not None and budget <= 0:
                 raise InvalidInput("profile: memory budgets must be positive (or None)")
+        if self.readers_in_turn is not None and self.readers_in_turn < 1:
+            raise InvalidInput("profile: readers_in_turn must be >= 1 (or None)")
         if self.wire_dtype not in ITEMSIZE:
             raise InvalidInput(f"profile: unknown wire dtype {self.wire_dtype!r}")
 

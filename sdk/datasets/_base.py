@@ -21,7 +21,7 @@ from hapi.protocol import Augmentation, AugmentPolicy
 
 from ..client._client import AugmentSpec, policy_of
 from ..planning._link import EpochLog, LinkEstimate, Served, SpanLog, checkpoint_step, endpoint_key
-from ..planning._split import SplitChoice, learned
+from ..planning._split import SplitChoice, learned, with_readers
 from ..planning._stats import Meter, storage_span, wire_spans
 from ._build import Prepared
 from ._compute import Batch, Engine
@@ -183,7 +183,7 @@ class FeatureSource(Constructors):
         if log is None:
             return
         spans = log.spans()
-        self._readers = max(self._readers, log.readers())
+        self._seen_readers(log.readers())
         link = LinkEstimate()
         for nbytes, span in spans:
             link.add(nbytes, span)
@@ -199,6 +199,15 @@ class FeatureSource(Constructors):
                 self._spans = None
                 break
         self._replayed = max(self._replayed, link.responses)
+
+    def _seen_readers(self, readers: int) -> None:
+        """Count the processes a log showed reading for this dataset; a form whose readers
+        take turns (:attr:`READERS_IN_TURN`) plans with as many from here on."""
+        if readers < 1:
+            return
+        self._readers = max(self._readers, readers)
+        if self.READERS_IN_TURN is not None:
+            self._choice = with_readers(self._choice, self._readers)
 
     def _take(self, choice: SplitChoice) -> None:
         """Use ``choice`` from the next request on (requests already made keep theirs:

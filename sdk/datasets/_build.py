@@ -127,8 +127,15 @@ def list_source(s3: Any, what: str | Sequence[str], *, shards: bool) -> Source:
     return replace(source, counts=counts)
 
 
-def prepare(what: str | Sequence[str], options: Options, *, shards: bool) -> Prepared:
-    """Resolve a dataset's objects, model, split and labels.
+def prepare(
+    what: str | Sequence[str],
+    options: Options,
+    *,
+    shards: bool,
+    readers_in_turn: int | None = None,
+) -> Prepared:
+    """Resolve a dataset's objects, model, split and labels; ``readers_in_turn``: the
+    readers ``split="auto"`` plans for that each wait for a batch before computing on it.
 
     Raises:
         NoSuchModel: The registry has no such model.
@@ -148,7 +155,7 @@ def prepare(what: str | Sequence[str], options: Options, *, shards: bool) -> Pre
     freeze = _freeze(manifest, options.freeze)
     memory = BandwidthMemory.from_environment(os.environ) if options.split == "auto" else None
     start = _start(options.bandwidth, os.environ, memory, endpoints)
-    choice = _choose(manifest, freeze, options, endpoints, source, s3, start)
+    choice = _choose(manifest, freeze, options, endpoints, source, s3, start, readers_in_turn)
     spec = Spec(
         endpoints=endpoints,
         client_options=extra,
@@ -222,6 +229,7 @@ def _choose(
     source: Source,
     s3: Any,
     start: Bandwidth | str | None,
+    readers_in_turn: int | None,
 ) -> SplitChoice:
     split = options.split
     if split is None:
@@ -252,6 +260,7 @@ def _choose(
             batch_size=options.request_size,
             auth=gateway_auth(s3),
             measure=measure,
+            readers_in_turn=readers_in_turn,
         )
     last = min(freeze, manifest.freeze)
     if isinstance(split, bool) or not isinstance(split, int) or not 0 <= split <= last:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Self, TypedDict, Unpack
+from typing import Any, ClassVar, Self, TypedDict, Unpack
 
 from hapi.models import RuntimeSettings
 from hapi.protocol import DEFAULT_REGISTRY_BUCKET
@@ -44,6 +44,10 @@ class DatasetOptions(TypedDict, total=False):
 class Constructors:
     """Classmethod constructors of a dataset class built from a :class:`Prepared`: the class
     defines :meth:`_create`, which takes the options of the class itself."""
+
+    READERS_IN_TURN: ClassVar[int | None] = None
+    """Readers the planner assumes wait for each batch before computing on it (the
+    map-style form's DataLoader workers); ``None``: requests go ahead of the compute."""
 
     @classmethod
     def from_prefix(
@@ -145,7 +149,8 @@ class Constructors:
         *,
         shards: bool,
     ) -> Self:
-        return cls._create(prepare(what, options, shards=shards), options.request_size, dataset)
+        prepared = prepare(what, options, shards=shards, readers_in_turn=cls.READERS_IN_TURN)
+        return cls._create(prepared, options.request_size, dataset)
 
     @classmethod
     def _create(cls, prepared: Prepared, request_size: int, dataset: DatasetOptions) -> Self:

@@ -35,7 +35,14 @@ class FeatureDataset(FeatureSource, Dataset[Item]):
 
     Build it with :meth:`from_prefix` or :meth:`from_objects`; :meth:`from_shards`
     gives the iterable form, since a shard's samples are known only once it is read.
+
+    Each DataLoader worker asks for a batch, waits for it and computes on it before it
+    asks for the next, so ``split="auto"`` plans for no more batches in flight than
+    readers (:attr:`READERS_IN_TURN`, 2 until :meth:`set_epoch` has seen how many
+    processes read: a DataLoader's workers, or this process alone).
     """
+
+    READERS_IN_TURN = 2
 
     def __init__(
         self,
@@ -113,7 +120,7 @@ class FeatureDataset(FeatureSource, Dataset[Item]):
             if not live and served and split is not None:
                 seconds = now - self._epoch_started
                 stats = served_stats(self._epoch, served, split, seconds)
-                self._readers = max(self._readers, len({s.pid for s in served}))
+                self._seen_readers(len({s.pid for s in served}))
                 if stats.samples:
                     self._replan(stats)
         self._epoch_started = now

@@ -361,7 +361,7 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         the dataset (workers' copies are rebuilt). From the first full epoch on, epochs
         re-plan: the link estimate of the job's first responses has done its part."""
         if self._spans is not None:
-            self._readers = max(self._readers, self._spans.readers())
+            self._seen_readers(self._spans.readers())
         self._spans = None
         bits = stats.bandwidth_bps if stats.mode == "pushdown" else None
         if bits and self._choice.measured_bandwidth and self._memory is not None:

@@ -234,6 +234,7 @@ def choose_split(
     auth: GatewayAuth | None = None,
     measure: Callable[[bool], ClientTimes] | None = None,
     probe: bool = False,
+    readers_in_turn: int | None = None,
 ) -> SplitChoice:
     """Ask the planner for the split; fall back to :func:`fewest_bytes`.
 
@@ -255,6 +256,9 @@ def choose_split(
             it, or when it fails (said in the reason), the manifest's figures are used.
         probe: Measure the bandwidth now with the gateway's probe (about
             :data:`PROBE_SECONDS` of the link), in place of ``bandwidth``.
+        readers_in_turn: Readers that each wait for a batch before computing on it
+            (``hapi.planner.Profile.readers_in_turn``; ``None``: requests go ahead of
+            the compute).
     """
     if freeze != manifest.freeze:
         return fewest_bytes(manifest, freeze, dtype, f"it plans for freeze {manifest.freeze}")
@@ -275,6 +279,7 @@ def choose_split(
         shared_compute=shared,
         **times,
     )
+    profile = replace(profile, readers_in_turn=readers_in_turn)
     basis = Basis(profile if view is None else view.apply(profile), batch_size, dataset_size)
     if bandwidth is None:
         start = fewest_bytes(manifest, freeze, dtype, _UNMEASURED)
@@ -305,6 +310,18 @@ _SOURCE_WORDS = {
     "remembered": "The bandwidth is an earlier job's, remembered for this gateway.",
     "hint": "The bandwidth is a hint (bandwidth= or HAPI_BANDWIDTH).",
 }
+
+
+def with_readers(choice: SplitChoice, readers: int) -> SplitChoice:
+    """``choice`` planned from here on for ``readers`` readers in turn (the processes a
+    map-style dataset's log has shown: its DataLoader workers, or the process itself)."""
+    basis, plan = choice.basis, choice.plan
+    if basis is None or basis.profile.readers_in_turn == readers:
+        return choice
+    basis = replace(basis, profile=replace(basis.profile, readers_in_turn=readers))
+    if plan is not None:
+        plan = replace(plan, profile=replace(plan.profile, readers_in_turn=readers))
+    return replace(choice, basis=basis, plan=plan)
 
 
 def learned(

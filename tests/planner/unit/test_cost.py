@@ -255,6 +255,7 @@ def test_split_zero_sends_the_preprocessed_input() -> None:
         ({"client_request_ms": -1.0}, ">= 0"),
         ({"storage_load": 0.0}, "storage_load"),
         ({"client_memory_bytes": 0}, "memory budgets"),
+        ({"readers_in_turn": 0}, "readers_in_turn"),
     ],
 )
 def test_profile_validation(change: dict[str, object], message: str) -> None:
