@@ -139,3 +139,23 @@ def test_fewer_readers_never_make_a_candidate_faster() -> None:
             if previous is not None:
                 assert all(b >= a - 1e-9 for a, b in zip(previous, times, strict=True))
             previous = times
+
+
+def test_a_loaded_storage_side_asks_more_bytes_to_buy_more() -> None:
+    # Split 1 sends 8x the raw objects' bytes and is 22% faster than them (0.58 s against
+    # 0.705 s): enough on a storage side of its own (more than 10%), not on one shared
+    # with other work, where 8x the bytes must buy more than 80%.
+    model, profile = _balanced()
+    quiet = plan(model, profile, 8 * MBIT, batch_size=10, dataset_size=100)
+    assert quiet.split == 1 and not quiet.note
+    # storage_load 1.01 keeps the storage stages within a rounding (50.5 ms a batch).
+    shared = dataclasses.replace(profile, storage_load=1.01)
+    loaded = plan(model, shared, 8 * MBIT, batch_size=10, dataset_size=100)
+    assert loaded.split is None
+    assert "shared with other work (priced x1.01)" in loaded.note
+    assert "more than 80%" in loaded.note
+    # A gain above r times the margin still pays: raw objects decoded at 20 ms a sample
+    # here take 260 ms a batch (2.6 s an epoch), 4.5x split 1's 0.58 s.
+    slow_raw = dataclasses.replace(shared, client_decode_ms=20.0)
+    paid = plan(model, slow_raw, 8 * MBIT, batch_size=10, dataset_size=100)
+    assert paid.split == 1 and not paid.note
