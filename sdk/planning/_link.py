@@ -36,10 +36,11 @@ logger = logging.getLogger("hapi.sdk")
 DEFAULT_LIFETIME_S = 24 * 3600.0
 FILE_FORMAT = "hapi-bandwidth/1"
 _CLOCK_SKEW_S = 60.0  # a figure from a little in the future (another host's clock) counts
-SOURCES = ("measured", "remembered", "hint", "default")
+SOURCES = ("measured", "remembered", "hint", "sampled", "default")
 """Where a plan's bandwidth came from: measured now (from the job's responses, or an
 explicit probe), remembered from an earlier job, an operator's hint (``bandwidth=``,
-``HAPI_BANDWIDTH``), or none at all (the split sending the fewest bytes)."""
+``HAPI_BANDWIDTH``), sampled on the one object a build reads to time the client, or none
+at all (the split sending the fewest bytes)."""
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ The planner decides (:func:`hapi.planner.plan`): it predicts each candidate's pi
 epoch time from the manifest's per-block figures, the gateway's own measurements and the
 bandwidth. Nothing is sent to learn that bandwidth before the first sample: a build reads
 the gateway's view of the model (a few KiB of control plane) and starts from the best
-figure there is without measuring (:class:`Bandwidth`: one remembered for the endpoint by
-an earlier job, else an operator's hint), or, with none, from the split that sends the
-fewest bytes. The job's own responses then measure the link (``_link``), and once that
+figure there is without sending anything more (:class:`Bandwidth`: one remembered for the
+endpoint by an earlier job, else an operator's hint, else, across machines, the arrival of
+the one object the build reads anyway to time decoding here), or, with none, from the split
+that sends the fewest bytes. The job's own responses then measure the link (``_link``), and once that
 estimate is stable, :func:`learned` plans with it through the same hysteresis as
 re-planning (a :class:`hapi.planner.SplitKeeper`). An explicit probe (``bandwidth="probe"``)
 is opt-in and lasts about a second of the link. When the planner cannot decide (the
@@ -51,6 +52,7 @@ from hapi.models import Manifest, ModelError, Registry, RuntimeSettings, decode_
 from ..client._errors import ProbeError
 from ..client._host import same_host
 from ..client._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
+from ..client._wire import WireSpan, read_timed
 from ._link import Bandwidth
 from ._measure import measure_client_blocks, measure_request_ms
 from ._stats import EpochStats
@@ -108,8 +110,10 @@ class SplitChoice:
         trial: The near tie being timed, when the plan has one (with the planner only).
         bandwidth_source: Where the plan's bandwidth came from: ``measured`` (the job's
             responses, or an explicit probe), ``remembered`` (an earlier job's, for this
-            endpoint), ``hint`` (``bandwidth=`` or ``HAPI_BANDWIDTH``), or ``default``
-            (none: the split sending the fewest bytes, until the link is measured).
+            endpoint), ``hint`` (``bandwidth=`` or ``HAPI_BANDWIDTH``), ``sampled``
+            (the body of the one object read to time this client, across machines), or
+            ``default`` (none: the split sending the fewest bytes, until the link is
+            measured).
         basis: What the planner needs besides a bandwidth, when the gateway answered:
             a figure measured later is planned with it (see :func:`learned`).
     """
@@ -134,6 +138,15 @@ class ClientTimes:
     request_ms: float
     block_ms: tuple[float, ...] | None = None
     decode_ms: float | None = None
+    wire: WireSpan | None = None
+    """When the object read to time decoding arrived (too small to time: ``nbytes`` 0)."""
+
+    def bandwidth(self) -> Bandwidth | None:
+        """The link as the object read here measured it (source ``sampled``), if it was
+        read and large enough to time."""
+        if self.wire is None or self.wire.nbytes == 0 or self.wire.seconds <= 0:
+            return None
+        return Bandwidth(self.wire.nbytes * 8 / self.wire.seconds, "sampled")
 
     def profile_args(self) -> dict[str, Any]:
         """Keyword arguments of :func:`hapi.planner.profile_from_manifest`."""
@@ -163,7 +176,8 @@ def measure_client(
     """Time a GET of ``s3://bucket/key`` (this process's CPU; a one-byte range, so that
     the timing moves next to nothing), and with ``blocks`` also decoding it and running
     each frozen block on it here, with ``runtime`` (the object and the frozen blocks are
-    read for that: on another machine than the gateway only).
+    read for that: on another machine than the gateway only; the object's body is timed
+    where it arrives, a first sample of the link).
 
     Raises:
         planner.PlannerError: The object could not be read, decoded or run.
@@ -172,7 +186,7 @@ def measure_client(
         request_ms = measure_request_ms(s3, bucket, key, runs=4, byte_range="bytes=0-0")
         if not blocks:
             return ClientTimes(request_ms)
-        data = bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        data, wire = read_timed(s3.get_object(Bucket=bucket, Key=key)["Body"])
         decode_s = math.inf
         for _ in range(3):  # the best of three: the first pays for lazy imports
             started = time.thread_time()
@@ -184,7 +198,7 @@ def measure_client(
         )
     except (ClientError, BotoCoreError, ModelError, ValueError) as exc:
         raise planner.PlannerError(f"cannot time s3://{bucket}/{key} here: {exc}") from exc
-    return ClientTimes(request_ms, block_ms, 1000.0 * decode_s)
+    return ClientTimes(request_ms, block_ms, 1000.0 * decode_s, wire)
 
 
 def wire_bytes(manifest: Manifest, split: int, dtype: str) -> int:
@@ -245,8 +259,9 @@ def choose_split(
         endpoints: The gateways, to read the model's profile from: the first that
             answers (they share one registry and run the same blocks).
         bandwidth: The figure to start from (remembered or a hint); without one, and
-            without ``probe``, the split sending the fewest bytes, until the job's own
-            responses measure the link.
+            without ``probe``, the one ``measure`` took reading an object (when it read
+            one large enough to time), else the split sending the fewest bytes, until the
+            job's own responses measure the link.
         raw_bytes: Mean bytes of one raw object, when known.
         dataset_size: Samples per epoch.
         batch_size: Objects per request.
@@ -272,12 +287,14 @@ def choose_split(
         if bandwidth is None:
             return fewest_bytes(manifest, freeze, dtype, str(exc))
     times, unmeasured = _measured(measure, blocks=not shared)
+    if bandwidth is None and times is not None:
+        bandwidth = times.bandwidth()
     profile = planner.profile_from_manifest(
         manifest,
         wire_dtype=dtype,
         raw_bytes=raw_bytes or planner.DEFAULT_RAW_BYTES,
         shared_compute=shared,
-        **times,
+        **({} if times is None else times.profile_args()),
     )
     profile = replace(profile, readers_in_turn=readers_in_turn)
     basis = Basis(profile if view is None else view.apply(profile), batch_size, dataset_size)
@@ -309,6 +326,10 @@ _SOURCE_WORDS = {
     "measured": "The bandwidth was measured now.",
     "remembered": "The bandwidth is an earlier job's, remembered for this gateway.",
     "hint": "The bandwidth is a hint (bandwidth= or HAPI_BANDWIDTH).",
+    "sampled": (
+        "The bandwidth was timed on the one object read to time this client, until the "
+        "job's own responses measure the link."
+    ),
 }
 
 
@@ -372,16 +393,16 @@ def _started_at(proposed: planner.Plan, split: int | None) -> planner.Plan:
 
 def _measured(
     measure: Callable[[bool], ClientTimes] | None, *, blocks: bool
-) -> tuple[dict[str, Any], str]:
-    """The client's measured figures as profile arguments, and what the reason must add
-    when they could not be measured (the manifest's figures are used then)."""
+) -> tuple[ClientTimes | None, str]:
+    """The client's measured figures, and what the reason must add when they could not
+    be measured (the manifest's figures are used then)."""
     if measure is None:
-        return {}, ""
+        return None, ""
     try:
-        return measure(blocks).profile_args(), ""
+        return measure(blocks), ""
     except planner.PlannerError as exc:
         logger.warning("planning with the manifest's client figures: %s", exc)
-        return {}, f" (client figures from the manifest: {exc})"
+        return None, f" (client figures from the manifest: {exc})"
 
 
 def _ask(

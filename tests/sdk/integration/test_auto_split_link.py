@@ -4,6 +4,7 @@ split an explicit probe picks), and the figure is remembered for the next job.""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
@@ -13,7 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from hapi import planner, sdk
 from hapi.planner._cost import client_weight_bytes
@@ -345,3 +348,38 @@ def test_a_map_style_job_plans_for_its_readers_in_turn(link, gateway, registered
     choice = dataset.split_choice
     assert choice.basis is not None and choice.basis.profile.readers_in_turn == 1
     assert choice.plan is not None and choice.plan.profile.readers_in_turn == 1
+
+
+@pytest.fixture(scope="module")
+def large_photos(backend_s3: Any) -> Iterator[str]:
+    """Three photographs' worth of JPEG (noise, 400 px: about 150 KB each)."""
+    bucket = f"link-large-{secrets.token_hex(5)}"
+    backend_s3.create_bucket(Bucket=bucket)
+    rng = np.random.default_rng(7)
+    for i in range(3):
+        pixels = rng.integers(0, 256, (400, 400, 3), dtype=np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+        backend_s3.put_object(Bucket=bucket, Key=f"noise/{i:03d}.jpg", Body=out.getvalue())
+    yield bucket
+    empty_bucket(backend_s3, bucket)
+    backend_s3.delete_bucket(Bucket=bucket)
+
+
+def test_across_machines_the_object_read_to_time_the_client_samples_the_link(
+    link, gateway, registered, photos, large_photos, monkeypatch
+):
+    # Across machines a build reads one of the dataset's objects to time decoding and the
+    # blocks here; its body, timed where it arrives, is a first figure for the link, so a
+    # job with no remembered figure and no hint plans from it rather than starting at the
+    # fewest bytes. An object too small to time (under 12 KiB) leaves the fewest bytes.
+    monkeypatch.setattr("hapi.sdk.planning._split.same_host", lambda endpoint: False)
+    choice = _build(link, gateway, large_photos, model="enl0").split_choice
+    assert choice.bandwidth_source == "sampled" and choice.policy == "planner", choice.reason
+    assert choice.plan is not None
+    assert 0.3 * RATE_BPS < choice.plan.bandwidth_bps < 1.5 * RATE_BPS, choice.plan.bandwidth_bps
+    assert "timed on the one object read to time this client" in choice.reason
+    assert choice.measured_bandwidth  # the job's own responses still correct it
+
+    small = _build(link, gateway, photos, model="enl0").split_choice
+    assert small.bandwidth_source == "default" and small.policy == "fewest-bytes", small.reason

@@ -361,10 +361,11 @@ def killed(gateway, registered, data, tmp_path_factory) -> tuple[Path, list[tupl
 
 @pytest.mark.parametrize(
     ("ranks", "workers"),
-    # Two ranks and three (40 s each) in `make test-slow`; one in `make test`.
+    # Every world size in `make test-slow` (25-40 s each); `make test` resumes a stateful
+    # loader's workers (test_workers_of_a_stateful_loader_continue_where_each_stopped).
     [
         pytest.param(2, 2, marks=pytest.mark.slow),
-        (1, 2),
+        pytest.param(1, 2, marks=pytest.mark.slow),
         pytest.param(3, 1, marks=pytest.mark.slow),
     ],
     ids=["on-2-ranks", "on-1-rank", "on-3-ranks"],

@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 from hapi.sdk.client._wire import BUFFERED, FIRST_PIECE, WireSpan, read_timed
+from hapi.sdk.planning._split import ClientTimes
 from hapi.sdk.planning._stats import Meter, wire_spans
 
 
@@ -91,3 +92,12 @@ def test_a_gateway_that_dies_mid_body_fails_the_request_as_an_unreachable_endpoi
         with pytest.raises(EndpointsUnavailable) as caught:
             s3.get_features_batch(Bucket="b", Keys=["a.jpg"], model="m", split=1)
     assert url in str(caught.value), caught.value
+
+
+def test_the_client_times_give_a_link_sample_only_for_a_timed_body() -> None:
+    assert ClientTimes(0.1).bandwidth() is None  # nothing read (one machine)
+    assert ClientTimes(0.1, wire=WireSpan(0, 1.0, 1.5)).bandwidth() is None  # too small
+    assert ClientTimes(0.1, wire=WireSpan(1000, 1.0, 1.0)).bandwidth() is None  # no time
+    sample = ClientTimes(0.1, wire=WireSpan(125_000, 2.0, 2.1)).bandwidth()
+    assert sample is not None and sample.source == "sampled"
+    assert sample.bits_per_second == pytest.approx(10e6)
