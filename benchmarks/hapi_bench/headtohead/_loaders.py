@@ -266,7 +266,8 @@ def hapi_loader(
     split: int | Literal["auto"] = "auto",
 ) -> Loader:
     """``FeatureDataset(split=split)`` at the gateway ``endpoint``; ``bandwidth`` is the
-    link's rate when known (else the gateway's probe measures it, for ``"auto"``)."""
+    link's rate when known, a hint (else, for ``"auto"``, the build samples the link on
+    the object it reads to time the client, and the job's responses measure it)."""
     from hapi import sdk
 
     dataset = sdk.FeatureDataset.from_objects(
