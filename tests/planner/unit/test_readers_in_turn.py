@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from hapi.planner import Profile, plan
+from hapi.planner import Plan, Profile, plan
 from tests.planner.synthetic import manifest
 from tests.planner.unit.test_cost import _random_profile
 
@@ -35,6 +35,17 @@ def _balanced() -> tuple[object, Profile]:
         head_ms=4.0,
     )
     return model, profile
+
+
+_MODEL, _BALANCED = _balanced()
+
+
+def _plan(profile: Profile, *, features_only: bool = False, **changes: object) -> Plan:
+    """``profile`` with ``changes``, planned at 8 Mbit/s in 10 batches of 10."""
+    changed = dataclasses.replace(profile, **changes)  # type: ignore[arg-type]
+    return plan(
+        _MODEL, changed, 8 * MBIT, batch_size=10, dataset_size=100, features_only=features_only
+    )
 
 
 def test_overlapped_stages_take_the_slowest_stage_a_batch() -> None:
@@ -68,23 +79,10 @@ def test_two_readers_in_turn_bound_a_balanced_split_by_its_stages_sum() -> None:
 
 
 def test_a_pick_bound_by_the_turns_says_so() -> None:
-    model, profile = _balanced()
-    only = plan(
-        model,
-        dataclasses.replace(profile, readers_in_turn=2),
-        8 * MBIT,
-        batch_size=10,
-        dataset_size=100,
-        features_only=True,  # splits only: split 0 at 0.65 s
-    )
+    profile = _BALANCED
+    only = _plan(profile, readers_in_turn=2, features_only=True)  # split 0 at 0.65 s
     assert only.split == 0
-    chosen = plan(
-        model,
-        dataclasses.replace(profile, readers_in_turn=2, client_ms=(9.0,)),
-        8 * MBIT,
-        batch_size=10,
-        dataset_size=100,
-    )
+    chosen = _plan(profile, readers_in_turn=2, client_ms=(9.0,))
     # raw: client (1 + 9 + 4) * 10 = 140; split 0: client 130, storage 10, transfer 40:
     # 180 / 2 = 90 < 130; split 1: 130 / 2 = 65, chosen and bound by the turns.
     assert chosen.split == 1 and chosen.chosen.bottleneck == "turns"
@@ -94,26 +92,14 @@ def test_a_pick_bound_by_the_turns_says_so() -> None:
 
 
 def test_enough_readers_change_nothing_and_one_reader_is_fully_serial() -> None:
-    model, profile = _balanced()
-    free = plan(model, profile, 8 * MBIT, batch_size=10, dataset_size=100)
-    many = plan(
-        model,
-        dataclasses.replace(profile, readers_in_turn=3),
-        8 * MBIT,
-        batch_size=10,
-        dataset_size=100,
-    )
+    profile = _BALANCED
+    free = _plan(profile)
+    many = _plan(profile, readers_in_turn=3)
     assert [c.epoch_s for c in many.candidates] == pytest.approx(
         [c.epoch_s for c in free.candidates]
     )
     assert many.split == 1  # 130 / 3 = 43.3 < 50
-    one = plan(
-        model,
-        dataclasses.replace(profile, readers_in_turn=1),
-        8 * MBIT,
-        batch_size=10,
-        dataset_size=100,
-    )
+    one = _plan(profile, readers_in_turn=1)
     for candidate in one.candidates:  # every batch's three stages one after another
         whole = candidate.storage_ms + candidate.transfer_ms + candidate.client_ms
         assert candidate.epoch_s == pytest.approx(10 * whole / 1000)
