@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from hapi.planner import Plan, Profile, plan
+from hapi.planner import NoFeasibleSplit, Plan, Profile, plan
 from tests.planner.synthetic import manifest
 from tests.planner.unit.test_cost import _random_profile
 
@@ -145,3 +145,34 @@ def test_a_loaded_storage_side_asks_more_bytes_to_buy_more() -> None:
     slow_raw = dataclasses.replace(shared, client_decode_ms=20.0)
     paid = plan(model, slow_raw, 8 * MBIT, batch_size=10, dataset_size=100)
     assert paid.split == 1 and not paid.note
+
+
+def test_from_a_loaded_storage_side_a_pick_sending_more_bytes_than_raw_buys_its_multiple() -> None:
+    # Generated profiles, storage_load 1-4 (_random_profile): whatever the planner picks
+    # either sends no more than the raw objects or is faster than the best candidate that
+    # does by more than its multiple of raw bytes times the margin; and where the rule
+    # fell back to raw bytes or fewer, the note says what the bytes would have had to buy.
+    rng = random.Random(23)
+    overruled = paid = 0
+    for _ in range(300):
+        model, profile = _random_profile(rng)
+        assert profile.storage_load > 1.0
+        bandwidth = rng.choice([1e7, 1e8, 1e9, 1e10, math.inf])
+        try:
+            chosen = plan(model, profile, bandwidth, batch_size=rng.randint(1, 64))
+        except NoFeasibleSplit:
+            continue
+        feasible = [c for c in chosen.candidates if c.feasible]
+        lean = [c for c in feasible if c.bytes_per_sample <= profile.raw_bytes]
+        pick, fastest = chosen.chosen, min(feasible, key=lambda c: c.epoch_s)
+        if pick.bytes_per_sample > profile.raw_bytes and lean:
+            best_lean = min(lean, key=lambda c: c.epoch_s)
+            multiple = pick.bytes_per_sample / profile.raw_bytes
+            assert best_lean.epoch_s / pick.epoch_s - 1 > chosen.byte_margin * multiple
+            paid += 1
+        if fastest.bytes_per_sample > profile.raw_bytes and pick.bytes_per_sample <= (
+            profile.raw_bytes
+        ):  # the rule fell back to the fewer bytes: the note says why
+            assert "for each multiple" in chosen.note, chosen.note
+            overruled += 1
+    assert overruled and paid  # the search reached both sides of the rule
