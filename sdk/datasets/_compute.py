@@ -64,7 +64,7 @@ RUN_EVERY = GET_THREADS
 read: a request's blocks then run while its later objects are on the link (run once on the
 whole request after its last read, they left a DataLoader worker's link idle meanwhile).
 Objects that have arrived by the time the one before them is decoded wait for one run on
-them all: ResNet18's blocks cost 0.6-1.0 ms a sample more on runs of 2 than on a request's
+them all: ResNet18's blocks cost 0.6-1.3 ms a sample more on runs of 2 than on a request's
 16 (a DataLoader of 2 workers reading raw objects on loopback, four interleaved runs)."""
 
 _warned: set[tuple[tuple[str, ...], str]] = set()
@@ -388,8 +388,8 @@ class _RawReads:
         idle while it decoded and ran the blocks, and its CPU idle while it read: in the
         head to head's loaded cell at 10 Mbit/s raw reads ran at 0.70-0.80x the
         contender reading the same objects; decoding each object as it comes, and
-        running the blocks on every :data:`RUN_EVERY` samples, at 1.04-1.05x (now on
-        what is decoded whenever a read is still awaited)."""
+        running the blocks while the reads behind them are on the link, at
+        1.04-1.05x."""
         arrivals = self._arrivals()
         return functools.partial(self._engine.decode_and_run, self._bucket, arrivals, self._here)
 

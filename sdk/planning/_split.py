@@ -6,10 +6,10 @@ bandwidth. Nothing is sent to learn that bandwidth before the first sample: a bu
 the gateway's view of the model (a few KiB of control plane) and starts from the best
 figure there is without sending anything more (:class:`Bandwidth`: one remembered for the
 endpoint by an earlier job, else an operator's hint, else, across machines, the arrival of
-the one object the build reads anyway to time decoding here), or, with none, from the split
-that sends the fewest bytes. The job's own responses then measure the link (``_link``), and once that
-estimate is stable, :func:`learned` plans with it through the same hysteresis as
-re-planning (a :class:`hapi.planner.SplitKeeper`). An explicit probe (``bandwidth="probe"``)
+the one object the build reads anyway to time decoding here), or, with none, from the
+split that sends the fewest bytes. The job's own responses then measure the link
+(``_link``), and once that estimate is stable, :func:`learned` plans with it through the
+same hysteresis as re-planning (a :class:`hapi.planner.SplitKeeper`). An explicit probe (``bandwidth="probe"``)
 is opt-in and lasts about a second of the link. When the planner cannot decide (the
 endpoint is not a hapi gateway; or the dataset freezes at another point than the manifest
 the planner plans for), the policy is the one the manifest alone supports: send the fewest

@@ -230,7 +230,7 @@ def test_the_blocks_run_while_later_reads_are_on_the_link(
 
 
 def test_objects_read_before_their_turn_run_together(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Runs of RUN_EVERY samples whatever the link cost ResNet18's blocks 0.6-1.0 ms a
+    # Runs of RUN_EVERY samples whatever the link cost ResNet18's blocks 0.6-1.3 ms a
     # sample more than one run on the request (a DataLoader of 2 workers on loopback).
     keys = [f"images/{n:04d}.jpg" for n in range(3 * RUN_EVERY + 1)]
     bodies = {key: _jpeg(20 * n) for n, key in enumerate(keys)}
