@@ -9,8 +9,8 @@ endpoint by an earlier job, else an operator's hint, else, across machines, the 
 the one object the build reads anyway to time decoding here), or, with none, from the
 split that sends the fewest bytes. The job's own responses then measure the link
 (``_link``), and once that estimate is stable, :func:`learned` plans with it through the
-same hysteresis as re-planning (a :class:`hapi.planner.SplitKeeper`). An explicit probe (``bandwidth="probe"``)
-is opt-in and lasts about a second of the link. When the planner cannot decide (the
+same hysteresis as re-planning (a :class:`hapi.planner.SplitKeeper`). An explicit probe
+(``bandwidth="probe"``) is opt-in and lasts about a second of the link. When the planner cannot decide (the
 endpoint is not a hapi gateway; or the dataset freezes at another point than the manifest
 the planner plans for), the policy is the one the manifest alone supports: send the fewest
 bytes per sample, at the latest split among equals.
@@ -53,7 +53,7 @@ from ..client._errors import ProbeError
 from ..client._host import same_host
 from ..client._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
 from ..client._wire import WireSpan, read_timed
-from ._link import Bandwidth
+from ._link import Bandwidth, LinkEstimate
 from ._measure import measure_client_blocks, measure_request_ms
 from ._stats import EpochStats
 
@@ -142,11 +142,15 @@ class ClientTimes:
     """When the object read to time decoding arrived (too small to time: ``nbytes`` 0)."""
 
     def bandwidth(self) -> Bandwidth | None:
-        """The link as the object read here measured it (source ``sampled``), if it was
-        read and large enough to time."""
-        if self.wire is None or self.wire.nbytes == 0 or self.wire.seconds <= 0:
+        """The link as the object read here measured it (source ``sampled``): the live
+        estimate's figure (:class:`LinkEstimate`) over that one body, if it was read and
+        large enough to time."""
+        if self.wire is None:
             return None
-        return Bandwidth(self.wire.nbytes * 8 / self.wire.seconds, "sampled")
+        link = LinkEstimate()
+        link.add(self.wire.nbytes, (self.wire.start, self.wire.end))
+        bits = link.bandwidth_bps()
+        return None if bits is None else Bandwidth(bits, "sampled")
 
     def profile_args(self) -> dict[str, Any]:
         """Keyword arguments of :func:`hapi.planner.profile_from_manifest`."""
@@ -287,6 +291,7 @@ def choose_split(
         if bandwidth is None:
             return fewest_bytes(manifest, freeze, dtype, str(exc))
     times, unmeasured = _measured(measure, blocks=not shared)
+    client_figures = {} if times is None else times.profile_args()
     if bandwidth is None and times is not None:
         bandwidth = times.bandwidth()
     profile = planner.profile_from_manifest(
@@ -294,7 +299,7 @@ def choose_split(
         wire_dtype=dtype,
         raw_bytes=raw_bytes or planner.DEFAULT_RAW_BYTES,
         shared_compute=shared,
-        **({} if times is None else times.profile_args()),
+        **client_figures,
     )
     profile = replace(profile, readers_in_turn=readers_in_turn)
     basis = Basis(profile if view is None else view.apply(profile), batch_size, dataset_size)

@@ -42,15 +42,14 @@ _MODEL, _BALANCED = _balanced()
 
 def _plan(profile: Profile, *, features_only: bool = False, **changes: object) -> Plan:
     """``profile`` with ``changes``, planned at 8 Mbit/s in 10 batches of 10."""
-    changed = dataclasses.replace(profile, **changes)  # type: ignore[arg-type]
+    changed = dataclasses.replace(profile, **changes)
     return plan(
         _MODEL, changed, 8 * MBIT, batch_size=10, dataset_size=100, features_only=features_only
     )
 
 
 def test_overlapped_stages_take_the_slowest_stage_a_batch() -> None:
-    model, profile = _balanced()
-    chosen = plan(model, profile, 8 * MBIT, batch_size=10, dataset_size=100)
+    chosen = _plan(_BALANCED)
     raw, zero, one = chosen.candidates
     assert raw.epoch_s == pytest.approx((75 + 9 * 70) / 1000)
     assert zero.epoch_s == pytest.approx((110 + 9 * 60) / 1000)
@@ -59,9 +58,7 @@ def test_overlapped_stages_take_the_slowest_stage_a_batch() -> None:
 
 
 def test_two_readers_in_turn_bound_a_balanced_split_by_its_stages_sum() -> None:
-    model, profile = _balanced()
-    two = dataclasses.replace(profile, readers_in_turn=2)
-    chosen = plan(model, two, 8 * MBIT, batch_size=10, dataset_size=100)
+    chosen = _plan(_BALANCED, readers_in_turn=2)
     raw, zero, one = chosen.candidates
     # raw: (0 + 5 + 70) / 2 = 37.5 < 70, unchanged; split 0: 110 / 2 = 55 < 60, unchanged;
     # split 1: 130 / 2 = 65 > 50: the turns bind.
@@ -79,10 +76,9 @@ def test_two_readers_in_turn_bound_a_balanced_split_by_its_stages_sum() -> None:
 
 
 def test_a_pick_bound_by_the_turns_says_so() -> None:
-    profile = _BALANCED
-    only = _plan(profile, readers_in_turn=2, features_only=True)  # split 0 at 0.65 s
+    only = _plan(_BALANCED, readers_in_turn=2, features_only=True)  # split 0 at 0.65 s
     assert only.split == 0
-    chosen = _plan(profile, readers_in_turn=2, client_ms=(9.0,))
+    chosen = _plan(_BALANCED, readers_in_turn=2, client_ms=(9.0,))
     # raw: client (1 + 9 + 4) * 10 = 140; split 0: client 130, storage 10, transfer 40:
     # 180 / 2 = 90 < 130; split 1: 130 / 2 = 65, chosen and bound by the turns.
     assert chosen.split == 1 and chosen.chosen.bottleneck == "turns"
@@ -92,14 +88,13 @@ def test_a_pick_bound_by_the_turns_says_so() -> None:
 
 
 def test_enough_readers_change_nothing_and_one_reader_is_fully_serial() -> None:
-    profile = _BALANCED
-    free = _plan(profile)
-    many = _plan(profile, readers_in_turn=3)
+    free = _plan(_BALANCED)
+    many = _plan(_BALANCED, readers_in_turn=3)
     assert [c.epoch_s for c in many.candidates] == pytest.approx(
         [c.epoch_s for c in free.candidates]
     )
     assert many.split == 1  # 130 / 3 = 43.3 < 50
-    one = _plan(profile, readers_in_turn=1)
+    one = _plan(_BALANCED, readers_in_turn=1)
     for candidate in one.candidates:  # every batch's three stages one after another
         whole = candidate.storage_ms + candidate.transfer_ms + candidate.client_ms
         assert candidate.epoch_s == pytest.approx(10 * whole / 1000)
@@ -131,19 +126,16 @@ def test_a_loaded_storage_side_asks_more_bytes_to_buy_more() -> None:
     # Split 1 sends 8x the raw objects' bytes and is 22% faster than them (0.58 s against
     # 0.705 s): enough on a storage side of its own (more than 10%), not on one shared
     # with other work, where 8x the bytes must buy more than 80%.
-    model, profile = _balanced()
-    quiet = plan(model, profile, 8 * MBIT, batch_size=10, dataset_size=100)
+    quiet = _plan(_BALANCED)
     assert quiet.split == 1 and not quiet.note
     # storage_load 1.01 keeps the storage stages within a rounding (50.5 ms a batch).
-    shared = dataclasses.replace(profile, storage_load=1.01)
-    loaded = plan(model, shared, 8 * MBIT, batch_size=10, dataset_size=100)
+    loaded = _plan(_BALANCED, storage_load=1.01)
     assert loaded.split is None
     assert "shared with other work (priced x1.01)" in loaded.note
     assert "more than 80%" in loaded.note
     # A gain above r times the margin still pays: raw objects decoded at 20 ms a sample
     # here take 260 ms a batch (2.6 s an epoch), 4.5x split 1's 0.58 s.
-    slow_raw = dataclasses.replace(shared, client_decode_ms=20.0)
-    paid = plan(model, slow_raw, 8 * MBIT, batch_size=10, dataset_size=100)
+    paid = _plan(_BALANCED, storage_load=1.01, client_decode_ms=20.0)
     assert paid.split == 1 and not paid.note
 
 
