@@ -23,8 +23,9 @@ worktree add``), a gateway running that checkout's code is measured in the same 
 the modes ``batch-baseline`` and ``single-baseline``: a change's effect, interleaved, on
 the same cores.
 
-Goals (issue "a storage node at full speed"): at every split, the gateway at least 0.9x the
-bare loop for batch requests and 0.8x for single-object GETs. Writes
+Goals (issue "host work per sample and per request"), judged per cell: the gateway's CPU per
+sample at most 1.1x the bare loop's for batch requests and 1.25x for single-object GETs, and
+its samples/s at least the from-store reference's. Writes
 ``bench-pushdown.json`` (every run), ``bench-pushdown.md`` and ``bench-pushdown.png``.
 Run as ``hapi-bench pushdown``.
 """
@@ -69,7 +70,9 @@ BATCH = 32
 BARE_BATCHES = (8, 16, 32, 64)  # the bare loop's batch sizes tried; the fastest is kept
 BATCH_CLIENTS = 2
 GET_CLIENTS = 8
-GOALS = {"batch": 0.9, "single": 0.8}
+GOALS = {"batch": 1.1, "single": 1.25}
+"""Issue "host work per sample": the gateway's CPU per sample at most this times the bare
+loop's, and its samples/s at least the from-store reference's (where it was measured)."""
 MODELS = ("resnet18", "efficientnet_lite0")
 _BUCKET = "bench"
 _WARM_S = 1.0  # each run's first and last second are left out of its window
@@ -488,6 +491,7 @@ def _modes(cell: dict[str, Any]) -> list[str]:
 
 
 def _goal(mode: str) -> float:
+    """A mode's cap on its CPU per sample, as a multiple of the bare loop's."""
     return GOALS[mode.split("-")[0]]
 
 
@@ -525,12 +529,15 @@ def _cell(model: str, split: int, runs: dict[str, list[Run]]) -> dict[str, Any]:
             "ratio_range": [min(ratios), max(ratios)],
             "cpu_ms_per_sample": cpu,
             "cpu_ratio": cpu / bare_cpu if bare_cpu else None,
-            "meets_goal": rate / bare_rate >= _goal(mode),
+            "meets_cpu": bool(bare_cpu) and cpu / bare_cpu <= _goal(mode),
         }
         if all(r.loop_cpu_ms_per_sample is not None for r in runs[mode]):
             cell[mode]["loop_cpu_ms_per_sample"] = median(mode, "loop_cpu_ms_per_sample")
         if reference is not None:  # the goal: at least the from-store reference's rate
             cell[mode] |= {"vs_from_store": rate / reference, "meets_from_store": rate >= reference}
+        cell[mode]["meets_goal"] = cell[mode]["meets_cpu"] and cell[mode].get(
+            "meets_from_store", True
+        )
         if all(r.store_cpu_ms_per_sample is not None for r in runs[mode]):
             store = median(mode, "store_cpu_ms_per_sample")
             # every core busy with the gateway's and the store's work for each sample
@@ -579,8 +586,9 @@ def _report(out: Path, results: dict[str, Any]) -> None:
     lines = [
         f"Gateway / bare loop, samples/s (median of {results['rounds']} interleaved rounds, "
         f"range); CPU per sample, gateway / bare. Runs of {results['seconds_per_run']:g} s, "
-        f"{results['load']}, {results['cpu_count']} cores ({results['cpu']}). Goals: batch >= {GOALS['batch']}x, "
-        f"single GETs >= {GOALS['single']}x. *Cores allow*: the most the cores could serve "
+        f"{results['load']}, {results['cpu_count']} cores ({results['cpu']}). Goals: CPU per "
+        f"sample at most {GOALS['batch']}x the bare loop's for batches and {GOALS['single']}x "
+        "for single GETs, and samples/s at least the from-store reference's. *Cores allow*: the most the cores could serve "
         "with every one of them busy with the gateway's and the store's CPU per sample (the "
         "store serves the objects on the same cores; the bare loop reads them from memory), "
         "over the bare loop's rate.",
@@ -603,13 +611,15 @@ def _report(out: Path, results: dict[str, Any]) -> None:
         for mode in modes:
             m = cell[mode]
             low, high = m["ratio_range"]
-            mark = "" if m["meets_goal"] else " (misses)"
             allowed = f"{m['cores_allow_ratio']:.2f}x" if "cores_allow_ratio" in m else "-"
+            versus = "-"
+            if "vs_from_store" in m:
+                versus = f"{m['vs_from_store']:.2f}x" + _missed(m["meets_from_store"])
             row += [
-                f"{m['ratio']:.2f}x ({low:.2f}-{high:.2f}){mark}",
-                f"{m['cpu_ratio']:.2f}x",
+                f"{m['ratio']:.2f}x ({low:.2f}-{high:.2f})",
+                f"{m['cpu_ratio']:.2f}x" + _missed(m["meets_cpu"]),
                 allowed,
-                f"{m['vs_from_store']:.2f}x" if "vs_from_store" in m else "-",
+                versus,
             ]
         lines.append("| " + " | ".join(row) + " |")
     table = "\n".join(lines)
@@ -628,35 +638,58 @@ def _report(out: Path, results: dict[str, Any]) -> None:
     )
 
 
+def _missed(met: bool) -> str:
+    return "" if met else " (misses)"
+
+
 def _plot(path: Path, cells: list[dict[str, Any]]) -> None:
+    """Per model: samples/s over the bare loop's (with the from-store reference's and what
+    the cores allow), and below it CPU per sample over the bare loop's, with each mode's cap."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = sorted({c["model"] for c in cells})
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
-    for ax, name in zip(axes[0], names, strict=True):
+    fig, axes = plt.subplots(2, len(names), figsize=(6 * len(names), 7), squeeze=False)
+    for column, name in enumerate(names):
         mine = [c for c in cells if c["model"] == name]
+        splits = [c["split"] for c in mine]
+        rates, costs = axes[0][column], axes[1][column]
         for mode, marker in zip(_modes(mine[0]), "osD^", strict=False):
-            (line,) = ax.plot(
-                [c["split"] for c in mine],
-                [c[mode]["ratio"] for c in mine],
-                marker=marker,
-                label=f"{mode} / bare loop",
+            (line,) = rates.plot(
+                splits, [c[mode]["ratio"] for c in mine], marker=marker, label=mode
             )
             allowed = [c for c in mine if "cores_allow_ratio" in c[mode]]
             if allowed:
-                ax.plot(
+                rates.plot(
                     [c["split"] for c in allowed],
                     [c[mode]["cores_allow_ratio"] for c in allowed],
                     linestyle="--",
                     color=line.get_color(),
                     label=f"{mode}: what the cores allow",
                 )
-            ax.axhline(_goal(mode), linestyle=":", linewidth=1, color=line.get_color())
-        ax.set(xlabel="split", ylabel="gateway / bare loop (samples/s)", title=name, ylim=(0, 1.6))
-        ax.legend(fontsize="x-small", loc="upper center", ncol=2)
+            costs.plot(
+                splits,
+                [c[mode]["cpu_ratio"] for c in mine],
+                marker=marker,
+                color=line.get_color(),
+                label=mode,
+            )
+            costs.axhline(_goal(mode), linestyle=":", linewidth=1, color=line.get_color())
+        known = [c for c in mine if "from_store" in c]
+        if known:
+            rates.plot(
+                [c["split"] for c in known],
+                [c["from_store"]["ratio"] for c in known],
+                color="black",
+                linewidth=1,
+                label="from-store reference (the floor)",
+            )
+        rates.set(ylabel="samples/s over the bare loop's", title=name, ylim=(0, 1.6))
+        costs.set(xlabel="split", ylabel="CPU per sample over the bare loop's (dotted: cap)")
+        rates.legend(fontsize="x-small", loc="upper center", ncol=2)
+        costs.legend(fontsize="x-small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
