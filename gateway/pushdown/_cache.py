@@ -271,7 +271,7 @@ class FeatureCache:
             self._count(manifest, "miss")
             return None
         mac = reply.headers.get(MAC_HEADER, "")
-        if not hmac.compare_digest(mac, self._mac(path, reply.content)):
+        if not hmac.compare_digest(mac, self._mac(path, hashlib.sha256(reply.content).digest())):
             self._warn("rejected", f"a cache entry without a valid MAC was ignored: {path}")
             return self._outcome(manifest, context, identity, "rejected")
         cached = _parse(reply.content)
@@ -295,9 +295,10 @@ class FeatureCache:
         self._learn(context, identity, hit=found is not None)
         return found
 
-    def _mac(self, path: str, body: bytes) -> str:
-        """The MAC of an entry: its path (so its cache key) and its content."""
-        message = b"hapi cache entry\n" + path.encode() + b"\n" + hashlib.sha256(body).digest()
+    def _mac(self, path: str, digest: bytes) -> str:
+        """The MAC of an entry: its path (so its cache key) and its content's SHA-256
+        ``digest``."""
+        message = b"hapi cache entry\n" + path.encode() + b"\n" + digest
         return hmac.new(self._settings.cache_mac_key, message, hashlib.sha256).hexdigest()
 
     # -- writes ------------------------------------------------------------------------
@@ -403,10 +404,11 @@ class FeatureCache:
 
     async def _put(self, path: str, body: bytes, model: str) -> None:
         await self._ensure_bucket()
+        digest = hashlib.sha256(body).digest()  # the MAC's and the signature's, hashed once
         headers = {
             "content-type": "application/octet-stream",
             "content-length": str(len(body)),
-            MAC_HEADER: self._mac(path, body),
+            MAC_HEADER: self._mac(path, digest),
         }
         reply = await self._store.request(
             "PUT",
@@ -414,7 +416,7 @@ class FeatureCache:
             path,
             headers=headers,
             content=body,
-            payload_sha256=hashlib.sha256(body).hexdigest(),
+            payload_sha256=digest.hex(),
         )
         if reply.status_code != 200:
             if reply.status_code == 404:  # the bucket went away: create it on the next write

@@ -649,6 +649,7 @@ def _plot(path: Path, cells: list[dict[str, Any]]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     names = sorted({c["model"] for c in cells})
     fig, axes = plt.subplots(2, len(names), figsize=(6 * len(names), 7), squeeze=False)
@@ -690,6 +691,8 @@ def _plot(path: Path, cells: list[dict[str, Any]]) -> None:
         costs.set(xlabel="split", ylabel="CPU per sample over the bare loop's (dotted: cap)")
         rates.legend(fontsize="x-small", loc="upper center", ncol=2)
         costs.legend(fontsize="x-small")
+        for ax in (rates, costs):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # splits are whole
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -6,6 +6,7 @@ sequences of requests and outcomes against a store that answers entry GETs."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 
 import httpx
@@ -42,7 +43,11 @@ class _Store:
             return httpx.Response(404)
         assert self.cache is not None
         body = _cache.encode_entry(ROWS, "float32", None, ["x"], None)
-        return httpx.Response(200, content=body, headers={MAC_HEADER: self.cache._mac(path, body)})
+        return httpx.Response(
+            200,
+            content=body,
+            headers={MAC_HEADER: self.cache._mac(path, hashlib.sha256(body).digest())},
+        )
 
 
 def _cache_over(store: _Store, **changes: object) -> FeatureCache:
