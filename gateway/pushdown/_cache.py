@@ -1,18 +1,32 @@
 """The feature cache, as the gateway uses it: look entries up, write them in the background.
 
-The layout (keys, paths, eviction order) is ``hapi.protocol``'s contract; this module does
-the I/O with the gateway's own store identity. Each entry carries a MAC over its cache
-key and its content (the ``x-amz-meta-hapi-mac`` header) under a key every gateway of a
-store shares and no client holds: an entry without a valid one (forged through the
-gateway, written directly into the store, or another key's entry copied over) is a miss,
-counted as ``rejected``, never served. Nothing here may fail a request: a cache bucket
-that is missing, full or unreadable degrades to computing, with one warning per kind of
-failure. Writes go through a bounded queue drained by one
+The layout (keys, paths, packs, eviction order) is ``hapi.protocol``'s contract; this
+module does the I/O with the gateway's own store identity. Entries are written in packs,
+one object for the entries of one context that waited in the queue together (at most
+``PACK_ENTRIES`` of them and ``PACK_BYTES``): a store's PUT costs it mostly per request, so
+a cold epoch's writes cost it a pack's request, not an entry's. Each pack carries a MAC
+over its path and its index (the ``x-amz-meta-hapi-mac`` header) under a key every gateway
+of a store shares and no client holds, and the index holds each entry's SHA-256: a pack
+without a valid MAC (forged through the gateway, written directly into the store, or
+another context's pack copied over) is never read, and an entry whose bytes do not match
+its index is a miss counted as ``rejected``, never served. Nothing here may fail a
+request: a cache bucket that is missing, full or unreadable degrades to computing, with
+one warning per kind of failure.
+
+A lookup finds its entry in the index of its context's packs, kept in memory: an entry
+not in it is a miss at no cost to the store, unless the index was listed more than
+``INDEX_TTL_S`` ago; then the context's packs are listed again (one listing, shared by the
+lookups waiting on it) and the heads of the packs not seen before are read. A hit is one
+ranged GET of the entry's bytes. The indexes hold at most ``INDEXED`` entries together
+(the least recently used contexts go first, to be listed again when asked for).
+
+Writes go through a bounded queue drained by one
 background task; a full queue skips the write rather than delay an answer. A queued
 write waits while pushdown requests are being served (``cache_write_defer_s`` at most,
 and not once the queue is three quarters full), so a cold epoch's entry writes take the
-storage side's idle time instead of its cores; meanwhile the queued entry answers this
-gateway's lookups, so an epoch that follows at once does not compute it again.
+storage side's idle time instead of its cores, and are packed together; meanwhile the
+queued entry answers this gateway's lookups, so an epoch that follows at once does not
+compute it again.
 
 A cold cache costs what no cache costs. A lookup is a HEAD of the object as the caller and
 a GET of its entry: two store requests before the object's own GET, for nothing when the
@@ -26,10 +40,10 @@ gateway computed recently is always looked up (its entry may be waiting in the q
 so the epoch that follows a cold one is served from the cache from its first request,
 until one of them misses (its entry was evicted or the cache emptied): then the bucket's
 objects computed here are forgotten.
-A hit on an
-entry not touched for ``cache_touch_s`` is refreshed in the background (a copy onto
-itself), so ``LastModified`` tracks last use for least-recently-used eviction, which a
-background task applies when ``cache_max_bytes`` is set.
+A hit in a
+pack not touched for ``cache_touch_s`` refreshes it in the background (a copy onto
+itself), so ``LastModified`` tracks last use for least-recently-used eviction of whole
+packs, which a background task applies when ``cache_max_bytes`` is set.
 """
 
 from __future__ import annotations
@@ -41,14 +55,15 @@ import hashlib
 import hmac
 import json
 import logging
+import math
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import httpx
@@ -56,15 +71,24 @@ import numpy as np
 
 from hapi.models import Manifest, Preset
 from hapi.protocol import (
-    ENTRY_PREFIX,
+    CACHE_PREFIXES,
+    PACK_HEAD,
     CacheEntry,
     ObjectIdentity,
+    PackMember,
     cache_key,
+    context_digest,
     decode_features,
     encode_features,
+    encode_pack,
     entry_path,
     eviction_order,
-    is_entry,
+    is_cached,
+    is_pack,
+    pack_index_length,
+    pack_path,
+    pack_prefix,
+    parse_pack_index,
 )
 
 from .._errors import BackendError
@@ -79,6 +103,12 @@ COLD_AFTER = 16  # misses in a row, with no hit, after which a context's lookups
 CONTEXTS = 1024  # contexts whose misses are counted (the least recently used go first)
 STORED = 65536  # objects this gateway computed recently, which are always looked up
 SHUTDOWN_FLUSH_S = 5.0  # the most a stopping gateway spends writing the entries still queued
+PACK_ENTRIES = 256  # entries at most in one pack
+PACK_BYTES = 16 * 1024**2  # and bytes (a single entry over it makes a pack of its own)
+INDEX_TTL_S = 2.0  # a context's packs are listed again, on a miss, after this long
+INDEXED = 1 << 20  # entries the indexes of the contexts' packs hold together
+HEAD_READ = 64 * 1024  # bytes of a pack read for its index at first (more if it is longer)
+INDEX_READS = 8  # pack heads read at once while a context's packs are listed
 
 
 @dataclass(frozen=True)
@@ -96,15 +126,57 @@ class Cached:
 
 @dataclass(frozen=True, slots=True)
 class _Job:
-    """A write waiting in the queue: the model of an entry (None for a touch), the work,
-    its bytes and the identity it counts against."""
+    """A write waiting in the queue: an entry's (its model, path, bytes and context, the
+    identity it counts against), or a touch (``run``)."""
 
     model: str | None
-    run: Callable[[], Any]
+    run: Callable[[], Any] | None = None
     size: int = 0
     owner: str = ""
     queued_at: float = field(default_factory=time.monotonic)
     path: str = ""  # an entry write's path (its bytes answer lookups while it waits)
+    entry: bytes = b""
+    context: Hashable = None
+
+
+@dataclass(slots=True)
+class _Pack:
+    """A pack as an index knows it: its entries' paths, its MAC, when it was last used."""
+
+    paths: list[str]
+    mac: str
+    last_used: datetime | None
+    seen: float = field(default_factory=time.monotonic)  # when this gateway learnt of it
+
+
+@dataclass(slots=True)
+class _Index:
+    """The entries of one context's packs, as far as this gateway has listed them."""
+
+    prefix: str
+    members: dict[str, tuple[str, PackMember]] = field(default_factory=dict)  # by entry path
+    packs: dict[str, _Pack] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)  # packs whose MAC or index failed
+    listed_at: float = -math.inf
+    listing: asyncio.Task[bool] | None = None
+
+    def add(self, key: str, pack: _Pack, members: Mapping[str, PackMember]) -> int:
+        """Add a pack; returns how many entries the index gained."""
+        self.packs[key] = pack
+        before = len(self.members)
+        for path, member in members.items():
+            self.members[path] = (key, member)
+        return len(self.members) - before
+
+    def forget(self, key: str) -> int:
+        """Drop a pack (deleted, or found gone); returns how many entries went with it."""
+        pack = self.packs.pop(key, None)
+        if pack is None:
+            return 0
+        gone = [path for path in pack.paths if self.members.get(path, ("",))[0] == key]
+        for path in gone:
+            del self.members[path]
+        return len(gone)
 
 
 class FeatureCache:
@@ -144,6 +216,9 @@ class FeatureCache:
         self.skipped_writes = 0
         self._streaks: OrderedDict[Hashable, _Streak] = OrderedDict()  # misses per context
         self._stored: OrderedDict[tuple[str, str], None] = OrderedDict()  # computed here
+        self._indexes: OrderedDict[Hashable, _Index] = OrderedDict()  # by context
+        self._indexed = 0  # entries the indexes hold together
+        self._digests: dict[Hashable, str] = {}  # each context's digest (its packs' prefix)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -259,27 +334,158 @@ class FeatureCache:
             found = _parse(queued)
             if found is not None:
                 return self._outcome(manifest, context, identity, "hit", found)
+        index = self._index(context)
+        located = index.members.get(path)
+        if located is None and time.monotonic() - index.listed_at >= INDEX_TTL_S:
+            if not await self._relist(index):
+                self._count(manifest, "miss")  # the store's trouble, not the entry's: no streak
+                return None
+            located = index.members.get(path)
+        if located is None:
+            return self._outcome(manifest, context, identity, "miss")
+        return await self._read(manifest, context, identity, index, *located)
+
+    async def _read(
+        self,
+        manifest: Manifest,
+        context: Hashable,
+        identity: ObjectIdentity,
+        index: _Index,
+        key: str,
+        member: PackMember,
+    ) -> Cached | None:
+        """One entry's bytes from its pack (a ranged GET), checked against the index."""
+        last = member.offset + member.length - 1
         try:
-            reply = await self._store.request("GET", self._bucket, path)
+            reply = await self._store.request(
+                "GET", self._bucket, key, headers={"range": f"bytes={member.offset}-{last}"}
+            )
         except httpx.TransportError as exc:
             self._warn("read", f"the feature cache cannot be read ({exc!r}); computing instead")
             return None
-        if reply.status_code == 404:
+        if reply.status_code == 404:  # evicted, or the cache emptied
+            self._forget(key)
             return self._outcome(manifest, context, identity, "miss")
-        if reply.status_code != 200:  # the store's trouble, not the entry's: no streak
+        if reply.status_code not in (200, 206):
             self._warn("read", f"the feature cache answered HTTP {reply.status_code}; computing")
             self._count(manifest, "miss")
             return None
-        mac = reply.headers.get(MAC_HEADER, "")
-        if not hmac.compare_digest(mac, self._mac(path, hashlib.sha256(reply.content).digest())):
-            self._warn("rejected", f"a cache entry without a valid MAC was ignored: {path}")
+        body = (
+            reply.content if reply.status_code == 206 else reply.content[member.offset : last + 1]
+        )
+        if len(body) != member.length or hashlib.sha256(body).hexdigest() != member.sha256:
+            self._warn("rejected", f"a cache entry not as its pack's index says was ignored: {key}")
             return self._outcome(manifest, context, identity, "rejected")
-        cached = _parse(reply.content)
+        cached = _parse(body)
         if cached is None:
-            self._warn("corrupt", f"an unreadable cache entry {path} was ignored")
+            self._warn("corrupt", f"an unreadable cache entry in {key} was ignored")
             return self._outcome(manifest, context, identity, "miss")
-        self._maybe_touch(path, mac, reply.headers.get("last-modified"))
+        self._maybe_touch(key, index.packs.get(key))
         return self._outcome(manifest, context, identity, "hit", cached)
+
+    def _index(self, context: Hashable) -> _Index:
+        """The index of ``context``'s packs (a new, unlisted one the first time), the most
+        recently used; the least recently used go while the indexes hold over ``INDEXED``."""
+        index = self._indexes.get(context)
+        if index is None:
+            index = self._indexes[context] = _Index(pack_prefix(self._digest(context)))
+        self._indexes.move_to_end(context)
+        while self._indexed > INDEXED and len(self._indexes) > 1:
+            _, dropped = self._indexes.popitem(last=False)
+            self._indexed -= len(dropped.members)
+        return index
+
+    def _digest(self, context: Hashable) -> str:
+        digest = self._digests.get(context)
+        if digest is None:
+            if len(self._digests) >= CONTEXTS:
+                self._digests.clear()
+            assert isinstance(context, _Context)
+            digest = self._digests[context] = context_digest(
+                context.bucket,
+                blocks=context.blocks,
+                preprocess=_preset(context.preset),
+                dtype=context.dtype,
+                view=None if context.augmented is None else json.loads(context.augmented),
+            )
+        return digest
+
+    async def _relist(self, index: _Index) -> bool:
+        """List the context's packs again (the lookups asking at once share one listing);
+        ``False`` when the store could not be listed."""
+        if index.listing is None:
+            index.listing = asyncio.ensure_future(self._list_packs(index))
+        return await asyncio.shield(index.listing)
+
+    async def _list_packs(self, index: _Index) -> bool:
+        started = time.monotonic()
+        try:
+            listed = {
+                item.key: item.last_modified
+                async for item in self._store.list_objects(self._bucket, index.prefix)
+                if is_pack(item.key)
+            }
+            for key in [k for k, p in index.packs.items() if k not in listed and p.seen < started]:
+                self._indexed -= index.forget(key)  # deleted since (a pack written here
+                # while the listing ran may be missing from it: kept)
+            for key, used in listed.items():
+                if key in index.packs:
+                    index.packs[key].last_used = used
+            unread = [k for k in listed if k not in index.packs and k not in index.refused]
+            limit = asyncio.Semaphore(INDEX_READS)
+
+            async def head(key: str) -> None:
+                async with limit:
+                    found = await self._pack_head(key)
+                if found is None:
+                    index.refused.add(key)
+                    return
+                mac, members = found
+                pack = _Pack(list(members), mac, listed[key])
+                self._indexed += index.add(key, pack, members)
+
+            await asyncio.gather(*(head(key) for key in unread))
+            return True
+        except (BackendError, httpx.TransportError) as exc:
+            self._warn("read", f"the feature cache cannot be listed ({exc!r}); computing instead")
+            return False
+        finally:
+            index.listed_at = time.monotonic()
+            index.listing = None
+
+    async def _pack_head(self, key: str) -> tuple[str, dict[str, PackMember]] | None:
+        """A pack's MAC and members, from its head; ``None`` (with a warning) when it is
+        gone, unreadable, or its MAC does not hold."""
+        reply = await self._store.request(
+            "GET", self._bucket, key, headers={"range": f"bytes=0-{HEAD_READ - 1}"}
+        )
+        if reply.status_code not in (200, 206):
+            if reply.status_code != 404:
+                self._warn("read", f"a cache pack's head answered HTTP {reply.status_code}")
+            return None
+        head, mac = reply.content, reply.headers.get(MAC_HEADER, "")
+        try:
+            end = PACK_HEAD + pack_index_length(head)
+            if len(head) < end:
+                more = await self._store.request(
+                    "GET", self._bucket, key, headers={"range": f"bytes={len(head)}-{end - 1}"}
+                )
+                if more.status_code != 206 or more.headers.get(MAC_HEADER, "") != mac:
+                    return None  # rewritten meanwhile: read it on the next listing
+                head += more.content
+            raw = head[PACK_HEAD:end]
+            if not hmac.compare_digest(mac, self._mac(key, hashlib.sha256(raw).digest())):
+                self._warn("forged", f"a cache pack without a valid MAC was ignored: {key}")
+                return None
+            return mac, parse_pack_index(raw)
+        except ValueError as exc:
+            self._warn("corrupt", f"an unreadable cache pack {key} was ignored: {exc}")
+            return None
+
+    def _forget(self, key: str) -> None:
+        """A pack is gone: its entries leave every index."""
+        for index in self._indexes.values():
+            self._indexed -= index.forget(key)
 
     def _outcome(
         self,
@@ -295,10 +501,10 @@ class FeatureCache:
         self._learn(context, identity, hit=found is not None)
         return found
 
-    def _mac(self, path: str, digest: bytes) -> str:
-        """The MAC of an entry: its path (so its cache key) and its content's SHA-256
-        ``digest``."""
-        message = b"hapi cache entry\n" + path.encode() + b"\n" + digest
+    def _mac(self, key: str, digest: bytes) -> str:
+        """The MAC of a pack: its path (so its context) and its index's SHA-256 ``digest``
+        (the index names each entry's path and SHA-256)."""
+        message = b"hapi cache pack\n" + key.encode() + b"\n" + digest
         return hmac.new(self._settings.cache_mac_key, message, hashlib.sha256).hexdigest()
 
     # -- writes ------------------------------------------------------------------------
@@ -321,7 +527,8 @@ class FeatureCache:
             return False
         path = entry_path(_key(identity, manifest, split, dtype, view))
         model = manifest.name
-        job = _Job(model, lambda: self._put(path, entry, model), len(entry), owner, path=path)
+        context = _context(identity.bucket, manifest, split, dtype, view)
+        job = _Job(model, None, len(entry), owner, path=path, entry=entry, context=context)
         if not self._enqueue(job):
             self.skipped_writes += 1
             self._count_write(model, "skipped")
@@ -370,15 +577,79 @@ class FeatureCache:
     async def _writer(self) -> None:
         while True:
             job = await self._queue.get()
+            jobs = [job]
             try:
                 await self._when_idle(job)
-                await job.run()
+                if job.run is None:  # an entry: packed with the others waiting behind it
+                    jobs += self._waiting_behind(job)
+                    await self._write_packs([j for j in jobs if j.run is None])
+                for touch in jobs:
+                    if touch.run is not None:
+                        await touch.run()
             except Exception as exc:  # a failed write never reaches a request
-                if job.model is not None:
-                    self._count_write(job.model, "failed")
+                for failed in jobs:
+                    if failed.model is not None and failed.path in self._pending:
+                        self._count_write(failed.model, "failed")
                 self._warn("write", f"a feature cache write failed: {exc!r}")
             finally:
-                self._done(job)
+                for done in jobs:
+                    self._done(done)
+
+    def _waiting_behind(self, first: _Job) -> list[_Job]:
+        """The jobs queued now, taken out of the queue while the entries among them fit a
+        pack beside ``first`` (``PACK_ENTRIES``, ``PACK_BYTES``)."""
+        taken, entries, size = [], 1, first.size
+        while not self._queue.empty() and entries < PACK_ENTRIES and size < PACK_BYTES:
+            job = self._queue.get_nowait()
+            taken.append(job)
+            if job.run is None:
+                entries, size = entries + 1, size + job.size
+        return taken
+
+    async def _write_packs(self, jobs: Sequence[_Job]) -> None:
+        """One pack a context, of the entries ``jobs`` write, each pack at most
+        ``PACK_BYTES`` (an entry over it alone)."""
+        await self._ensure_bucket()
+        by_context: dict[Hashable, list[list[_Job]]] = {}
+        for job in jobs:
+            packs = by_context.setdefault(job.context, [[]])
+            if packs[-1] and sum(j.size for j in packs[-1]) + job.size > PACK_BYTES:
+                packs.append([])
+            packs[-1].append(job)
+        for context, packs in by_context.items():
+            for members in packs:
+                await self._put(context, members)
+
+    async def _put(self, context: Hashable, jobs: Sequence[_Job]) -> None:
+        body, index = encode_pack([(job.path, job.entry) for job in jobs])
+        stamp = int(time.time() * 1000)
+        key = pack_path(self._digest(context), stamp_ms=stamp, nonce=secrets.token_hex(4))
+        mac = self._mac(key, hashlib.sha256(index).digest())
+        headers = {
+            "content-type": "application/octet-stream",
+            "content-length": str(len(body)),
+            MAC_HEADER: mac,
+        }
+        reply = await self._store.request(
+            "PUT",
+            self._bucket,
+            key,
+            headers=headers,
+            content=body,
+            payload_sha256=hashlib.sha256(body).hexdigest(),
+        )
+        if reply.status_code != 200:
+            if reply.status_code == 404:  # the bucket went away: create it on the next write
+                self._bucket_checked = False
+            for job in jobs:
+                self._count_write(job.model or "", "failed")
+            self._warn("write", f"the feature cache refused a write: HTTP {reply.status_code}")
+            return
+        members = parse_pack_index(index)
+        pack = _Pack(list(members), mac, datetime.now(UTC))
+        self._indexed += self._index(context).add(key, pack, members)
+        for job in jobs:
+            self._count_write(job.model or "", "written", len(job.entry))
 
     async def _when_idle(self, job: _Job) -> None:
         """Wait while pushdown requests are being served, so that entry writes (a PUT to
@@ -402,30 +673,6 @@ class FeatureCache:
             or 4 * self.queued_bytes >= 3 * settings.cache_write_queue_bytes
         )
 
-    async def _put(self, path: str, body: bytes, model: str) -> None:
-        await self._ensure_bucket()
-        digest = hashlib.sha256(body).digest()  # the MAC's and the signature's, hashed once
-        headers = {
-            "content-type": "application/octet-stream",
-            "content-length": str(len(body)),
-            MAC_HEADER: self._mac(path, digest),
-        }
-        reply = await self._store.request(
-            "PUT",
-            self._bucket,
-            path,
-            headers=headers,
-            content=body,
-            payload_sha256=digest.hex(),
-        )
-        if reply.status_code != 200:
-            if reply.status_code == 404:  # the bucket went away: create it on the next write
-                self._bucket_checked = False
-            self._count_write(model, "failed")
-            self._warn("write", f"the feature cache refused a write: HTTP {reply.status_code}")
-            return
-        self._count_write(model, "written", len(body))
-
     async def _ensure_bucket(self) -> None:
         if self._bucket_checked:
             return
@@ -439,25 +686,23 @@ class FeatureCache:
                 )
         self._bucket_checked = True
 
-    def _maybe_touch(self, path: str, mac: str, last_modified: str | None) -> None:
-        if last_modified is None:
+    def _maybe_touch(self, key: str, pack: _Pack | None) -> None:
+        if pack is None or pack.last_used is None:
             return
-        try:
-            age = (datetime.now(UTC) - parsedate_to_datetime(last_modified)).total_seconds()
-        except (TypeError, ValueError):
+        now = datetime.now(UTC)
+        if (now - pack.last_used).total_seconds() < self._settings.cache_touch_s:
             return
-        if age < self._settings.cache_touch_s:
-            return
-        self._enqueue(_Job(None, lambda: self._touch(path, mac)))  # a full queue skips it
+        if self._enqueue(_Job(None, lambda: self._touch(key, pack.mac))):  # full: skipped
+            pack.last_used = now
 
-    async def _touch(self, path: str, mac: str) -> None:
-        source = f"/{self._bucket}/{path}"
+    async def _touch(self, key: str, mac: str) -> None:
+        source = f"/{self._bucket}/{key}"
         headers = {
             "x-amz-copy-source": quote(source),
             "x-amz-metadata-directive": "REPLACE",
-            MAC_HEADER: mac,  # replaced metadata keeps the entry's MAC
+            MAC_HEADER: mac,  # replaced metadata keeps the pack's MAC
         }
-        await self._store.request("PUT", self._bucket, path, headers=headers)
+        await self._store.request("PUT", self._bucket, key, headers=headers)
 
     # -- eviction ----------------------------------------------------------------------
 
@@ -470,21 +715,23 @@ class FeatureCache:
                 self._warn("evict", f"feature cache eviction failed: {exc!r}")
 
     async def evict(self) -> int:
-        """Delete least-recently-used entries until the rest fit ``cache_max_bytes``;
+        """Delete least-recently-used packs until the rest fit ``cache_max_bytes``;
         returns how many were deleted."""
         entries = [entry async for entry in self._entries()]
         doomed = eviction_order(entries, self._settings.cache_max_bytes)
         for entry in doomed:
             await self._store.request("DELETE", self._bucket, entry.key)
+            self._forget(entry.key)
         return len(doomed)
 
     async def _entries(self) -> AsyncIterator[CacheEntry]:
-        """Every entry, from the store's listing (none when the listing fails: eviction
-        waits for the next round)."""
+        """Every pack (and entry of its own), from the store's listing (none when the
+        listing fails: eviction waits for the next round)."""
         try:
-            async for item in self._store.list_objects(self._bucket, ENTRY_PREFIX):
-                if is_entry(item.key) and item.last_modified is not None:
-                    yield CacheEntry(item.key, item.size, item.last_modified)
+            for prefix in CACHE_PREFIXES:
+                async for item in self._store.list_objects(self._bucket, prefix):
+                    if is_cached(item.key) and item.last_modified is not None:
+                        yield CacheEntry(item.key, item.size, item.last_modified)
         except BackendError:
             return
 
@@ -515,13 +762,22 @@ class _Streak:
     passed: int = 0
 
 
-def _context(
-    bucket: str, manifest: Manifest, split: int, dtype: str, view: Mapping[str, Any] | None
-) -> Hashable:
+class _Context(NamedTuple):
     """What a lookup's entry shares with its neighbours' but for the object: its bucket and
     the cache key's other inputs (models that share blocks to the split share it too)."""
+
+    bucket: str
+    blocks: tuple[str, ...]
+    preset: Preset
+    dtype: str
+    augmented: str | None  # the view, as canonical JSON
+
+
+def _context(
+    bucket: str, manifest: Manifest, split: int, dtype: str, view: Mapping[str, Any] | None
+) -> _Context:
     augmented = None if view is None else json.dumps(view, sort_keys=True)
-    return (bucket, manifest.hashes[:split], manifest.preprocess, dtype, augmented)
+    return _Context(bucket, tuple(manifest.hashes[:split]), manifest.preprocess, dtype, augmented)
 
 
 def identity_from(bucket: str, key: str, headers: Mapping[str, str]) -> ObjectIdentity | None:

@@ -22,8 +22,8 @@ from tqdm import tqdm
 from hapi import protocol
 from hapi.models.cli import UserError
 from hapi.protocol import (
+    CACHE_PREFIXES,
     DEFAULT_CACHE_BUCKET,
-    ENTRY_PREFIX,
     CacheEntry,
     eviction_order,
     listed_entries,
@@ -56,14 +56,16 @@ def _bucket_option(command: Any) -> Any:
 
 
 def _list_entries(s3: Any, bucket: str) -> Iterator[CacheEntry]:
-    """Every entry in ``bucket`` (a boto3 S3 client), in key order.
+    """Every pack in ``bucket`` (a boto3 S3 client), and every entry written on its own
+(the layout before packs), in key order.
 
     Raises:
         botocore.exceptions.ClientError: The bucket cannot be listed (e.g. NoSuchBucket).
     """
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=ENTRY_PREFIX)
-    for page in pages:
-        yield from listed_entries(page.get("Contents", []))
+    for prefix in CACHE_PREFIXES:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for page in pages:
+            yield from listed_entries(page.get("Contents", []))
 
 
 def _entries(endpoint: str | None, bucket: str) -> tuple[Any, list[CacheEntry]]:
@@ -80,30 +82,30 @@ def _entries(endpoint: str | None, bucket: str) -> tuple[Any, list[CacheEntry]]:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cache() -> None:
-    """The feature cache: entries in a bucket of the store, keyed by content."""
+    """The feature cache: packs of entries in a bucket of the store, keyed by content."""
 
 
 @cache.command("ls")
-@click.option("--limit", type=int, default=50, show_default=True, help="Entries to show.")
+@click.option("--limit", type=int, default=50, show_default=True, help="Packs to show.")
 @_bucket_option
 @_endpoint_option
 def ls(limit: int, bucket: str, endpoint: str | None) -> None:
-    """List entries, most recently used first: key, size, last use (one per line)."""
+    """List packs, most recently used first: key, size, last use (one per line)."""
     _, entries = _entries(endpoint, bucket)
     for entry in sorted(entries, key=lambda e: e.last_used, reverse=True)[:limit]:
         size = protocol.format_bytes(entry.size)
         click.echo(f"{entry.key}\t{size}\t{_age(entry.last_used)}")
-    click.echo(f"{len(entries)} entries, {protocol.format_bytes(_total(entries))}")
+    click.echo(f"{len(entries)} packs, {protocol.format_bytes(_total(entries))}")
 
 
 @cache.command()
 @_bucket_option
 @_endpoint_option
 def du(bucket: str, endpoint: str | None) -> None:
-    """Entries and bytes in the cache."""
+    """Packs and bytes in the cache."""
     _, entries = _entries(endpoint, bucket)
     oldest = min((e.last_used for e in entries), default=None)
-    line = f"{len(entries)} entries, {protocol.format_bytes(_total(entries))} in {bucket}"
+    line = f"{len(entries)} packs, {protocol.format_bytes(_total(entries))} in {bucket}"
     if oldest is not None:
         line += f"; least recently used {_age(oldest)}"
     click.echo(line)
@@ -117,7 +119,7 @@ def du(bucket: str, endpoint: str | None) -> None:
 @_bucket_option
 @_endpoint_option
 def prune(max_size: str, dry_run: bool, bucket: str, endpoint: str | None) -> None:
-    """Delete least-recently-used entries until the cache fits MAX_SIZE."""
+    """Delete least-recently-used packs until the cache fits MAX_SIZE."""
     try:
         limit = protocol.parse_size(max_size)
     except ValueError as exc:
@@ -126,32 +128,32 @@ def prune(max_size: str, dry_run: bool, bucket: str, endpoint: str | None) -> No
     doomed = eviction_order(entries, limit)
     freed = protocol.format_bytes(_total(doomed))
     if dry_run:
-        click.echo(f"would delete {len(doomed)} of {len(entries)} entries ({freed})")
+        click.echo(f"would delete {len(doomed)} of {len(entries)} packs ({freed})")
         return
     _delete(s3, bucket, [e.key for e in doomed])
-    click.echo(f"deleted {len(doomed)} of {len(entries)} entries ({freed})")
+    click.echo(f"deleted {len(doomed)} of {len(entries)} packs ({freed})")
 
 
 @cache.command()
-@click.option("--all", "everything", is_flag=True, help="Delete every entry.")
-@click.argument("entries", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="Delete every pack.")
+@click.argument("packs", nargs=-1)
 @_bucket_option
 @_endpoint_option
-def rm(everything: bool, entries: tuple[str, ...], bucket: str, endpoint: str | None) -> None:
-    """Delete ENTRIES (keys as `hapi cache ls` shows them), or every entry with --all."""
-    if everything == bool(entries):
-        raise UserError("name the entries to delete, or --all (not both)")
+def rm(everything: bool, packs: tuple[str, ...], bucket: str, endpoint: str | None) -> None:
+    """Delete PACKS (keys as `hapi cache ls` shows them), or every pack with --all."""
+    if everything == bool(packs):
+        raise UserError("name the packs to delete, or --all (not both)")
     s3, listed = _entries(endpoint, bucket)
-    keys = [e.key for e in listed] if everything else list(entries)
+    keys = [e.key for e in listed] if everything else list(packs)
     unknown = sorted(set(keys) - {e.key for e in listed})
     if unknown:
-        raise UserError(f"no such entry: {unknown[0]} (`hapi cache ls` lists them)")
+        raise UserError(f"no such pack: {unknown[0]} (`hapi cache ls` lists them)")
     _delete(s3, bucket, keys)
-    click.echo(f"deleted {len(keys)} entries")
+    click.echo(f"deleted {len(keys)} packs")
 
 
 def _delete(s3: Any, bucket: str, keys: list[str]) -> None:
-    with tqdm(total=len(keys), unit="entry", disable=len(keys) < _DELETE_CHUNK) as bar:
+    with tqdm(total=len(keys), unit="pack", disable=len(keys) < _DELETE_CHUNK) as bar:
         for start in range(0, len(keys), _DELETE_CHUNK):
             chunk = keys[start : start + _DELETE_CHUNK]
             objects = [{"Key": key} for key in chunk]

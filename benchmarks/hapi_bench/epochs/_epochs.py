@@ -31,7 +31,7 @@ import httpx
 from botocore.exceptions import ClientError
 
 from hapi.models import Manifest, Registry
-from hapi.protocol import DEFAULT_CACHE_BUCKET, ENTRY_PREFIX, listed_entries
+from hapi.protocol import CACHE_PREFIXES, DEFAULT_CACHE_BUCKET, listed_entries
 from hapi_bench.core._errors import BenchError
 from hapi_bench.epochs._epochs_results import (
     BASELINE,
@@ -426,12 +426,16 @@ def _model_cells(
 
 
 def empty_cache_bucket(store: Any) -> None:
-    """Delete every entry of the feature cache bucket (``store``: boto3 at the store)."""
+    """Delete every pack (and entry of its own) of the feature cache bucket (``store``:
+    boto3 at the store)."""
+    paginator = store.get_paginator("list_objects_v2")
     try:
-        pages = store.get_paginator("list_objects_v2").paginate(
-            Bucket=DEFAULT_CACHE_BUCKET, Prefix=ENTRY_PREFIX
-        )
-        keys = [entry.key for page in pages for entry in listed_entries(page.get("Contents", []))]
+        keys = [
+            entry.key
+            for prefix in CACHE_PREFIXES
+            for page in paginator.paginate(Bucket=DEFAULT_CACHE_BUCKET, Prefix=prefix)
+            for entry in listed_entries(page.get("Contents", []))
+        ]
     except ClientError as exc:  # no bucket yet: nothing was cached
         if exc.response.get("Error", {}).get("Code") != "NoSuchBucket":
             raise

@@ -28,7 +28,14 @@ from hapi.gateway import sign_request
 from hapi.protocol import Credentials
 from hapi.protocol import decode_features as decode
 from tests.conftest import TENANTS
-from tests.support import RunningGateway, empty_bucket, encode_image, store_gateway, wait_for
+from tests.support import (
+    RunningGateway,
+    cache_writes_settled,
+    empty_bucket,
+    encode_image,
+    store_gateway,
+    wait_for,
+)
 
 CACHE = "hapi-cache"
 REGISTRY = "hapi-models"
@@ -362,17 +369,25 @@ def test_a_form_upload_into_an_internal_bucket_is_refused(
 
 
 def _entry_of(backend_s3: Any, before: set[str]) -> str:
-    """The one entry written since ``before`` (every page of the listing: a long session
-    leaves more than one page of entries)."""
+    """The one pack written since ``before`` (every page of the listing: a long session
+    leaves more than one page of packs)."""
     found: list[str] = []
 
     def written() -> bool:
         found[:] = sorted(_cache_keys(backend_s3) - before)
         return bool(found)
 
-    wait_for(written, "the entry to be written")
-    (entry,) = found
-    return entry
+    wait_for(written, "the entry's pack to be written")
+    (pack,) = found
+    return pack
+
+
+def _members(body: bytes) -> list[tuple[str, bytes]]:
+    """A pack's entries (path, bytes), in its order."""
+    from hapi.protocol import PACK_HEAD, pack_index_length, parse_pack_index
+
+    members = parse_pack_index(body[PACK_HEAD : PACK_HEAD + pack_index_length(body)])
+    return [(m.path, body[m.offset : m.offset + m.length]) for m in members.values()]
 
 
 def _cache_keys(backend_s3: Any) -> set[str]:
@@ -383,38 +398,38 @@ def _cache_keys(backend_s3: Any) -> set[str]:
         return set()
 
 
-@pytest.mark.parametrize("forgery", ["features replaced", "another object's entry"])
+@pytest.mark.parametrize("forgery", ["features replaced", "another object's pack"])
 def test_an_entry_forged_in_the_store_is_never_served(
     tenant_gateway, registered, alice_bucket, backend_s3, forgery
 ) -> None:
-    split = {"features replaced": 4, "another object's entry": 5}[forgery]
+    from hapi.protocol import encode_features, encode_pack
+
+    split = {"features replaced": 4, "another object's pack": 5}[forgery]
     path = f"/{alice_bucket}/cat.jpg?hapi-model=r18&hapi-split={split}"
+    cache_writes_settled(tenant_gateway)  # no pack of an earlier test still to land
     before = _cache_keys(backend_s3)
     truth = _get(tenant_gateway, TENANTS["alice"], path)
     assert truth.headers["x-hapi-cache"] == "miss"
-    entry = _entry_of(backend_s3, before)
-    stored = backend_s3.get_object(Bucket=CACHE, Key=entry)
+    pack = _entry_of(backend_s3, before)
+    stored = backend_s3.get_object(Bucket=CACHE, Key=pack)
     if forgery == "features replaced":
-        # Same key, same metadata (the MAC header copied), the features zeroed.
-        tensors, meta = decode(stored["Body"].read())
-        from hapi.protocol import encode_features
-
-        forged = bytes(
-            encode_features(
-                tensors["features"] * 0, dtype="float32", labels=None, metadata=dict(meta)
-            )
-        )
+        # Same key, same metadata (the MAC header copied), the features zeroed, and the
+        # pack's index made to match them.
+        ((name, entry),) = _members(stored["Body"].read())
+        tensors, meta = decode(entry)
+        zeroed = encode_features(tensors["features"] * 0, dtype="float32", metadata=dict(meta))
+        forged, _ = encode_pack([(name, bytes(zeroed))])
     else:
-        # A valid entry, MAC and all, of another object, copied over this one's.
+        # A valid pack, MAC and all, of another object, copied over this one's.
         other = f"/{alice_bucket}/rocket.jpg?hapi-model=r18&hapi-split={split}"
         before = _cache_keys(backend_s3)
         _get(tenant_gateway, TENANTS["alice"], other)
         stored = backend_s3.get_object(Bucket=CACHE, Key=_entry_of(backend_s3, before))
         forged = stored["Body"].read()
-    backend_s3.put_object(Bucket=CACHE, Key=entry, Body=forged, Metadata=stored["Metadata"])
+    backend_s3.put_object(Bucket=CACHE, Key=pack, Body=forged, Metadata=stored["Metadata"])
     wait_for(  # the store serves the forgery before the gateway is asked again
-        lambda: backend_s3.get_object(Bucket=CACHE, Key=entry)["Body"].read() == forged,
-        "the store to serve the forged entry",
+        lambda: backend_s3.get_object(Bucket=CACHE, Key=pack)["Body"].read() == forged,
+        "the store to serve the forged pack",
     )
     rejected = _metric(tenant_gateway, r'^hapi_cache_lookups_total\{[^}]*result="rejected"[^}]*\}')
     again = _get(tenant_gateway, TENANTS["alice"], path)
@@ -424,5 +439,65 @@ def test_an_entry_forged_in_the_store_is_never_served(
     )
     after = _metric(tenant_gateway, r'^hapi_cache_lookups_total\{[^}]*result="rejected"[^}]*\}')
     assert after == rejected + 1
-    assert "cache entry without a valid MAC" in tenant_gateway.log()
-    assert stored["Metadata"].get("hapi-mac"), "entries carry their MAC as metadata"
+    assert "cache entry not as its pack's index says" in tenant_gateway.log()
+    assert stored["Metadata"].get("hapi-mac"), "packs carry their MAC as metadata"
+
+
+@pytest.mark.parametrize("mac", ["none", "another pack's"])
+def test_a_pack_planted_in_the_store_is_never_read(
+    store, tenant_gateway, registered, alice_bucket, backend_s3, mac
+) -> None:
+    # An entry of an object no gateway computed yet, zeroed, in a pack under its context's
+    # prefix, written into the store directly: its MAC does not hold, so its index is
+    # never read and the object is computed.
+    import time
+
+    from hapi.gateway.pushdown._cache import INDEX_TTL_S
+    from hapi.protocol import ObjectIdentity, cache_key, encode_features, encode_pack, entry_path
+
+    split = {"none": 3, "another pack's": 6}[mac]
+    fresh = f"planted-{secrets.token_hex(4)}.jpg"  # an object no earlier test computed
+    alice = _boto(store.endpoint_url, TENANTS["alice"])
+    alice.put_object(Bucket=alice_bucket, Key=fresh, Body=encode_image(samples.coffee(), "JPEG"))
+    cache_writes_settled(tenant_gateway)  # no pack of an earlier test still to land
+    before = _cache_keys(backend_s3)
+    cat = _get(
+        tenant_gateway,
+        TENANTS["alice"],
+        f"/{alice_bucket}/cat.jpg?hapi-model=r18&hapi-split={split}",
+    )
+    assert cat.headers["x-hapi-cache"] == "miss"
+    genuine = _entry_of(backend_s3, before)  # its key names the context's prefix
+    stored = backend_s3.get_object(Bucket=CACHE, Key=genuine)
+    ((_, entry),) = _members(stored["Body"].read())
+    tensors, meta = decode(entry)
+    head = backend_s3.head_object(Bucket=alice_bucket, Key=fresh)
+    identity = ObjectIdentity(
+        bucket=alice_bucket,
+        key=fresh,
+        etag=head["ETag"].strip('"'),
+        size=head["ContentLength"],
+    )
+    manifest = registered["r18"]
+    name = entry_path(
+        cache_key(
+            identity,
+            blocks=manifest.hashes[:split],
+            preprocess=manifest.preprocess.to_dict(),
+            dtype="float32",
+        )
+    )
+    zeroed = encode_features(tensors["features"] * 0, dtype="float32", metadata=dict(meta))
+    forged, _ = encode_pack([(name, bytes(zeroed))])
+    planted = genuine.rsplit("/", 1)[0] + "/9999999999999-planted.pack"
+    metadata = {} if mac == "none" else stored["Metadata"]
+    backend_s3.put_object(Bucket=CACHE, Key=planted, Body=forged, Metadata=metadata)
+    time.sleep(INDEX_TTL_S)  # the gateway's listing of the context is stale: it lists again
+    reply = _get(
+        tenant_gateway,
+        TENANTS["alice"],
+        f"/{alice_bucket}/{fresh}?hapi-model=r18&hapi-split={split}",
+    )
+    assert reply.status_code == 200 and reply.headers["x-hapi-cache"] == "miss"
+    assert decode(reply.content)[0]["features"].any()  # computed, not the zeroed forgery
+    assert "cache pack without a valid MAC was ignored" in tenant_gateway.log()

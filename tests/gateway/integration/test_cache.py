@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import math
 import os
 import re
 import socket
@@ -20,7 +21,14 @@ from skimage import data as samples
 
 from hapi import models
 from hapi.gateway._store import StoreClient
-from hapi.protocol import Credentials
+from hapi.gateway.pushdown._cache import PACK_BYTES
+from hapi.protocol import (
+    PACK_HEAD,
+    Credentials,
+    encode_pack,
+    pack_index_length,
+    parse_pack_index,
+)
 from hapi.protocol import decode_features as decode
 from tests.support import (
     HAPI,
@@ -67,6 +75,15 @@ def _entries(backend_s3) -> dict[str, object]:
         return {o["Key"]: o["LastModified"] for p in pages for o in p.get("Contents", [])}
     except backend_s3.exceptions.NoSuchBucket:
         return {}
+
+
+def _members(backend_s3, before: set[str]) -> set[str]:
+    """The entry paths the packs written since ``before`` hold."""
+    paths: set[str] = set()
+    for key in set(_entries(backend_s3)) - before:
+        head = backend_s3.get_object(Bucket=CACHE_BUCKET, Key=key)["Body"].read()
+        paths |= set(parse_pack_index(head[PACK_HEAD : PACK_HEAD + pack_index_length(head)]))
+    return paths
 
 
 def _settled(gateway) -> None:
@@ -134,14 +151,13 @@ def test_refresh_recomputes_and_rewrites(gateway, registered, backend_s3, photos
     bucket, _ = photos
     before = set(_entries(backend_s3))
     _get(gateway, bucket, "rocket.jpg", model="r18", split=2)
-    wait_for(lambda: len(set(_entries(backend_s3)) - before) == 1, "the entry")
-    (entry,) = set(_entries(backend_s3)) - before
-    first = _entries(backend_s3)[entry]
-    time.sleep(1.1)  # LastModified has one-second resolution
+    wait_for(lambda: len(set(_entries(backend_s3)) - before) == 1, "the entry's pack")
     fetched = _fetches(gateway)
     reply = _get(gateway, bucket, "rocket.jpg", cache="refresh", model="r18", split=2)
     assert reply.headers["x-hapi-cache"] == "miss" and _fetches(gateway) == fetched + 1
-    wait_for(lambda: _entries(backend_s3)[entry] > first, "the entry to be rewritten")
+    # written again, in a pack of its own (the first pack's copy waits for eviction)
+    wait_for(lambda: len(set(_entries(backend_s3)) - before) == 2, "the entry to be rewritten")
+    assert _hits(gateway, bucket, "rocket.jpg", model="r18", split=2)
 
 
 def test_an_overwritten_object_misses(gateway, registered, backend_s3, photos):
@@ -265,7 +281,7 @@ def test_cache_du_ls_prune_and_rm(gateway, registered, backend_s3, photos):
         assert refused.returncode != 0 and "reserved for admin keys" in refused.stderr
     assert _entries(backend_s3) == entries
     du = _hapi(gateway, "cache", "du", admin=True)
-    assert du.returncode == 0 and du.stdout.startswith(f"{len(entries)} entries")
+    assert du.returncode == 0 and du.stdout.startswith(f"{len(entries)} packs")
     listed = _hapi(gateway, "cache", "ls", "--limit", "1000", admin=True)
     assert all(key in listed.stdout for key in entries)
     dry = _hapi(gateway, "cache", "prune", "--max-size", "1B", "--dry-run", admin=True)
@@ -279,8 +295,8 @@ def test_cache_du_ls_prune_and_rm(gateway, registered, backend_s3, photos):
     pruned = _hapi(gateway, "cache", "prune", "--max-size", f"{keep}B", admin=True)
     assert pruned.returncode == 0, pruned.stderr
     assert victim not in _entries(backend_s3) and len(_entries(backend_s3)) == len(entries) - 1
-    bad = _hapi(gateway, "cache", "rm", "features/zz/nope.safetensors", admin=True)
-    assert bad.returncode == 2 and "no such entry" in bad.stderr
+    bad = _hapi(gateway, "cache", "rm", "packs/zz/nope.pack", admin=True)
+    assert bad.returncode == 2 and "no such pack" in bad.stderr
     wiped = _hapi(gateway, "cache", "rm", "--all", admin=True)
     assert wiped.returncode == 0 and _entries(backend_s3) == {}
 
@@ -317,7 +333,8 @@ def test_the_gateway_evicts_least_recently_used_entries_beyond_its_cap(
 
     async def scenario() -> list[str]:
         async with new_upstream_client(settings) as client:
-            capped = settings.with_changes(cache_max_bytes=2 * len(entry))
+            pack, _ = encode_pack([(path("any"), entry)])  # what each drain writes
+            capped = settings.with_changes(cache_max_bytes=2 * len(pack))
             cache = FeatureCache(capped, StoreClient.of(capped, lambda: client))
             async with cache.running():
                 for name in ("old", "mid", "new"):
@@ -329,7 +346,12 @@ def test_the_gateway_evicts_least_recently_used_entries_beyond_its_cap(
         return [o["Key"] for o in backend_s3.list_objects_v2(Bucket=unique_bucket)["Contents"]]
 
     left = asyncio.run(scenario())
-    assert sorted(left) == sorted([path("mid"), path("new")])
+    assert len(left) == 2  # a pack each: the least recently used one went
+    members = set()
+    for key in left:
+        head = backend_s3.get_object(Bucket=unique_bucket, Key=key)["Body"].read()
+        members |= set(parse_pack_index(head[PACK_HEAD : PACK_HEAD + pack_index_length(head)]))
+    assert members == {path("mid"), path("new")}
 
 
 def test_an_anonymous_caller_gets_no_cached_features_of_a_private_object(
@@ -416,8 +438,11 @@ def test_a_cold_requests_entries_are_written_once_no_request_is_being_served(
     finally:
         connection.close()
     assert received + rest > features
-    assert during == set(), f"{len(during)} entries written while the request was served"
-    wait_for(lambda: len(set(_entries(backend_s3)) - before) == 48, "the 48 entries")
+    assert during == set(), f"{len(during)} packs written while the request was served"
+    wait_for(lambda: len(_members(backend_s3, before)) == 48, "the 48 entries")
+    # written together: in about as few PUTs as the pack's byte bound allows, not 48
+    packs = len(set(_entries(backend_s3)) - before)
+    assert 1 <= packs <= math.ceil(features / PACK_BYTES) + 1, (packs, features)
 
 
 class _SmallWindow(http.client.HTTPConnection):

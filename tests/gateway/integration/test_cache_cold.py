@@ -1,16 +1,18 @@
 """A cold feature cache asks the store for what no cache asks, through the real gateway
 and store, counted where the store receives them (a recorder between the two).
 
-A lookup is a HEAD of the object as the caller and a GET of its entry: on a cold epoch,
-two store requests an object beside its own GET, for nothing. Once a context (bucket,
-blocks, dtype, view) has missed ``COLD_AFTER`` times in a row, only one object in
-``cache_cold_probe`` is looked up."""
+A lookup is a HEAD of the object as the caller, then the entry's place in the index of its
+context's packs (listed from the store at most once in ``INDEX_TTL_S`` while lookups miss):
+on a cold epoch, a store request an object beside its own GET, for nothing. Once a
+context (bucket, blocks, dtype, view) has missed ``COLD_AFTER`` times in a row, only one
+object in ``cache_cold_probe`` is looked up."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +22,7 @@ import pytest
 from skimage import data as samples
 
 from hapi.gateway import GatewaySettings
-from hapi.gateway.pushdown._cache import COLD_AFTER
+from hapi.gateway.pushdown._cache import COLD_AFTER, INDEX_TTL_S
 from hapi.protocol import decode_features as decode
 from tests.gateway.recorder import Recorded, Recorder, recording
 from tests.support import (
@@ -99,8 +101,13 @@ def _of(seen: list[Recorded], method: str, bucket: str) -> int:
     return sum(r.method == method and r.path.startswith(f"/{bucket}/") for r in seen)
 
 
-def _entry_reads(seen: list[Recorded]) -> int:
-    return sum(r.method == "GET" and "/features/" in r.path for r in seen)
+def _listings(seen: list[Recorded]) -> int:
+    """The cache's listings of a context's packs."""
+    return sum(r.method == "GET" and "prefix=packs" in r.query for r in seen)
+
+
+def _pack_reads(seen: list[Recorded]) -> int:
+    return sum(r.method == "GET" and "/packs/" in r.path for r in seen)
 
 
 def test_a_cold_epoch_sends_the_store_what_an_epoch_without_the_cache_sends(
@@ -112,18 +119,20 @@ def test_a_cold_epoch_sends_the_store_what_an_epoch_without_the_cache_sends(
     without = recorder.since(mark)
     assert _of(without, "GET", bucket) == OBJECTS and _of(without, "HEAD", bucket) == 0
 
-    mark, skipped = recorder.mark(), _skipped(watched)
+    mark, skipped, started = recorder.mark(), _skipped(watched), time.monotonic()
     cold, answers = _epoch(watched, bucket, keys)
-    seen = recorder.since(mark)
+    seen, took = recorder.since(mark), time.monotonic() - started
     # what the gateway counts as skipped is what the store was not asked
-    assert _skipped(watched) - skipped == OBJECTS - _entry_reads(seen)
+    assert _skipped(watched) - skipped == OBJECTS - _of(seen, "HEAD", bucket)
     assert set(answers) == {"miss"}
     assert cold.tobytes() == plain.tobytes()
-    # The first COLD_AFTER objects are looked up (a HEAD and an entry GET each), then one
-    # in PROBE: before, every object was, three store requests an object instead of one.
+    # The first COLD_AFTER objects are looked up (a HEAD each), then one in PROBE: before,
+    # every object was. A miss reads no entry: the context's packs are listed (none of
+    # them hold these objects) at most once in INDEX_TTL_S.
     looked_up = COLD_AFTER + math.ceil((OBJECTS - COLD_AFTER) / PROBE)
-    assert _entry_reads(seen) <= looked_up, _entry_reads(seen)
     assert _of(seen, "HEAD", bucket) <= looked_up
+    assert 1 <= _listings(seen) <= 1 + took / INDEX_TTL_S, (_listings(seen), took)
+    assert _pack_reads(seen) == 0
     assert _of(seen, "GET", bucket) == OBJECTS  # every object fetched once, as without
 
     # The epoch that follows at once is answered from the cache from its first request:
@@ -146,6 +155,7 @@ def test_a_cold_gateway_finds_the_entries_another_gateway_wrote_within_a_probe(
     # the other gateway computes the rest, and writes their entries
     _epoch(gateway, bucket, rest)
     cache_writes_settled(gateway)
+    time.sleep(INDEX_TTL_S)  # the watched gateway's listing of the context is stale now
     answers = [_get(watched, bucket, key).headers["x-hapi-cache"] for key in rest]
     assert "hit" in answers, answers
     computed_again = answers.index("hit")
@@ -166,7 +176,7 @@ def test_looking_every_object_up_is_a_setting(store, recorder, registered, objec
         mark = recorder.mark()
         _epoch(every, bucket, keys)
         seen = recorder.since(mark)
-        assert _entry_reads(seen) == OBJECTS and _of(seen, "HEAD", bucket) == OBJECTS
+        assert _of(seen, "HEAD", bucket) == OBJECTS  # every object looked up
         cache_writes_settled(every)
 
 

@@ -1,7 +1,7 @@
 """Which lookups a cold cache still sends: every one until a context has missed
 ``COLD_AFTER`` times in a row, then one object in ``cache_cold_probe`` (and every object
 this gateway computed lately); a hit makes the context warm again. Driven by generated
-sequences of requests and outcomes against a store that answers entry GETs."""
+sequences of requests and outcomes against a store that lists and serves packs."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from hapi.gateway import ClientKey, GatewaySettings
 from hapi.gateway._store import StoreClient
 from hapi.gateway.pushdown import _cache
 from hapi.gateway.pushdown._cache import COLD_AFTER, MAC_HEADER, FeatureCache
-from hapi.protocol import Credentials, ObjectIdentity
+from hapi.protocol import Credentials, ObjectIdentity, encode_pack, pack_path
 from tests.planner.synthetic import manifest as synthetic_manifest
 
 MANIFEST = synthetic_manifest(freeze=4)
@@ -27,27 +27,40 @@ ROWS = np.arange(12, dtype=np.float32).reshape(1, 12)
 
 
 class _Store:
-    """Entry GETs: 200 with a valid entry for the paths in ``entries``, else 404."""
+    """Another gateway's packs, one an entry planted (each with a valid MAC): listings of a
+    context's prefix, and ranged GETs of them; 404 for any other object."""
 
     def __init__(self) -> None:
-        self.entries: set[str] = set()
+        self.packs: dict[str, tuple[bytes, str]] = {}  # key -> (body, MAC)
         self.cache: FeatureCache | None = None
         self.reads = 0
 
+    def plant(self, context: str, path: str) -> None:
+        assert self.cache is not None
+        key = pack_path(context, stamp_ms=len(self.packs), nonce="planted")
+        body, index = encode_pack([(path, _cache.encode_entry(ROWS, "float32", None, ["x"], None))])
+        self.packs[key] = (body, self.cache._mac(key, hashlib.sha256(index).digest()))
+
     def __call__(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path.split("/", 2)[2]
         if request.method != "GET":
             return httpx.Response(200)
         self.reads += 1
-        if path not in self.entries:
+        if "list-type" in request.url.params:
+            prefix = request.url.params["prefix"]
+            listed = "".join(
+                f"<Contents><Key>{key}</Key><Size>{len(body)}</Size>"
+                f"<LastModified>2026-12-01T00:00:00Z</LastModified></Contents>"
+                for key, (body, _) in self.packs.items()
+                if key.startswith(prefix)
+            )
+            return httpx.Response(200, content=f"<ListBucketResult>{listed}</ListBucketResult>")
+        found = self.packs.get(request.url.path.split("/", 2)[2])
+        if found is None:
             return httpx.Response(404)
-        assert self.cache is not None
-        body = _cache.encode_entry(ROWS, "float32", None, ["x"], None)
-        return httpx.Response(
-            200,
-            content=body,
-            headers={MAC_HEADER: self.cache._mac(path, hashlib.sha256(body).digest())},
-        )
+        body, mac = found
+        first, _, last = request.headers["range"].removeprefix("bytes=").partition("-")
+        part = body[int(first) : int(last) + 1]
+        return httpx.Response(206, content=part, headers={MAC_HEADER: mac})
 
 
 def _cache_over(store: _Store, **changes: object) -> FeatureCache:
@@ -68,8 +81,12 @@ def _identity(bucket: str, key: str) -> ObjectIdentity:
 
 
 def _plant(store: _Store, identity: ObjectIdentity, split: int = 1) -> None:
-    """An entry another gateway wrote."""
-    store.entries.add(_cache.entry_path(_cache._key(identity, MANIFEST, split, "float32")))
+    """An entry another gateway wrote, in a pack of its own."""
+    assert store.cache is not None
+    context = store.cache._digest(
+        _cache._context(identity.bucket, MANIFEST, split, "float32", None)
+    )
+    store.plant(context, _cache.entry_path(_cache._key(identity, MANIFEST, split, "float32")))
 
 
 @settings(max_examples=60, deadline=None)
@@ -88,6 +105,7 @@ def test_a_context_is_sampled_only_after_a_run_of_misses(steps, probe) -> None:
     cache = _cache_over(store, cache_cold_probe=probe)
 
     async def main() -> None:
+        _cache.INDEX_TTL_S = 0.0  # every miss lists the context again: a planted pack is seen
         run, passed_cold, asked_cold, serial = 0, 0, 0, 0
         for count, hit_at in steps:
             keys = [f"k{serial + i}" for i in range(count)]
@@ -110,7 +128,11 @@ def test_a_context_is_sampled_only_after_a_run_of_misses(steps, probe) -> None:
                 if run == 0:
                     passed_cold = asked_cold = 0
 
-    asyncio.run(main())
+    listed_again = _cache.INDEX_TTL_S
+    try:
+        asyncio.run(main())
+    finally:
+        _cache.INDEX_TTL_S = listed_again
 
 
 def test_objects_this_gateway_computed_are_always_looked_up() -> None:
@@ -150,7 +172,7 @@ def test_a_miss_on_an_object_computed_here_forgets_the_buckets_others() -> None:
             await cache.drain()  # written: no longer waiting in the queue
         assert cache.cold("b", MANIFEST, 1, "float32")
         assert cache.worth_asking("b", mine, MANIFEST, 1, "float32") == mine
-        # the store lost them (store.entries is empty): the first miss forgets the rest
+        # the store lost their packs (it kept none): the first miss forgets the rest
         assert await cache.lookup(_identity("b", mine[0]), MANIFEST, 1, "float32") is None
         for index in range(COLD_AFTER):  # bucket c goes cold too; its own object stays known
             await cache.lookup(_identity("c", f"other{index}"), MANIFEST, 1, "float32")

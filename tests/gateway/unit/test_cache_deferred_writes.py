@@ -16,19 +16,35 @@ from hapi.gateway import ClientKey, GatewaySettings
 from hapi.gateway._store import StoreClient
 from hapi.gateway.pushdown import _cache
 from hapi.gateway.pushdown._cache import FeatureCache
-from hapi.protocol import Credentials, ObjectIdentity
+from hapi.protocol import (
+    PACK_HEAD,
+    Credentials,
+    ObjectIdentity,
+    pack_index_length,
+    parse_pack_index,
+)
 from tests.planner.synthetic import manifest as synthetic_manifest
 
 
+_NO_PACKS = b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"/>'
+
+
 class _Store:
-    """A store that records when each entry PUT arrives (the event loop's clock)."""
+    """A store that records when each entry arrives, in the pack PUT that holds it (the
+    event loop's clock), and lists no pack."""
 
     def __init__(self) -> None:
-        self.puts: list[tuple[str, float]] = []
+        self.puts: list[tuple[str, float]] = []  # (entry path, when its pack came)
+        self.packs = 0
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
-        if request.method == "PUT" and "/features/" in request.url.path:
-            self.puts.append((request.url.path, time.monotonic()))
+        if request.method == "PUT" and "/packs/" in request.url.path:
+            body, at = request.content, time.monotonic()
+            index = body[PACK_HEAD : PACK_HEAD + pack_index_length(body)]
+            self.puts += [(path, at) for path in parse_pack_index(index)]
+            self.packs += 1
+        if request.method == "GET" and "list-type" in request.url.params:
+            return httpx.Response(200, content=_NO_PACKS)
         return httpx.Response(200)
 
 
@@ -67,6 +83,7 @@ def test_a_write_waits_for_the_requests_being_served_to_end(monkeypatch) -> None
 
     ended, deferred = asyncio.run(main())
     assert len(store.puts) == 2 and all(at >= ended for _, at in store.puts)
+    assert store.packs == 1  # the two waited together: one PUT
     assert deferred >= 1
 
 
@@ -102,9 +119,9 @@ def test_a_queue_three_quarters_full_writes_at_once(monkeypatch) -> None:
 
     queued, written = asyncio.run(main())
     assert queued == [True, True, True, True]
-    # The writer took "a" off the queue (3 left = three quarters of 4), so it was written;
-    # then 2 left: the rest wait for the requests to end (or for the cache to stop).
-    assert written == 1 and len(store.puts) == 4
+    # The writer took "a" off the queue (3 left = three quarters of 4), so it was written
+    # at once, with the three waiting behind it in its pack.
+    assert written == 4 and len(store.puts) == 4 and store.packs == 1
 
 
 @pytest.mark.parametrize("defer", [0.0, 30.0])
@@ -167,9 +184,8 @@ def test_a_queued_entry_answers_lookups_before_it_is_written() -> None:
     store, gets = _Store(), []
 
     def transport(request: httpx.Request) -> httpx.Response:
-        if request.method == "GET" and "/features/" in request.url.path:
-            gets.append(request.url.path)
-            return httpx.Response(404)
+        if request.method == "GET":
+            gets.append(str(request.url))
         return store(request)
 
     cache = _cache_with(transport, lambda: True)
@@ -191,7 +207,9 @@ def test_a_queued_entry_answers_lookups_before_it_is_written() -> None:
     missed, found = asyncio.run(main())
     assert missed is None and found is not None
     assert found.keys == ["a.jpg"] and np.array_equal(found.features, rows)
-    assert len(gets) == 2  # the first miss and the overwritten object's; none for the hit
+    # the first miss lists the context's packs (none); the hit and the overwritten
+    # object's miss, within INDEX_TTL_S of it, ask the store nothing
+    assert len(gets) == 1 and "list-type=2" in gets[0]
     assert len(store.puts) == 1  # a stopping cache writes what still waits
 
 
