@@ -225,3 +225,44 @@ def test_a_stopping_cache_writes_what_waits_for_idle_time(monkeypatch) -> None:
 
     asyncio.run(main())
     assert len(store.puts) == 2
+
+
+@pytest.mark.parametrize("bound", [150, 250, 10_000])
+def test_the_entries_waiting_together_go_in_one_pack_a_context_within_its_bound(
+    monkeypatch, bound
+) -> None:
+    # Five entries of 100 bytes for split 1 and three for split 2 (another context): each
+    # context's entries in packs of their own, none over the byte bound but for an entry
+    # alone, and every entry written once.
+    monkeypatch.setattr(_cache, "PACK_BYTES", bound)
+    requests: list[httpx.Request] = []
+    store = _Store()
+
+    def transport(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            requests.append(request)
+        return store(request)
+
+    manifest = synthetic_manifest(freeze=4)
+
+    async def main() -> None:
+        cache = _cache_with(transport, lambda: True)
+        async with cache.running():
+            for split, names in ((1, "abcde"), (2, "xyz")):
+                for name in names:
+                    identity = ObjectIdentity(bucket="b", key=name, etag=name, size=1)
+                    assert cache.store(identity, manifest, split, "float32", b"x" * 100)
+        # stopping wrote them all, packed
+
+    asyncio.run(main())
+    packs = [r for r in requests if "/packs/" in r.url.path]
+    prefixes = {r.url.path.rsplit("/", 1)[0] for r in packs}
+    assert len(prefixes) == 2  # a prefix a context
+    assert len(store.puts) == 8 and len({path for path, _ in store.puts}) == 8
+    for request in packs:
+        members = len(
+            parse_pack_index(request.content[PACK_HEAD:][: pack_index_length(request.content)])
+        )
+        assert members == 1 or 100 * members <= bound
+    per_pack = max(1, bound // 100)
+    assert len(packs) == -(-5 // per_pack) + -(-3 // per_pack)
