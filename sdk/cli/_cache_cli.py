@@ -57,10 +57,10 @@ def _bucket_option(command: Any) -> Any:
 
 def _list_entries(s3: Any, bucket: str) -> Iterator[CacheEntry]:
     """Every pack in ``bucket`` (a boto3 S3 client), and every entry written on its own
-(the layout before packs), in key order.
+    (the layout before packs), in key order.
 
-    Raises:
-        botocore.exceptions.ClientError: The bucket cannot be listed (e.g. NoSuchBucket).
+        Raises:
+            botocore.exceptions.ClientError: The bucket cannot be listed (e.g. NoSuchBucket).
     """
     for prefix in CACHE_PREFIXES:
         pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from hapi.protocol import (
     PACK_HEAD,
-    PACK_PREFIX,
     context_digest,
     encode_pack,
     entry_path,
@@ -24,7 +23,7 @@ from hapi.protocol import (
     pack_prefix,
     parse_pack_index,
 )
-from hapi.protocol._cache import MAX_PACK_INDEX, PACK_MAGIC
+from hapi.protocol._cache import MAX_PACK_INDEX, PACK_MAGIC, PACK_PREFIX
 
 _PATHS = st.text("0123456789abcdef", min_size=64, max_size=64).map(entry_path)
 _ENTRIES = st.lists(st.tuples(_PATHS, st.binary(max_size=2000)), min_size=1, max_size=12)

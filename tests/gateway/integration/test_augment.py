@@ -209,7 +209,7 @@ def _new_entry(backend_s3, before: set[str]) -> str:
         found[:] = sorted(_entries(backend_s3) - before)
         return len(found) == 1
 
-    wait_for(written, "one new cache entry")
+    wait_for(written, "one new cache pack")
     return found[0]
 
 
@@ -259,20 +259,22 @@ def test_the_mac_covers_the_view_index(gateway, registered, backend_s3, fresh):
     before = _entries(backend_s3)
     view1 = _get(gateway, fresh, "cat.jpg", **asked, epoch=1)
     entry1 = _new_entry(backend_s3, before)
-    # View 0's entry, MAC header and all, copied over view 1's: a valid entry of the
-    # wrong view, which the MAC (over the entry's path, so its view) must refuse.
+    # View 0's pack, MAC header and all, copied over view 1's: a valid pack of the wrong
+    # view (each view a context of its own), which the index view 1's entry was read
+    # from (the MAC is over the pack's path, so its view) must refuse.
+    assert entry0.rsplit("/", 1)[0] != entry1.rsplit("/", 1)[0]  # a prefix a view
     stored = backend_s3.get_object(Bucket=CACHE_BUCKET, Key=entry0)
     body = stored["Body"].read()
     backend_s3.put_object(Bucket=CACHE_BUCKET, Key=entry1, Body=body, Metadata=stored["Metadata"])
     wait_for(
         lambda: backend_s3.get_object(Bucket=CACHE_BUCKET, Key=entry1)["Body"].read() == body,
-        "the store to serve the copied entry",
+        "the store to serve the copied pack",
     )
     again = _get(gateway, fresh, "cat.jpg", **asked, epoch=1)
     assert again.headers["x-hapi-cache"] == "miss"
     np.testing.assert_array_equal(_features(again), _features(view1))
     assert not np.array_equal(_features(again), _features(view0))
-    assert "cache entry without a valid MAC" in gateway.log()
+    assert "cache entry not as its pack's index says" in gateway.log()
 
 
 def test_materialize_precomputes_k_views_then_every_epoch_hits(gateway, registered, fresh):
