@@ -202,7 +202,8 @@ def parse_pack_index(index: bytes) -> dict[str, PackMember]:
         rows = json.loads(index)["entries"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"not a pack index: {exc}") from exc
-    start, members = PACK_HEAD + len(index), {}
+    start = PACK_HEAD + len(index)
+    members: dict[str, PackMember] = {}
     if not isinstance(rows, list):
         raise ValueError("not a pack index: its entries are not a list")
     for row in rows:

@@ -25,7 +25,6 @@ from hapi.protocol import (
 )
 from tests.planner.synthetic import manifest as synthetic_manifest
 
-
 _NO_PACKS = b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"/>'
 
 
