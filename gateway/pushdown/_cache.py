@@ -436,9 +436,8 @@ class FeatureCache:
 
             async def head(key: str) -> None:
                 async with limit:
-                    found = await self._pack_head(key)
+                    found = await self._pack_head(key, index.refused)
                 if found is None:
-                    index.refused.add(key)
                     return
                 mac, members = found
                 pack = _Pack(list(members), mac, listed[key])
@@ -453,9 +452,12 @@ class FeatureCache:
             index.listed_at = time.monotonic()
             index.listing = None
 
-    async def _pack_head(self, key: str) -> tuple[str, dict[str, PackMember]] | None:
-        """A pack's MAC and members, from its head; ``None`` (with a warning) when it is
-        gone, unreadable, or its MAC does not hold."""
+    async def _pack_head(
+        self, key: str, refused: set[str]
+    ) -> tuple[str, dict[str, PackMember]] | None:
+        """A pack's MAC and members, from its head; ``None`` when it is gone or could not
+        be read now (the next listing tries again), or (with a warning, and the pack added
+        to ``refused``, never read again) when its MAC does not hold or it is no pack."""
         reply = await self._store.request(
             "GET", self._bucket, key, headers={"range": f"bytes=0-{HEAD_READ - 1}"}
         )
@@ -476,10 +478,12 @@ class FeatureCache:
             raw = head[PACK_HEAD:end]
             if not hmac.compare_digest(mac, self._mac(key, hashlib.sha256(raw).digest())):
                 self._warn("forged", f"a cache pack without a valid MAC was ignored: {key}")
+                refused.add(key)
                 return None
             return mac, parse_pack_index(raw)
         except ValueError as exc:
             self._warn("corrupt", f"an unreadable cache pack {key} was ignored: {exc}")
+            refused.add(key)
             return None
 
     def _forget(self, key: str) -> None:

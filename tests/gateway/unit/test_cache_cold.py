@@ -24,6 +24,7 @@ from tests.planner.synthetic import manifest as synthetic_manifest
 
 MANIFEST = synthetic_manifest(freeze=4)
 ROWS = np.arange(12, dtype=np.float32).reshape(1, 12)
+_S3 = "http://s3.amazonaws.com/doc/2006-03-01/"  # the listing's namespace
 
 
 class _Store:
@@ -53,7 +54,9 @@ class _Store:
                 for key, (body, _) in self.packs.items()
                 if key.startswith(prefix)
             )
-            return httpx.Response(200, content=f"<ListBucketResult>{listed}</ListBucketResult>")
+            return httpx.Response(
+                200, content=f'<ListBucketResult xmlns="{_S3}">{listed}</ListBucketResult>'
+            )
         found = self.packs.get(request.url.path.split("/", 2)[2])
         if found is None:
             return httpx.Response(404)
@@ -121,9 +124,11 @@ def test_a_context_is_sampled_only_after_a_run_of_misses(steps, probe) -> None:
                 assert asked_cold <= math.ceil(passed_cold / probe)
                 assert asked_cold >= passed_cold // probe
             for index, key in enumerate(asked):
-                if hit_at is not None and index == hit_at % len(asked):
+                planted = hit_at is not None and index == hit_at % len(asked)
+                if planted:
                     _plant(store, _identity("b", key))
                 found = await cache.lookup(_identity("b", key), MANIFEST, 1, "float32")
+                assert (found is not None) == planted  # another gateway's entry is found
                 run = 0 if found is not None else run + 1
                 if run == 0:
                     passed_cold = asked_cold = 0
