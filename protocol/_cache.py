@@ -101,18 +101,7 @@ def cache_key(
     Models whose blocks ``[0, split)`` have the same hashes and the same preprocessing
     get the same key, whatever their names and versions.
     """
-    material = {
-        "v": KEY_VERSION,
-        "object": asdict(identity),
-        "preprocess": dict(preprocess),
-        "blocks": list(blocks),
-        "split": len(blocks),
-        "dtype": dtype,
-    }
-    if view is not None:
-        material["view"] = dict(view)
-    text = json.dumps(material, sort_keys=True, separators=(",", ":"), default=list)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return _digest({"object": asdict(identity)}, blocks, preprocess, dtype, view)
 
 
 def context_digest(
@@ -125,9 +114,20 @@ def context_digest(
 ) -> str:
     """The hex SHA-256 naming a context: what the cache keys of ``bucket``'s objects
     through ``blocks`` share (:func:`cache_key`'s inputs but the object's own)."""
+    return _digest({"bucket": bucket}, blocks, preprocess, dtype, view)
+
+
+def _digest(
+    what: dict[str, Any],
+    blocks: Sequence[str],
+    preprocess: Mapping[str, Any],
+    dtype: str,
+    view: Mapping[str, Any] | None,
+) -> str:
+    """The hex SHA-256 of ``what`` beside the inputs every key shares (canonical JSON)."""
     material = {
+        **what,
         "v": KEY_VERSION,
-        "bucket": bucket,
         "preprocess": dict(preprocess),
         "blocks": list(blocks),
         "split": len(blocks),
