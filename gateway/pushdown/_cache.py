@@ -28,9 +28,10 @@ storage side's idle time instead of its cores, and are packed together; meanwhil
 queued entry answers this gateway's lookups, so an epoch that follows at once does not
 compute it again.
 
-A cold cache costs what no cache costs. A lookup is a HEAD of the object as the caller and
-a GET of its entry: two store requests before the object's own GET, for nothing when the
-entries are not there. So the gateway counts misses per *context* (a bucket, a model's
+A cold cache costs what no cache costs. A lookup is a HEAD of the object as the caller
+before the object's own GET (and a listing of its context's packs at most every
+``INDEX_TTL_S``), for nothing when the entries are not there. So the gateway counts misses
+per *context* (a bucket, a model's
 blocks to the split, the dtype, the augmented view): after ``COLD_AFTER`` misses in a row
 with no hit, the context is cold, and only one object in ``cache_cold_probe`` is looked
 up; the others are fetched at once, as without the cache (their GET as the caller gives
@@ -131,12 +132,16 @@ class _Job:
 
     model: str | None
     run: Callable[[], Any] | None = None
-    size: int = 0
     owner: str = ""
     queued_at: float = field(default_factory=time.monotonic)
     path: str = ""  # an entry write's path (its bytes answer lookups while it waits)
     entry: bytes = b""
-    context: Hashable = None
+    context: _Context | None = None
+
+    @property
+    def size(self) -> int:
+        """The bytes it holds (an entry's; none for a touch)."""
+        return len(self.entry)
 
 
 @dataclass(slots=True)
@@ -153,12 +158,17 @@ class _Pack:
 class _Index:
     """The entries of one context's packs, as far as this gateway has listed them."""
 
-    prefix: str
+    digest: str  # the context's (see hapi.protocol.context_digest)
     members: dict[str, tuple[str, PackMember]] = field(default_factory=dict)  # by entry path
     packs: dict[str, _Pack] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)  # packs whose MAC or index failed
     listed_at: float = -math.inf
     listing: asyncio.Task[bool] | None = None
+
+    @property
+    def prefix(self) -> str:
+        """Where the context's packs lie."""
+        return pack_prefix(self.digest)
 
     def add(self, key: str, pack: _Pack, members: Mapping[str, PackMember]) -> int:
         """Add a pack; returns how many entries the index gained."""
@@ -218,7 +228,6 @@ class FeatureCache:
         self._stored: OrderedDict[tuple[str, str], None] = OrderedDict()  # computed here
         self._indexes: OrderedDict[Hashable, _Index] = OrderedDict()  # by context
         self._indexed = 0  # entries the indexes hold together
-        self._digests: dict[Hashable, str] = {}  # each context's digest (its packs' prefix)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -364,7 +373,7 @@ class FeatureCache:
             self._warn("read", f"the feature cache cannot be read ({exc!r}); computing instead")
             return None
         if reply.status_code == 404:  # evicted, or the cache emptied
-            self._forget(key)
+            self._indexed -= index.forget(key)
             return self._outcome(manifest, context, identity, "miss")
         if reply.status_code not in (200, 206):
             self._warn("read", f"the feature cache answered HTTP {reply.status_code}; computing")
@@ -388,27 +397,13 @@ class FeatureCache:
         recently used; the least recently used go while the indexes hold over ``INDEXED``."""
         index = self._indexes.get(context)
         if index is None:
-            index = self._indexes[context] = _Index(pack_prefix(self._digest(context)))
+            assert isinstance(context, _Context)
+            index = self._indexes[context] = _Index(_context_digest(context))
         self._indexes.move_to_end(context)
         while self._indexed > INDEXED and len(self._indexes) > 1:
             _, dropped = self._indexes.popitem(last=False)
             self._indexed -= len(dropped.members)
         return index
-
-    def _digest(self, context: Hashable) -> str:
-        digest = self._digests.get(context)
-        if digest is None:
-            if len(self._digests) >= CONTEXTS:
-                self._digests.clear()
-            assert isinstance(context, _Context)
-            digest = self._digests[context] = context_digest(
-                context.bucket,
-                blocks=context.blocks,
-                preprocess=_preset(context.preset),
-                dtype=context.dtype,
-                view=None if context.augmented is None else json.loads(context.augmented),
-            )
-        return digest
 
     async def _relist(self, index: _Index) -> bool:
         """List the context's packs again (the lookups asking at once share one listing);
@@ -532,7 +527,7 @@ class FeatureCache:
         path = entry_path(_key(identity, manifest, split, dtype, view))
         model = manifest.name
         context = _context(identity.bucket, manifest, split, dtype, view)
-        job = _Job(model, None, len(entry), owner, path=path, entry=entry, context=context)
+        job = _Job(model, owner=owner, path=path, entry=entry, context=context)
         if not self._enqueue(job):
             self.skipped_writes += 1
             self._count_write(model, "skipped")
@@ -591,9 +586,6 @@ class FeatureCache:
                     if touch.run is not None:
                         await touch.run()
             except Exception as exc:  # a failed write never reaches a request
-                for failed in jobs:
-                    if failed.model is not None and failed.path in self._pending:
-                        self._count_write(failed.model, "failed")
                 self._warn("write", f"a feature cache write failed: {exc!r}")
             finally:
                 for done in jobs:
@@ -612,23 +604,25 @@ class FeatureCache:
 
     async def _write_packs(self, jobs: Sequence[_Job]) -> None:
         """One pack a context, of the entries ``jobs`` write, each pack at most
-        ``PACK_BYTES`` (an entry over it alone)."""
-        await self._ensure_bucket()
-        by_context: dict[Hashable, list[list[_Job]]] = {}
-        for job in jobs:
-            packs = by_context.setdefault(job.context, [[]])
-            if packs[-1] and sum(j.size for j in packs[-1]) + job.size > PACK_BYTES:
-                packs.append([])
-            packs[-1].append(job)
-        for context, packs in by_context.items():
-            for members in packs:
+        ``PACK_BYTES`` (an entry over it alone); a pack that fails counts its entries as
+        failed, and the others are still written."""
+        try:
+            await self._ensure_bucket()
+        except Exception as exc:
+            self._failed(jobs, repr(exc))
+            return
+        for context, members in _packs(jobs):
+            try:
                 await self._put(context, members)
+            except Exception as exc:
+                self._failed(members, repr(exc))
 
-    async def _put(self, context: Hashable, jobs: Sequence[_Job]) -> None:
-        body, index = encode_pack([(job.path, job.entry) for job in jobs])
+    async def _put(self, context: _Context, jobs: Sequence[_Job]) -> None:
+        index = self._index(context)
+        body, listed = encode_pack([(job.path, job.entry) for job in jobs])
         stamp = int(time.time() * 1000)
-        key = pack_path(self._digest(context), stamp_ms=stamp, nonce=secrets.token_hex(4))
-        mac = self._mac(key, hashlib.sha256(index).digest())
+        key = pack_path(index.digest, stamp_ms=stamp, nonce=secrets.token_hex(4))
+        mac = self._mac(key, hashlib.sha256(listed).digest())
         headers = {
             "content-type": "application/octet-stream",
             "content-length": str(len(body)),
@@ -641,15 +635,17 @@ class FeatureCache:
         if reply.status_code != 200:
             if reply.status_code == 404:  # the bucket went away: create it on the next write
                 self._bucket_checked = False
-            for job in jobs:
-                self._count_write(job.model or "", "failed")
-            self._warn("write", f"the feature cache refused a write: HTTP {reply.status_code}")
+            self._failed(jobs, f"HTTP {reply.status_code}")
             return
-        members = parse_pack_index(index)
-        pack = _Pack(list(members), mac, datetime.now(UTC))
-        self._indexed += self._index(context).add(key, pack, members)
+        members = parse_pack_index(listed)
+        self._indexed += index.add(key, _Pack(list(members), mac, datetime.now(UTC)), members)
         for job in jobs:
             self._count_write(job.model or "", "written", len(job.entry))
+
+    def _failed(self, jobs: Sequence[_Job], reason: str) -> None:
+        for job in jobs:
+            self._count_write(job.model or "", "failed")
+        self._warn("write", f"a feature cache write failed: {reason}")
 
     async def _when_idle(self, job: _Job) -> None:
         """Wait while pushdown requests are being served, so that entry writes (a PUT to
@@ -771,6 +767,34 @@ class _Context(NamedTuple):
     preset: Preset
     dtype: str
     augmented: str | None  # the view, as canonical JSON
+
+
+def _packs(jobs: Sequence[_Job]) -> list[tuple[_Context, list[_Job]]]:
+    """``jobs`` (entry writes) grouped into packs: by context, in order, a new pack where
+    the next entry would take the pack over ``PACK_BYTES``."""
+    packs: list[tuple[_Context, list[_Job]]] = []
+    open_packs: dict[_Context, tuple[list[_Job], int]] = {}  # the pack filling, its bytes
+    for job in jobs:
+        assert job.context is not None
+        members, size = open_packs.get(job.context, ([], 0))
+        if members and size + job.size > PACK_BYTES:
+            members, size = [], 0
+        if not members:
+            packs.append((job.context, members))
+        members.append(job)
+        open_packs[job.context] = (members, size + job.size)
+    return packs
+
+
+def _context_digest(context: _Context) -> str:
+    """The digest naming ``context``'s packs (:func:`hapi.protocol.context_digest`)."""
+    return context_digest(
+        context.bucket,
+        blocks=context.blocks,
+        preprocess=_preset(context.preset),
+        dtype=context.dtype,
+        view=None if context.augmented is None else json.loads(context.augmented),
+    )
 
 
 def _context(

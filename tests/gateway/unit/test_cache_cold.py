@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+from unittest import mock
 
 import httpx
 import numpy as np
@@ -85,8 +86,7 @@ def _identity(bucket: str, key: str) -> ObjectIdentity:
 
 def _plant(store: _Store, identity: ObjectIdentity, split: int = 1) -> None:
     """An entry another gateway wrote, in a pack of its own."""
-    assert store.cache is not None
-    context = store.cache._digest(
+    context = _cache._context_digest(
         _cache._context(identity.bucket, MANIFEST, split, "float32", None)
     )
     store.plant(context, _cache.entry_path(_cache._key(identity, MANIFEST, split, "float32")))
@@ -108,7 +108,6 @@ def test_a_context_is_sampled_only_after_a_run_of_misses(steps, probe) -> None:
     cache = _cache_over(store, cache_cold_probe=probe)
 
     async def main() -> None:
-        _cache.INDEX_TTL_S = 0.0  # every miss lists the context again: a planted pack is seen
         run, passed_cold, asked_cold, serial = 0, 0, 0, 0
         for count, hit_at in steps:
             keys = [f"k{serial + i}" for i in range(count)]
@@ -133,11 +132,9 @@ def test_a_context_is_sampled_only_after_a_run_of_misses(steps, probe) -> None:
                 if run == 0:
                     passed_cold = asked_cold = 0
 
-    listed_again = _cache.INDEX_TTL_S
-    try:
+    # every miss lists the context again, so a pack planted since is seen
+    with mock.patch.object(_cache, "INDEX_TTL_S", 0.0):
         asyncio.run(main())
-    finally:
-        _cache.INDEX_TTL_S = listed_again
 
 
 def test_objects_this_gateway_computed_are_always_looked_up() -> None:

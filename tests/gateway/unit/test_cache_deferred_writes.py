@@ -21,6 +21,7 @@ from hapi.protocol import (
     Credentials,
     ObjectIdentity,
     pack_index_length,
+    pack_prefix,
     parse_pack_index,
 )
 from tests.planner.synthetic import manifest as synthetic_manifest
@@ -265,3 +266,49 @@ def test_the_entries_waiting_together_go_in_one_pack_a_context_within_its_bound(
         assert members == 1 or 100 * members <= bound
     per_pack = max(1, bound // 100)
     assert len(packs) == -(-5 // per_pack) + -(-3 // per_pack)
+
+
+@pytest.mark.parametrize("refusal", ["HTTP 500", "connection dropped"])
+def test_a_pack_that_fails_counts_its_entries_failed_and_the_others_written(refusal) -> None:
+    from hapi.gateway._metrics import Metrics
+
+    store = _Store()
+    refused_split: dict[str, str] = {}
+
+    def transport(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT" and request.url.path.startswith(refused_split["prefix"]):
+            if refusal == "HTTP 500":
+                return httpx.Response(500)
+            raise httpx.ReadError("the store went away mid-reply", request=request)
+        return store(request)
+
+    manifest = synthetic_manifest(freeze=4)
+    settings = GatewaySettings(
+        backend_url="http://store.internal:8333",
+        backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
+        clients={"K": ClientKey("s")},
+    )
+    client = httpx.AsyncClient(transport=httpx.MockTransport(transport))
+    metrics = Metrics()
+    cache = FeatureCache(
+        settings, StoreClient.of(settings, lambda: client), metrics, busy=lambda: True
+    )
+    context = _cache._context("b", manifest, 2, "float32", None)
+    refused_split["prefix"] = (
+        f"/{settings.cache_bucket}/{pack_prefix(_cache._context_digest(context))}"
+    )
+
+    async def main() -> None:
+        async with cache.running():
+            for split, names in ((1, "ab"), (2, "xyz")):
+                for name in names:
+                    identity = ObjectIdentity(bucket="b", key=name, etag=name, size=1)
+                    assert cache.store(identity, manifest, split, "float32", b"x" * 100)
+
+    asyncio.run(main())
+    counted = {
+        outcome: metrics.cache_writes.labels(manifest.name, outcome)._value.get()
+        for outcome in ("written", "failed")
+    }
+    assert counted == {"written": 2, "failed": 3}  # split 1's pack in, split 2's refused
+    assert len(store.puts) == 2
