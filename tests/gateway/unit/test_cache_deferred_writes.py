@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from hapi.gateway import ClientKey, GatewaySettings
+from hapi.gateway._metrics import Metrics
 from hapi.gateway._store import StoreClient
 from hapi.gateway.pushdown import _cache
 from hapi.gateway.pushdown._cache import FeatureCache
@@ -49,7 +50,10 @@ class _Store:
 
 
 def _cache_with(
-    store: Callable[[httpx.Request], httpx.Response], busy: Callable[[], bool], **changes: Any
+    store: Callable[[httpx.Request], httpx.Response],
+    busy: Callable[[], bool],
+    metrics: Metrics | None = None,
+    **changes: Any,
 ) -> FeatureCache:
     settings = GatewaySettings(
         backend_url="http://store.internal:8333",
@@ -58,7 +62,22 @@ def _cache_with(
         **changes,
     )
     client = httpx.AsyncClient(transport=httpx.MockTransport(store))
-    return FeatureCache(settings, StoreClient.of(settings, lambda: client), busy=busy)
+    return FeatureCache(settings, StoreClient.of(settings, lambda: client), metrics, busy=busy)
+
+
+def _queue_and_stop(cache: FeatureCache, names: dict[int, str]) -> None:
+    """Queue a 100-byte entry of each named object at its split (while requests are being
+    served, so they wait), then stop the cache: it writes what waits, packed."""
+    manifest = synthetic_manifest(freeze=4)
+
+    async def main() -> None:
+        async with cache.running():
+            for split, keys in names.items():
+                for name in keys:
+                    identity = ObjectIdentity(bucket="b", key=name, etag=name, size=1)
+                    assert cache.store(identity, manifest, split, "float32", b"x" * 100)
+
+    asyncio.run(main())
 
 
 def _queue(cache: FeatureCache, name: str) -> bool:
@@ -243,18 +262,7 @@ def test_the_entries_waiting_together_go_in_one_pack_a_context_within_its_bound(
             requests.append(request)
         return store(request)
 
-    manifest = synthetic_manifest(freeze=4)
-
-    async def main() -> None:
-        cache = _cache_with(transport, lambda: True)
-        async with cache.running():
-            for split, names in ((1, "abcde"), (2, "xyz")):
-                for name in names:
-                    identity = ObjectIdentity(bucket="b", key=name, etag=name, size=1)
-                    assert cache.store(identity, manifest, split, "float32", b"x" * 100)
-        # stopping wrote them all, packed
-
-    asyncio.run(main())
+    _queue_and_stop(_cache_with(transport, lambda: True), {1: "abcde", 2: "xyz"})
     packs = [r for r in requests if "/packs/" in r.url.path]
     prefixes = {r.url.path.rsplit("/", 1)[0] for r in packs}
     assert len(prefixes) == 2  # a prefix a context
@@ -270,8 +278,6 @@ def test_the_entries_waiting_together_go_in_one_pack_a_context_within_its_bound(
 
 @pytest.mark.parametrize("refusal", ["HTTP 500", "connection dropped"])
 def test_a_pack_that_fails_counts_its_entries_failed_and_the_others_written(refusal) -> None:
-    from hapi.gateway._metrics import Metrics
-
     store = _Store()
     refused_split: dict[str, str] = {}
 
@@ -282,30 +288,13 @@ def test_a_pack_that_fails_counts_its_entries_failed_and_the_others_written(refu
             raise httpx.ReadError("the store went away mid-reply", request=request)
         return store(request)
 
-    manifest = synthetic_manifest(freeze=4)
-    settings = GatewaySettings(
-        backend_url="http://store.internal:8333",
-        backend_credentials=Credentials("BACKENDKEY", "backend-secret"),
-        clients={"K": ClientKey("s")},
-    )
-    client = httpx.AsyncClient(transport=httpx.MockTransport(transport))
-    metrics = Metrics()
-    cache = FeatureCache(
-        settings, StoreClient.of(settings, lambda: client), metrics, busy=lambda: True
-    )
+    manifest, metrics = synthetic_manifest(freeze=4), Metrics()
+    cache = _cache_with(transport, lambda: True, metrics)
     context = _cache._context("b", manifest, 2, "float32", None)
-    refused_split["prefix"] = (
-        f"/{settings.cache_bucket}/{pack_prefix(_cache._context_digest(context))}"
-    )
+    bucket = GatewaySettings.cache_bucket  # the default
+    refused_split["prefix"] = f"/{bucket}/{pack_prefix(_cache._context_digest(context))}"
 
-    async def main() -> None:
-        async with cache.running():
-            for split, names in ((1, "ab"), (2, "xyz")):
-                for name in names:
-                    identity = ObjectIdentity(bucket="b", key=name, etag=name, size=1)
-                    assert cache.store(identity, manifest, split, "float32", b"x" * 100)
-
-    asyncio.run(main())
+    _queue_and_stop(cache, {1: "ab", 2: "xyz"})
     counted = {
         outcome: metrics.cache_writes.labels(manifest.name, outcome)._value.get()
         for outcome in ("written", "failed")
