@@ -98,6 +98,9 @@ class GatewaySettings:
             pixels differ slightly from Pillow's, so each decoder has its own cache entries.
         device: Where blocks run: auto (CUDA when usable), cpu or cuda.
         intra_op_threads: onnxruntime threads per operator (0: onnxruntime decides).
+        compute_niceness: Nice steps below the gateway's request handling at which
+            pushdown's decoding and blocks run (Linux; 0-19, 0: the same), so a node busy
+            with pushdown serves pass-through requests and cache hits first.
         tf32: On a GPU, let convolutions and matrix products run in TF32: faster, but
             features then differ from float32's by about 1e-3 of their largest value.
         fixed_batch_size: A fixed storage-side batch size instead of the adaptive one (for
@@ -196,6 +199,7 @@ class GatewaySettings:
     decoder: str = "auto"
     device: Device = "auto"
     intra_op_threads: int = 0
+    compute_niceness: int = 10
     tf32: bool = False
     fixed_batch_size: int | None = None
     assumed_bandwidth_bps: float = field(
@@ -280,6 +284,8 @@ class GatewaySettings:
             raise ValueError("identity_requests_per_s must be 0 (no limit) or positive")
         if self.decode_workers < 0 or self.decode_processes < 0:
             raise ValueError("decode_workers and decode_processes must be 0 or positive")
+        if not 0 <= self.compute_niceness <= 19:
+            raise ValueError("compute_niceness must be 0 (the requests' priority) to 19")
         if self.cache_cold_probe < 1:
             raise ValueError("cache_cold_probe must be 1 (look every object up) or more")
         if not 0 <= self.cache_write_defer_s < float("inf"):

@@ -26,7 +26,7 @@ import logging
 import multiprocessing
 import queue
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -75,12 +75,14 @@ class DecodeProcesses:
 
     Args:
         count: Worker processes (at least 1).
+        initializer: Run by each worker as it starts (picklable: workers are spawned).
     """
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, *, initializer: Callable[[], object] | None = None) -> None:
         if count < 1:
             raise ValueError("decode processes must be at least 1")
         self.count = count
+        self._initializer = initializer
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._all: list[_Worker] = []
         self._closed = False
@@ -170,7 +172,10 @@ class DecodeProcesses:
         slot = SharedMemory(create=True, size=slot_bytes)
         ours, theirs = _SPAWN.Pipe()
         process = _SPAWN.Process(
-            target=_serve, args=(theirs,), name="hapi-decode-worker", daemon=True
+            target=_serve,
+            args=(theirs, self._initializer),
+            name="hapi-decode-worker",
+            daemon=True,
         )
         try:
             process.start()
@@ -221,9 +226,11 @@ def _unlink(slot: SharedMemory) -> None:
         slot.unlink()
 
 
-def _serve(conn: Connection) -> None:
+def _serve(conn: Connection, initializer: Callable[[], object] | None) -> None:
     """A worker's loop: decode each job into its slot until the parent closes the pipe."""
     slot: SharedMemory | None = None
+    if initializer is not None:
+        initializer()
     try:
         conn.send(("ready",))
         while True:

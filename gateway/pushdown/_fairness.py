@@ -130,10 +130,15 @@ class FairPool:
     Args:
         workers: Threads.
         name: Their name prefix.
+        initializer: Run by each thread as it starts.
     """
 
-    def __init__(self, workers: int, name: str) -> None:
-        self._threads = ThreadPoolExecutor(workers, thread_name_prefix=name)
+    def __init__(
+        self, workers: int, name: str, *, initializer: Callable[[], object] | None = None
+    ) -> None:
+        self._threads = ThreadPoolExecutor(
+            workers, thread_name_prefix=name, initializer=initializer
+        )
         self._workers = workers
         self._queues: dict[str, collections.deque[_Work]] = {}  # in turn order
         self._lock = threading.Lock()

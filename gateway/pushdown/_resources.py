@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -23,10 +24,21 @@ from ._decoders import Decoding
 from ._fairness import FairPool
 from ._handler import Pushdown
 from ._locality import open_fetch_meter
+from ._priority import applies, bulk_niceness, lower_this_thread
 from ._registry import AsyncRegistry, StoreRegistry
 from ._tenants import SessionFactory, Tenants
 
 log = logging.getLogger("hapi.gateway")
+
+
+def _bulk_priority(steps: int) -> functools.partial[None]:
+    """What each pushdown worker thread and decode process runs first: its drop to
+    ``steps`` nice steps below the request handling (see :mod:`._priority`)."""
+    if steps and not applies():
+        log.warning(
+            "compute_niceness is applied on Linux only; pushdown runs at the requests' priority"
+        )
+    return functools.partial(lower_this_thread, bulk_niceness(steps))
 
 
 def memory_budget(settings: GatewaySettings) -> MemoryBudget:
@@ -91,16 +103,21 @@ async def open_pushdown(
     )
     # Worker processes decode Pillow's images; DALI decodes a window at once on its own.
     processes = settings.decode_processes if decoding.name == "pil" else 0
+    bulk = _bulk_priority(settings.compute_niceness)
     with (
-        FairPool(max(workers, processes), "hapi-decode") as decode_pool,
-        DecodeProcesses(processes) if processes else contextlib.nullcontext() as decoders,
-        ThreadPoolExecutor(1, thread_name_prefix="hapi-infer") as infer_pool,
+        FairPool(max(workers, processes), "hapi-decode", initializer=bulk) as decode_pool,
+        DecodeProcesses(processes, initializer=bulk)
+        if processes
+        else contextlib.nullcontext() as decoders,
+        ThreadPoolExecutor(1, thread_name_prefix="hapi-infer", initializer=bulk) as infer_pool,
+        ThreadPoolExecutor(1, thread_name_prefix="hapi-load", initializer=bulk) as load_pool,
         open_fetch_meter(settings, metrics, placement) as fetches,
     ):
         tenants = Tenants(
             registry or StoreRegistry(store),
             memory_budget(settings),
             infer_pool,
+            load_pool=load_pool,
             runtime=runtime,
             max_delay_s=settings.max_queue_delay_ms / 1000,
             max_queue_samples=settings.max_queue_samples,

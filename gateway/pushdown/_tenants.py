@@ -159,6 +159,7 @@ class Tenants:
         budget: MemoryBudget,
         infer_pool: Executor,
         *,
+        load_pool: Executor | None = None,
         runtime: RuntimeSettings | None = None,
         make_run: SessionFactory | None = None,
         latest_ttl_s: float = 5.0,
@@ -173,6 +174,7 @@ class Tenants:
         self._observe = observe
         self.budget = budget
         self._pool = infer_pool
+        self._load_pool = load_pool
         self._runtime = runtime or RuntimeSettings()
         self._make_run = make_run
         self._device = "cpu"  # where sessions run: set by the first onnxruntime session
@@ -309,7 +311,9 @@ class Tenants:
         an onnxruntime session in a worker thread (CPU work, not I/O)."""
         try:
             blobs = await self.registry.fetch_blocks(manifest, 0, split)
-            return await asyncio.to_thread(self._session, manifest, split, blobs)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._load_pool, self._session, manifest, split, blobs
+            )
         except ModelError as exc:
             raise ServiceUnavailable(
                 f"cannot load {manifest.ref} blocks [0, {split}): {exc}"

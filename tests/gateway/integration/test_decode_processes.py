@@ -127,3 +127,12 @@ def test_no_segment_outlives_the_gateway(store, tmp_path_factory) -> None:
         assert len(_workers(running.pid)) == 3
         assert len(_slots() - before) == 3  # a slot per worker
     assert not _slots() - before
+
+
+def test_the_workers_decode_below_the_requests(process_gateway) -> None:
+    def nice(pid: int) -> int:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+    workers = _workers(process_gateway.pid)
+    assert len(workers) == 2
+    assert {nice(w) for w in workers} == {min(19, nice(process_gateway.pid) + 10)}
