@@ -87,7 +87,9 @@ def _parse_optional_int(text: str) -> int | None:
 
 
 def _parse_size(text: str) -> int:
-    return int(parse_size(text))
+    """A size, or ``0`` (the fields that take it say it means none or no limit; the others
+    refuse it when the settings are validated)."""
+    return 0 if text.strip() == "0" else int(parse_size(text))
 
 
 def _parse_bandwidth(text: str) -> float:

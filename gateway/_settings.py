@@ -129,6 +129,9 @@ class GatewaySettings:
         cache_write_queue: Entries waiting to be written; a full queue skips a write.
         cache_write_queue_bytes: Bytes of entries waiting to be written, e.g. 256MiB;
             beyond it a write is skipped (the answer is still served).
+        cache_memory_bytes: Bytes of the packs this gateway process wrote that it keeps in
+            memory, e.g. 256MiB, so their entries' hits read no bytes from the store (the
+            least recently written go first; 0: every hit reads its entry from the store).
         identity_cache_write_bytes: Bytes of entries one identity's requests may have
             waiting to be written, e.g. 64MiB; beyond it that identity's writes are skipped,
             so one key cannot fill the queue for the others (0: no limit of its own).
@@ -224,6 +227,7 @@ class GatewaySettings:
     cache_write_queue_bytes: int = field(
         default=256 * 1024**2, metadata=knob(shown_default="256MiB")
     )
+    cache_memory_bytes: int = field(default=256 * 1024**2, metadata=knob(shown_default="256MiB"))
     identity_cache_write_bytes: int = field(
         default=64 * 1024**2, metadata=knob(shown_default="64MiB")
     )
@@ -280,6 +284,8 @@ class GatewaySettings:
                 "the per-identity bounds must be 0 (no limit) or positive, and the cache "
                 "write queue's bytes positive"
             )
+        if self.cache_memory_bytes < 0:
+            raise ValueError("cache_memory_bytes must be 0 (none) or positive")
         if self.identity_requests_per_s < 0:
             raise ValueError("identity_requests_per_s must be 0 (no limit) or positive")
         if self.decode_workers < 0 or self.decode_processes < 0:

@@ -17,8 +17,12 @@ A lookup finds its entry in the index of its context's packs, kept in memory: an
 not in it is a miss at no cost to the store, unless the index was listed more than
 ``INDEX_TTL_S`` ago; then the context's packs are listed again (one listing, shared by the
 lookups waiting on it) and the heads of the packs not seen before are read. A hit is one
-ranged GET of the entry's bytes. The indexes hold at most ``INDEXED`` entries together
-(the least recently used contexts go first, to be listed again when asked for).
+ranged GET of the entry's bytes, or none at all when the pack is one this gateway wrote and
+still holds in memory (``cache_memory_bytes`` of them, the least recently written dropped
+first; a pack deleted from the store leaves memory when this gateway evicts it, lists its
+context without it, or touches it and finds it gone). The indexes hold at most ``INDEXED``
+entries together (the least recently used contexts go first, to be listed again when
+asked for).
 
 Writes go through a bounded queue drained by one
 background task; a full queue skips the write rather than delay an answer. A queued
@@ -228,6 +232,8 @@ class FeatureCache:
         self._stored: OrderedDict[tuple[str, str], None] = OrderedDict()  # computed here
         self._indexes: OrderedDict[Hashable, _Index] = OrderedDict()  # by context
         self._indexed = 0  # entries the indexes hold together
+        self._resident: OrderedDict[str, bytes] = OrderedDict()  # packs written here, by key
+        self.resident_bytes = 0  # bounded by cache_memory_bytes
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -363,8 +369,14 @@ class FeatureCache:
         key: str,
         member: PackMember,
     ) -> Cached | None:
-        """One entry's bytes from its pack (a ranged GET), checked against the index."""
+        """One entry's bytes from its pack (from memory, or a ranged GET), checked against
+        the index."""
         last = member.offset + member.length - 1
+        resident = self._resident.get(key)
+        if resident is not None:
+            return self._served(
+                manifest, context, identity, index, key, member, resident[member.offset : last + 1]
+            )
         try:
             reply = await self._store.request(
                 "GET", self._bucket, key, headers={"range": f"bytes={member.offset}-{last}"}
@@ -373,7 +385,7 @@ class FeatureCache:
             self._warn("read", f"the feature cache cannot be read ({exc!r}); computing instead")
             return None
         if reply.status_code == 404:  # evicted, or the cache emptied
-            self._indexed -= index.forget(key)
+            self._forget_in(index, key)
             return self._outcome(manifest, context, identity, "miss")
         if reply.status_code not in (200, 206):
             self._warn("read", f"the feature cache answered HTTP {reply.status_code}; computing")
@@ -382,6 +394,19 @@ class FeatureCache:
         body = (
             reply.content if reply.status_code == 206 else reply.content[member.offset : last + 1]
         )
+        return self._served(manifest, context, identity, index, key, member, body)
+
+    def _served(
+        self,
+        manifest: Manifest,
+        context: Hashable,
+        identity: ObjectIdentity,
+        index: _Index,
+        key: str,
+        member: PackMember,
+        body: bytes,
+    ) -> Cached | None:
+        """The entry ``body`` read from pack ``key``, if it is as the index says."""
         if len(body) != member.length or hashlib.sha256(body).hexdigest() != member.sha256:
             self._warn("rejected", f"a cache entry not as its pack's index says was ignored: {key}")
             return self._outcome(manifest, context, identity, "rejected")
@@ -421,8 +446,8 @@ class FeatureCache:
                 if is_pack(item.key)
             }
             for key in [k for k, p in index.packs.items() if k not in listed and p.seen < started]:
-                self._indexed -= index.forget(key)  # deleted since (a pack written here
-                # while the listing ran may be missing from it: kept)
+                self._forget_in(index, key)  # deleted since (a pack written here while the
+                # listing ran may be missing from it: kept)
             for key, used in listed.items():
                 if key in index.packs:
                     index.packs[key].last_used = used
@@ -482,9 +507,32 @@ class FeatureCache:
             return None
 
     def _forget(self, key: str) -> None:
-        """A pack is gone: its entries leave every index."""
+        """A pack is gone: its entries leave every index, and its bytes memory."""
         for index in self._indexes.values():
             self._indexed -= index.forget(key)
+        self._unhold(key)
+
+    def _forget_in(self, index: _Index, key: str) -> None:
+        """A pack of ``index``'s context is gone: its entries leave the index, and its
+        bytes memory."""
+        self._indexed -= index.forget(key)
+        self._unhold(key)
+
+    def _hold(self, key: str, body: bytes) -> None:
+        """Keep a pack written here in memory, dropping the least recently written
+        beyond ``cache_memory_bytes``."""
+        limit = self._settings.cache_memory_bytes
+        if len(body) > limit:
+            return
+        self._resident[key] = body
+        self.resident_bytes += len(body)
+        while self.resident_bytes > limit:
+            self._unhold(next(iter(self._resident)))
+
+    def _unhold(self, key: str) -> None:
+        body = self._resident.pop(key, None)
+        if body is not None:
+            self.resident_bytes -= len(body)
 
     def _outcome(
         self,
@@ -639,6 +687,7 @@ class FeatureCache:
             return
         members = parse_pack_index(listed)
         self._indexed += index.add(key, _Pack(list(members), mac, datetime.now(UTC)), members)
+        self._hold(key, body)
         for job in jobs:
             self._count_write(job.model or "", "written", len(job.entry))
 
@@ -698,7 +747,9 @@ class FeatureCache:
             "x-amz-metadata-directive": "REPLACE",
             MAC_HEADER: mac,  # replaced metadata keeps the pack's MAC
         }
-        await self._store.request("PUT", self._bucket, key, headers=headers)
+        reply = await self._store.request("PUT", self._bucket, key, headers=headers)
+        if reply.status_code == 404:  # deleted meanwhile (another gateway, or the CLI)
+            self._forget(key)
 
     # -- eviction ----------------------------------------------------------------------
 

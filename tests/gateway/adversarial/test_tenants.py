@@ -47,7 +47,10 @@ ADMIN = Credentials("OPERATOR" + secrets.token_hex(6).upper(), secrets.token_hex
 def tenant_gateway(
     store: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningGateway]:
-    """A gateway whose keys act upstream as the tenants' own store identities."""
+    """A gateway whose keys act upstream as the tenants' own store identities. It keeps no
+    pack in memory (``--cache-memory-bytes 0``), so every hit reads its entry from the
+    store, where a forgery lies (a gateway's own copies in memory are written by no one
+    else)."""
     alice, bob = TENANTS["alice"], TENANTS["bob"]
     keys = {
         alice.access_key_id: {"secret": alice.secret_access_key, "upstream": "self"},
@@ -64,6 +67,7 @@ def tenant_gateway(
         store,
         tmp_path_factory.mktemp("tenant-gateway"),
         keys=keys,
+        extra_args=("--cache-memory-bytes", "0"),
     ) as running:
         yield running
 

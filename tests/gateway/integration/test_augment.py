@@ -251,7 +251,7 @@ def test_no_views_cached_means_no_entry_written(gateway, registered, backend_s3,
     assert _entries(backend_s3) == before
 
 
-def test_the_mac_covers_the_view_index(gateway, registered, backend_s3, fresh):
+def test_the_mac_covers_the_view_index(gateway, second_gateway, registered, backend_s3, fresh):
     asked = {"model": "r18", "split": 5, "augment": POLICY, "seed": 6, "views": 2}
     before = _entries(backend_s3)
     view0 = _get(gateway, fresh, "cat.jpg", **asked, epoch=0)
@@ -260,8 +260,9 @@ def test_the_mac_covers_the_view_index(gateway, registered, backend_s3, fresh):
     view1 = _get(gateway, fresh, "cat.jpg", **asked, epoch=1)
     entry1 = _new_entry(backend_s3, before)
     # View 0's pack, MAC header and all, copied over view 1's: a valid pack of the wrong
-    # view (each view a context of its own), which the index view 1's entry was read
-    # from (the MAC is over the pack's path, so its view) must refuse.
+    # view (each view a context of its own), which the MAC (over the pack's path, so its
+    # view) must refuse, read by the other gateway (the first holds its own packs in
+    # memory, and never reads them back).
     assert entry0.rsplit("/", 1)[0] != entry1.rsplit("/", 1)[0]  # a prefix a view
     stored = backend_s3.get_object(Bucket=CACHE_BUCKET, Key=entry0)
     body = stored["Body"].read()
@@ -270,11 +271,14 @@ def test_the_mac_covers_the_view_index(gateway, registered, backend_s3, fresh):
         lambda: backend_s3.get_object(Bucket=CACHE_BUCKET, Key=entry1)["Body"].read() == body,
         "the store to serve the copied pack",
     )
-    again = _get(gateway, fresh, "cat.jpg", **asked, epoch=1)
+    again = _get(second_gateway, fresh, "cat.jpg", **asked, epoch=1)
     assert again.headers["x-hapi-cache"] == "miss"
     np.testing.assert_array_equal(_features(again), _features(view1))
     assert not np.array_equal(_features(again), _features(view0))
-    assert "cache entry not as its pack's index says" in gateway.log()
+    assert "cache pack without a valid MAC was ignored" in second_gateway.log()
+    held = _get(gateway, fresh, "cat.jpg", **asked, epoch=1)  # its own copy, as computed
+    assert held.headers["x-hapi-cache"] == "hit"
+    np.testing.assert_array_equal(_features(held), _features(view1))
 
 
 def test_materialize_precomputes_k_views_then_every_epoch_hits(gateway, registered, fresh):

@@ -211,10 +211,17 @@ def test_a_deleted_cache_bucket_degrades_to_computing(gateway, registered, backe
     for key in _entries(backend_s3):
         backend_s3.delete_object(Bucket=CACHE_BUCKET, Key=key)
     backend_s3.delete_bucket(Bucket=CACHE_BUCKET)
-    reply = _get(gateway, bucket, "rocket.jpg", model="r18", split=3)
+    # an object whose entry was never written: the lookup in the missing bucket misses
+    reply = _get(gateway, bucket, "cat.jpg", model="r18", split=3)
     assert reply.status_code == 200 and reply.headers["x-hapi-cache"] == "miss"
-    want = decode(_get(gateway, bucket, "rocket.jpg", cache="bypass", model="r18", split=3).content)
+    want = decode(_get(gateway, bucket, "cat.jpg", cache="bypass", model="r18", split=3).content)
     assert decode(reply.content)[0]["features"].tobytes() == want[0]["features"].tobytes()
+    # the pack this gateway wrote is still in its memory (cache_memory_bytes), and answers
+    # as it was computed
+    held = _get(gateway, bucket, "rocket.jpg", model="r18", split=3)
+    assert held.status_code == 200 and held.headers["x-hapi-cache"] == "hit"
+    want = decode(_get(gateway, bucket, "rocket.jpg", cache="bypass", model="r18", split=3).content)
+    assert decode(held.content)[0]["features"].tobytes() == want[0]["features"].tobytes()
 
 
 def test_an_unknown_cache_mode_is_invalid(gateway, registered, photos):

@@ -160,8 +160,8 @@ def test_a_miss_on_an_object_computed_here_forgets_the_buckets_others() -> None:
     # The cache was emptied (or evicted) behind this gateway: the objects it computed are
     # no likelier to hit than any other, and looking each up would cost a cold epoch
     # what the sampling saves.
-    store = _Store()
-    cache = _cache_over(store, cache_write_defer_s=0.0)
+    store = _Store()  # no copy in memory: the store's is the only one
+    cache = _cache_over(store, cache_write_defer_s=0.0, cache_memory_bytes=0)
     entry = _cache.encode_entry(ROWS, "float32", None, ["x"], None)
     mine = [f"mine{index}" for index in range(20)]
 

@@ -120,6 +120,17 @@ def test_bad_values_name_their_variable_or_flag(monkeypatch: pytest.MonkeyPatch)
     assert done.exit_code == 2 and "--max-object-bytes" in done.output
 
 
+def test_a_size_of_zero_means_none_where_the_field_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    zeros = ["--cache-max-bytes", "0", "--cache-memory-bytes", "0"]
+    settings = _served(monkeypatch, [*zeros, "--identity-cache-write-bytes", "0"], {})
+    assert (settings.cache_max_bytes, settings.cache_memory_bytes) == (0, 0)
+    assert settings.identity_cache_write_bytes == 0
+    done = CliRunner().invoke(serve, ["--max-object-bytes", "0"], env=BASE_ENV)
+    assert done.exit_code != 0 and "must be positive" in done.output
+
+
 def test_a_new_field_gets_its_variable_flag_help_and_parser() -> None:
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Extended:
