@@ -19,8 +19,10 @@ not in it is a miss at no cost to the store, unless the index was listed more th
 lookups waiting on it) and the heads of the packs not seen before are read. A hit is one
 ranged GET of the entry's bytes, or none at all when the pack is one this gateway wrote and
 still holds in memory (``cache_memory_bytes`` of them, the least recently written dropped
-first; a pack deleted from the store leaves memory when this gateway evicts it, lists its
-context without it, or touches it and finds it gone). The indexes hold at most ``INDEXED``
+first) and the store was seen holding it less than ``INDEX_TTL_S`` ago: an older copy's
+next hit reads its entry from the store, which shows the pack still there (or gone: then
+it leaves memory and the index), so a pack deleted behind this gateway is served from
+memory for at most that long, as a pack written by another is found within it. The indexes hold at most ``INDEXED``
 entries together (the least recently used contexts go first, to be listed again when
 asked for).
 
@@ -159,6 +161,14 @@ class _Pack:
 
 
 @dataclass(slots=True)
+class _Held:
+    """A pack this gateway wrote, in memory, and when the store was last seen holding it."""
+
+    body: bytes
+    seen: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
 class _Index:
     """The entries of one context's packs, as far as this gateway has listed them."""
 
@@ -232,7 +242,7 @@ class FeatureCache:
         self._stored: OrderedDict[tuple[str, str], None] = OrderedDict()  # computed here
         self._indexes: OrderedDict[Hashable, _Index] = OrderedDict()  # by context
         self._indexed = 0  # entries the indexes hold together
-        self._resident: OrderedDict[str, bytes] = OrderedDict()  # packs written here, by key
+        self._resident: OrderedDict[str, _Held] = OrderedDict()  # packs written here, by key
         self.resident_bytes = 0  # bounded by cache_memory_bytes
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -372,11 +382,10 @@ class FeatureCache:
         """One entry's bytes from its pack (from memory, or a ranged GET), checked against
         the index."""
         last = member.offset + member.length - 1
-        resident = self._resident.get(key)
-        if resident is not None:
-            return self._served(
-                manifest, context, identity, index, key, member, resident[member.offset : last + 1]
-            )
+        held = self._resident.get(key)
+        if held is not None and time.monotonic() - held.seen < INDEX_TTL_S:
+            body = held.body[member.offset : last + 1]
+            return self._served(manifest, context, identity, index, key, member, body)
         try:
             reply = await self._store.request(
                 "GET", self._bucket, key, headers={"range": f"bytes={member.offset}-{last}"}
@@ -394,6 +403,8 @@ class FeatureCache:
         body = (
             reply.content if reply.status_code == 206 else reply.content[member.offset : last + 1]
         )
+        if held is not None:  # the store still holds it
+            held.seen = time.monotonic()
         return self._served(manifest, context, identity, index, key, member, body)
 
     def _served(
@@ -524,15 +535,15 @@ class FeatureCache:
         limit = self._settings.cache_memory_bytes
         if len(body) > limit:
             return
-        self._resident[key] = body
+        self._resident[key] = _Held(body)
         self.resident_bytes += len(body)
         while self.resident_bytes > limit:
             self._unhold(next(iter(self._resident)))
 
     def _unhold(self, key: str) -> None:
-        body = self._resident.pop(key, None)
-        if body is not None:
-            self.resident_bytes -= len(body)
+        held = self._resident.pop(key, None)
+        if held is not None:
+            self.resident_bytes -= len(held.body)
 
     def _outcome(
         self,

@@ -216,10 +216,11 @@ def test_a_deleted_cache_bucket_degrades_to_computing(gateway, registered, backe
     assert reply.status_code == 200 and reply.headers["x-hapi-cache"] == "miss"
     want = decode(_get(gateway, bucket, "cat.jpg", cache="bypass", model="r18", split=3).content)
     assert decode(reply.content)[0]["features"].tobytes() == want[0]["features"].tobytes()
-    # the pack this gateway wrote is still in its memory (cache_memory_bytes), and answers
-    # as it was computed
+    # the entry this gateway wrote: a hit from its memory (the store was seen holding its
+    # pack less than INDEX_TTL_S ago) or, once the store shows it gone, computed again;
+    # as computed either way
     held = _get(gateway, bucket, "rocket.jpg", model="r18", split=3)
-    assert held.status_code == 200 and held.headers["x-hapi-cache"] == "hit"
+    assert held.status_code == 200 and held.headers["x-hapi-cache"] in ("hit", "miss")
     want = decode(_get(gateway, bucket, "rocket.jpg", cache="bypass", model="r18", split=3).content)
     assert decode(held.content)[0]["features"].tobytes() == want[0]["features"].tobytes()
 

@@ -1,8 +1,10 @@
 """Packs this gateway wrote, kept in memory (``cache_memory_bytes``): their entries' hits
-read nothing from the store, the memory holds at most its bytes (the least recently written
-go first, and are then read from the store), and a pack deleted from the store leaves
-memory when this gateway evicts it, lists its context without it, or touches it and finds
-it gone. Against a store (a mock transport) that keeps what is PUT, as a store does."""
+read nothing from the store while the store was seen holding the pack less than
+``INDEX_TTL_S`` ago (then one hit reads its entry from the store again, and a pack found
+gone leaves memory), the memory holds at most its bytes (the least recently written go
+first, and are then read from the store), and a pack deleted from the store leaves memory
+when this gateway evicts it, lists its context without it, or touches it and finds it
+gone. Against a store (a mock transport) that keeps what is PUT, as a store does."""
 
 from __future__ import annotations
 
@@ -112,6 +114,31 @@ def test_hits_on_a_pack_written_here_read_the_store_only_without_memory(memory: 
     assert _hits(cache, names) == [True] * 5
     assert store.entry_reads == (0 if memory else 5)
     assert cache.resident_bytes == (sum(map(len, store.objects.values())) if memory else 0)
+
+
+def _age(cache: FeatureCache) -> None:
+    """Every copy in memory last seen in the store longer ago than ``INDEX_TTL_S``."""
+    for held in cache._resident.values():
+        held.seen -= _cache.INDEX_TTL_S + 1
+
+
+def test_an_old_copy_is_seen_in_the_store_again_by_one_read_and_dropped_once_gone() -> None:
+    store = _Store()
+    cache = _cache_over(store)
+    names = [f"n{index}" for index in range(4)]
+
+    async def main() -> None:
+        async with cache.running():
+            await _written(cache, names)
+
+    asyncio.run(main())
+    _age(cache)
+    assert _hits(cache, names) == [True] * 4
+    assert store.entry_reads == 1  # the first hit saw the pack still there; the rest: memory
+    store.objects.clear()  # deleted behind this gateway
+    _age(cache)
+    assert _hits(cache, names) == [False] * 4  # the first found it gone, and the index forgot it
+    assert cache.resident_bytes == 0 and store.entry_reads == 1
 
 
 def test_memory_holds_its_bytes_and_the_least_recently_written_go_first() -> None:
