@@ -22,9 +22,9 @@ still holds in memory (``cache_memory_bytes`` of them, the least recently writte
 first) and the store was seen holding it less than ``INDEX_TTL_S`` ago: an older copy's
 next hit reads its entry from the store, which shows the pack still there (or gone: then
 it leaves memory and the index), so a pack deleted behind this gateway is served from
-memory for at most that long, as a pack written by another is found within it. The indexes hold at most ``INDEXED``
-entries together (the least recently used contexts go first, to be listed again when
-asked for).
+memory for at most that long, as a pack written by another is found within it. The
+indexes hold at most ``INDEXED`` entries together (the least recently used contexts go
+first, to be listed again when asked for).
 
 Writes go through a bounded queue drained by one
 background task; a full queue skips the write rather than delay an answer. A queued
