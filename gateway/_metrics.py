@@ -134,6 +134,11 @@ class Metrics:
             "Feature cache writes and access records queued or being written now.",
             registry=self.registry,
         )
+        self.cache_memory = Gauge(
+            "hapi_cache_memory_bytes",
+            "Bytes of the feature cache's packs this process wrote and holds in memory.",
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "hapi_requests_in_flight", "Requests being handled now.", registry=self.registry
         )

@@ -244,6 +244,8 @@ class FeatureCache:
         self._indexed = 0  # entries the indexes hold together
         self._resident: OrderedDict[str, _Held] = OrderedDict()  # packs written here, by key
         self.resident_bytes = 0  # bounded by cache_memory_bytes
+        if metrics is not None:
+            metrics.cache_memory.set_function(lambda: float(self.resident_bytes))
 
     # -- lifecycle ---------------------------------------------------------------------
 

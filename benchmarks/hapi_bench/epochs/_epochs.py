@@ -425,9 +425,15 @@ def _model_cells(
         link.unshape()
 
 
+GATEWAY_MEMORY_S = 2.5
+"""How long a gateway may serve its copy in memory of a pack deleted behind it (2 s,
+docs/cache.md), with a margin."""
+
+
 def empty_cache_bucket(store: Any) -> None:
     """Delete every pack (and entry of its own) of the feature cache bucket (``store``:
-    boto3 at the store)."""
+    boto3 at the store), then wait out :data:`GATEWAY_MEMORY_S`, so that a gateway's copy
+    in memory of a pack it wrote is no longer served unseen: the next epoch is cold."""
     paginator = store.get_paginator("list_objects_v2")
     try:
         keys = [
@@ -443,3 +449,5 @@ def empty_cache_bucket(store: Any) -> None:
     for start in range(0, len(keys), _DELETE_CHUNK):
         chunk = [{"Key": key} for key in keys[start : start + _DELETE_CHUNK]]
         store.delete_objects(Bucket=DEFAULT_CACHE_BUCKET, Delete={"Objects": chunk, "Quiet": True})
+    if keys:
+        time.sleep(GATEWAY_MEMORY_S)

@@ -97,10 +97,14 @@ def _no_write_pending(gateway) -> None:
     _settled(gateway)
 
 
-def _fetches(gateway) -> float:
+def _metrics(gateway) -> str:
     url = f"{gateway.endpoint_url}/metrics"
     headers = signed_headers(gateway, "GET", "/metrics", body=b"")
-    text = httpx.get(url, headers=headers, timeout=30).text
+    return httpx.get(url, headers=headers, timeout=30).text
+
+
+def _fetches(gateway) -> float:
+    text = _metrics(gateway)
     found = re.findall(r'^hapi_pushdown_object_fetches_total\{placement="\w+"\} (\S+)$', text, re.M)
     assert found, "the gateway exposes no object-fetch counter"
     return sum(float(value) for value in found)  # local, remote and unknown
@@ -127,6 +131,10 @@ def test_a_miss_is_written_and_the_next_read_hits_bit_for_bit(
     assert cold.status_code == 200, cold.text
     assert cold.headers["x-hapi-cache"] == "miss"
     wait_for(lambda: len(set(_entries(backend_s3)) - before) == 1, "the entry to be written")
+    (pack,) = set(_entries(backend_s3)) - before
+    held = re.search(r"^hapi_cache_memory_bytes (\S+)$", _metrics(gateway), re.M)
+    size = backend_s3.head_object(Bucket=CACHE_BUCKET, Key=pack)["ContentLength"]
+    assert held is not None and float(held.group(1)) >= size  # the pack written is held
     fetched = _fetches(gateway)
     warm = _get(gateway, bucket, "cat.jpg", model="r18", split=4)
     assert warm.headers["x-hapi-cache"] == "hit"
