@@ -160,6 +160,10 @@ class _Pack:
     seen: float = field(default_factory=time.monotonic)  # when this gateway learnt of it
 
 
+class _PackGone(Exception):
+    """A pack the index names is no longer in the store."""
+
+
 @dataclass(slots=True)
 class _Held:
     """A pack this gateway wrote, in memory, and when the store was last seen holding it."""
@@ -383,43 +387,12 @@ class FeatureCache:
     ) -> Cached | None:
         """One entry's bytes from its pack (from memory, or a ranged GET), checked against
         the index."""
-        last = member.offset + member.length - 1
-        held = self._resident.get(key)
-        if held is not None and time.monotonic() - held.seen < INDEX_TTL_S:
-            body = held.body[member.offset : last + 1]
-            return self._served(manifest, context, identity, index, key, member, body)
         try:
-            reply = await self._store.request(
-                "GET", self._bucket, key, headers={"range": f"bytes={member.offset}-{last}"}
-            )
-        except httpx.TransportError as exc:
-            self._warn("read", f"the feature cache cannot be read ({exc!r}); computing instead")
-            return None
-        if reply.status_code == 404:  # evicted, or the cache emptied
-            self._forget_in(index, key)
+            body = await self._entry_bytes(manifest, index, key, member)
+        except _PackGone:
             return self._outcome(manifest, context, identity, "miss")
-        if reply.status_code not in (200, 206):
-            self._warn("read", f"the feature cache answered HTTP {reply.status_code}; computing")
-            self._count(manifest, "miss")
+        if body is None:  # the store's trouble, not the entry's: counted, no streak
             return None
-        body = (
-            reply.content if reply.status_code == 206 else reply.content[member.offset : last + 1]
-        )
-        if held is not None:  # the store still holds it
-            held.seen = time.monotonic()
-        return self._served(manifest, context, identity, index, key, member, body)
-
-    def _served(
-        self,
-        manifest: Manifest,
-        context: Hashable,
-        identity: ObjectIdentity,
-        index: _Index,
-        key: str,
-        member: PackMember,
-        body: bytes,
-    ) -> Cached | None:
-        """The entry ``body`` read from pack ``key``, if it is as the index says."""
         if len(body) != member.length or hashlib.sha256(body).hexdigest() != member.sha256:
             self._warn("rejected", f"a cache entry not as its pack's index says was ignored: {key}")
             return self._outcome(manifest, context, identity, "rejected")
@@ -429,6 +402,40 @@ class FeatureCache:
             return self._outcome(manifest, context, identity, "miss")
         self._maybe_touch(key, index.packs.get(key))
         return self._outcome(manifest, context, identity, "hit", cached)
+
+    async def _entry_bytes(
+        self, manifest: Manifest, index: _Index, key: str, member: PackMember
+    ) -> bytes | None:
+        """An entry's bytes: from this gateway's copy of its pack while the store was seen
+        holding it less than ``INDEX_TTL_S`` ago, else a ranged GET (which sees it again);
+        ``None`` when the store could not answer (warned; a failed status counted a miss).
+
+        Raises:
+            _PackGone: The store no longer holds the pack (it left the index and memory).
+        """
+        last = member.offset + member.length - 1
+        held = self._resident.get(key)
+        if held is not None and time.monotonic() - held.seen < INDEX_TTL_S:
+            return held.body[member.offset : last + 1]
+        try:
+            reply = await self._store.request(
+                "GET", self._bucket, key, headers={"range": f"bytes={member.offset}-{last}"}
+            )
+        except httpx.TransportError as exc:
+            self._warn("read", f"the feature cache cannot be read ({exc!r}); computing instead")
+            return None
+        if reply.status_code == 404:  # evicted, or the cache emptied
+            self._forget_in(index, key)
+            raise _PackGone(key)
+        if reply.status_code not in (200, 206):
+            self._warn("read", f"the feature cache answered HTTP {reply.status_code}; computing")
+            self._count(manifest, "miss")
+            return None
+        if held is not None:  # the store still holds it
+            held.seen = time.monotonic()
+        if reply.status_code == 206:
+            return reply.content
+        return reply.content[member.offset : last + 1]
 
     def _index(self, context: Hashable) -> _Index:
         """The index of ``context``'s packs (a new, unlisted one the first time), the most
