@@ -37,6 +37,5 @@ def lower_this_thread(target: int) -> None:
 
 
 def _niceness() -> int:
-    if not applies():
-        return os.getpriority(os.PRIO_PROCESS, 0)
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    """The calling thread's nice value (its process's where threads have none apart)."""
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id() if applies() else 0)

@@ -140,6 +140,7 @@ class Tenants:
         registry: The registry (read on the event loop; its reads are async).
         budget: The shared memory budget.
         infer_pool: Where inference runs (one thread per device).
+        load_pool: Where sessions are built (``None``: the event loop's default executor).
         runtime: Session settings (device, threads).
         make_run: Builds the run function of blocks ``[0, split)``; the seam that tests
             use to inject an executor (the default loads blocks and makes an ORT session).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import httpx
 import pytest
@@ -136,3 +136,19 @@ def fake_probes(monkeypatch: pytest.MonkeyPatch, share: float = 0.5) -> list[flo
 
     monkeypatch.setattr(_profiles, "probe_share", probe)
     return probes
+
+
+S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
+
+
+def listing(sizes: Mapping[str, int], prefix: str) -> httpx.Response:
+    """One page of a ListObjectsV2 answer: the objects (key: size) under ``prefix``."""
+    listed = "".join(
+        f"<Contents><Key>{key}</Key><Size>{size}</Size>"
+        "<LastModified>2026-12-01T00:00:00Z</LastModified></Contents>"
+        for key, size in sizes.items()
+        if key.startswith(prefix)
+    )
+    return httpx.Response(
+        200, content=f'<ListBucketResult xmlns="{S3_NS}">{listed}</ListBucketResult>'
+    )

@@ -21,11 +21,11 @@ from hapi.gateway._store import StoreClient
 from hapi.gateway.pushdown import _cache
 from hapi.gateway.pushdown._cache import COLD_AFTER, MAC_HEADER, FeatureCache
 from hapi.protocol import Credentials, ObjectIdentity, encode_pack, pack_path
+from tests.gateway.support import listing
 from tests.planner.synthetic import manifest as synthetic_manifest
 
 MANIFEST = synthetic_manifest(freeze=4)
 ROWS = np.arange(12, dtype=np.float32).reshape(1, 12)
-_S3 = "http://s3.amazonaws.com/doc/2006-03-01/"  # the listing's namespace
 
 
 class _Store:
@@ -48,16 +48,8 @@ class _Store:
             return httpx.Response(200)
         self.reads += 1
         if "list-type" in request.url.params:
-            prefix = request.url.params["prefix"]
-            listed = "".join(
-                f"<Contents><Key>{key}</Key><Size>{len(body)}</Size>"
-                f"<LastModified>2026-12-01T00:00:00Z</LastModified></Contents>"
-                for key, (body, _) in self.packs.items()
-                if key.startswith(prefix)
-            )
-            return httpx.Response(
-                200, content=f'<ListBucketResult xmlns="{_S3}">{listed}</ListBucketResult>'
-            )
+            sizes = {key: len(body) for key, (body, _) in self.packs.items()}
+            return listing(sizes, request.url.params["prefix"])
         found = self.packs.get(request.url.path.split("/", 2)[2])
         if found is None:
             return httpx.Response(404)

@@ -20,12 +20,12 @@ from hapi.gateway._store import StoreClient
 from hapi.gateway.pushdown import _cache
 from hapi.gateway.pushdown._cache import FeatureCache
 from hapi.protocol import Credentials, ObjectIdentity
+from tests.gateway.support import listing
 from tests.planner.synthetic import manifest as synthetic_manifest
 
 MANIFEST = synthetic_manifest(freeze=4)
 ROWS = np.arange(12, dtype=np.float32).reshape(1, 12)
 ENTRY = _cache.encode_entry(ROWS, "float32", None, ["x"], None)
-_S3 = "http://s3.amazonaws.com/doc/2006-03-01/"
 
 
 class _Store:
@@ -51,7 +51,8 @@ class _Store:
                 self.objects[key] = request.content
             return httpx.Response(200)
         if "list-type" in request.url.params:
-            return httpx.Response(200, content=self._listing(request.url.params["prefix"]))
+            sizes = {key: len(body) for key, body in self.objects.items()}
+            return listing(sizes, request.url.params["prefix"])
         if key not in self.objects:
             return httpx.Response(404)
         body = self.objects[key]
@@ -59,15 +60,6 @@ class _Store:
         if first != "0":
             self.entry_reads += 1
         return httpx.Response(206, content=body[int(first) : int(last) + 1])
-
-    def _listing(self, prefix: str) -> str:
-        listed = "".join(
-            f"<Contents><Key>{key}</Key><Size>{len(body)}</Size>"
-            "<LastModified>2026-12-01T00:00:00Z</LastModified></Contents>"
-            for key, body in self.objects.items()
-            if key.startswith(prefix)
-        )
-        return f'<ListBucketResult xmlns="{_S3}">{listed}</ListBucketResult>'
 
 
 def _cache_over(store: _Store, **changes: object) -> FeatureCache:
