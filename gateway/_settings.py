@@ -99,10 +99,18 @@ class GatewaySettings:
         device: Where blocks run: auto (CUDA when usable), cpu or cuda.
         intra_op_threads: onnxruntime threads per operator (0: onnxruntime decides).
         compute_niceness: Nice steps below the gateway's request handling at which
-            pushdown's decoding and blocks run (Linux; 0-19, 0: the same), so a node busy
-            with pushdown serves pass-through requests and cache hits first.
+            pushdown's decoding and blocks run (Linux; 0-19, 0: the same; decoding goes
+            decode_niceness further), so a node busy with pushdown serves pass-through
+            requests and cache hits first.
+        decode_niceness: Nice steps below compute_niceness at which pushdown's decoding
+            runs (Linux; the two together at most 19; 0: with the blocks), so a window
+            already decoded runs its blocks before a newer request's images decode.
         tf32: On a GPU, let convolutions and matrix products run in TF32: faster, but
             features then differ from float32's by about 1e-3 of their largest value.
+        conv_search: On a GPU, how each convolution's cuDNN algorithm is picked:
+            heuristic (cuDNN's heuristics, no timing), exhaustive (time every one for
+            each new batch size, which the gateway's batches change often) or default
+            (one fixed algorithm).
         fixed_batch_size: A fixed storage-side batch size instead of the adaptive one (for
             benchmarks and comparisons).
         assumed_bandwidth_bps: The client link split=auto plans for when a request does not
@@ -203,7 +211,9 @@ class GatewaySettings:
     device: Device = "auto"
     intra_op_threads: int = 0
     compute_niceness: int = 10
+    decode_niceness: int = 5
     tf32: bool = False
+    conv_search: str = "heuristic"
     fixed_batch_size: int | None = None
     assumed_bandwidth_bps: float = field(
         default=1e9,
@@ -290,8 +300,15 @@ class GatewaySettings:
             raise ValueError("identity_requests_per_s must be 0 (no limit) or positive")
         if self.decode_workers < 0 or self.decode_processes < 0:
             raise ValueError("decode_workers and decode_processes must be 0 or positive")
+        if self.conv_search not in ("exhaustive", "heuristic", "default"):
+            raise ValueError("conv_search must be exhaustive, heuristic or default")
         if not 0 <= self.compute_niceness <= 19:
             raise ValueError("compute_niceness must be 0 (the requests' priority) to 19")
+        if not 0 <= self.decode_niceness <= 19 - self.compute_niceness:
+            raise ValueError(
+                f"decode_niceness must be 0 (with the blocks) to {19 - self.compute_niceness}"
+                f" (19 less compute_niceness, {self.compute_niceness})"
+            )
         if self.cache_cold_probe < 1:
             raise ValueError("cache_cold_probe must be 1 (look every object up) or more")
         if not 0 <= self.cache_write_defer_s < float("inf"):

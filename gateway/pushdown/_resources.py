@@ -99,14 +99,20 @@ async def open_pushdown(
         metrics.device_memory.set_function(gpu_used_bytes)
     decoding = Decoding(settings)  # a decoder the node cannot run fails the start here
     runtime = RuntimeSettings(
-        device=settings.device, intra_op_threads=settings.intra_op_threads, tf32=settings.tf32
+        device=settings.device,
+        intra_op_threads=settings.intra_op_threads,
+        tf32=settings.tf32,
+        conv_search=settings.conv_search,  # type: ignore[arg-type]  # checked by the settings
     )
     # Worker processes decode Pillow's images; DALI decodes a window at once on its own.
     processes = settings.decode_processes if decoding.name == "pil" else 0
     bulk = _bulk_priority(settings.compute_niceness)
+    # Decoding further down than the blocks: a window already decoded runs its blocks
+    # before a newer request's images decode beside them on the same cores.
+    lowest = _bulk_priority(settings.compute_niceness + settings.decode_niceness)
     with (
-        FairPool(max(workers, processes), "hapi-decode", initializer=bulk) as decode_pool,
-        DecodeProcesses(processes, initializer=bulk)
+        FairPool(max(workers, processes), "hapi-decode", initializer=lowest) as decode_pool,
+        DecodeProcesses(processes, initializer=lowest)
         if processes
         else contextlib.nullcontext() as decoders,
         ThreadPoolExecutor(1, thread_name_prefix="hapi-infer", initializer=bulk) as infer_pool,

@@ -1,16 +1,19 @@
 """``make bench-device``: the storage node on an accelerator, checked and timed.
 
-First the gateway against the bare device loop (the same DALI decoder and onnxruntime's
-CUDA provider, batch 64), for ResNet18 split 5 and ResNet50 split 9 (see
-``_device_pipeline``; ``--pipeline-only`` stops there). Then, for each model (seeded weights, exported here) and each split, on a batch of real photos
-preprocessed as the gateway does:
+First the gateway against the bare device loop (the same decoder, DALI where it is
+installed, else Pillow on the host's cores, and onnxruntime's CUDA provider, batch 64),
+for ResNet18 split 5 and ResNet50 split 9 (see ``_device_pipeline``; ``--pipeline only``
+stops there). Then, for each model (seeded weights, exported here) and each split, on a
+batch of real photos preprocessed as the gateway does:
 
 - fidelity: blocks ``[0, split)`` through ``hapi.models.create_session`` on the device
   against the CPU provider, as the largest absolute error over the largest CPU
   activation; with TF32 math off (hapi's default) and on (onnxruntime's, ``--tf32``);
 - speed: samples/s of the composed session at each batch size, TF32 off and on (the
   median of repeats, each run ending with its output on the host, as the gateway's runs
-  do), and on the CPU provider with one thread at batch 4, for scale;
+  do), through IO binding with the output in one reused host buffer, pinned on a GPU
+  (``_iobinding``; it lost to ``session.run`` on the H200), and on the CPU provider with one thread at
+  batch 4, for scale;
 - the per-block division: the shares onnxruntime's per-node profile gives each block
   (what the gateway divides a batch's time by on the CPU) against each block timed alone
   (what it divides by on a GPU, where the profile times kernel launches);
@@ -27,6 +30,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +39,15 @@ import onnx
 import onnxruntime as ort
 
 from hapi import models
-from hapi.models import Device, RuntimeSettings, block_times, create_session, cuda_usable, testing
+from hapi.models import (
+    Device,
+    RuntimeSettings,
+    block_times,
+    create_session,
+    cuda_usable,
+    testing,
+)
+from hapi_bench.micro._iobinding import OutputMemory, bound_runner
 
 BATCHES = (1, 8, 32, 128)
 _CPU = RuntimeSettings(device="cpu", intra_op_threads=1, inter_op_threads=1)
@@ -54,14 +66,21 @@ def _session(graph: onnx.ModelProto, device: Device, *, tf32: bool = False) -> o
     return create_session(graph, RuntimeSettings(device=device, tf32=tf32))
 
 
-def _timed(session: ort.InferenceSession, batch: np.ndarray, repeats: int) -> float:
-    """Median seconds of one run (output on the host), after two warm-up runs."""
+def _timed(
+    session: ort.InferenceSession,
+    batch: np.ndarray,
+    repeats: int,
+    run: Callable[[np.ndarray], Any] | None = None,
+) -> float:
+    """Median seconds of one run (output on the host), after two warm-up runs: through
+    ``session.run``, or through ``run`` (the gateway's run function) when given."""
+    run = run or (lambda b: session.run(None, {"input": b}))
     for _ in range(2):
-        session.run(None, {"input": batch})
+        run(batch)
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        session.run(None, {"input": batch})
+        run(batch)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -152,6 +171,17 @@ def run(out: Path, families: list[str], device: Device, repeats: int) -> dict[st
                 speed[tf32] = {
                     size: size / _timed(session, inputs[size], repeats) for size in BATCHES
                 }
+            # IO binding, the output in one reused host buffer (pinned on a GPU).
+            session = _session(graph, device)
+            output: OutputMemory = "cuda_pinned" if device == "cuda" else "cpu"
+            bound = bound_runner(session, output=output)
+            plain = session.run(None, {"input": inputs[8]})[0]
+            np.testing.assert_allclose(
+                bound(inputs[8]), plain, rtol=0, atol=1e-6 * np.abs(plain).max()
+            )
+            speed_bound = {
+                size: size / _timed(session, inputs[size], repeats, bound) for size in BATCHES
+            }
             cpu = 4 / _timed(create_session(graph, _CPU), inputs[4], 3)
             rows.append(
                 {
@@ -159,6 +189,7 @@ def run(out: Path, families: list[str], device: Device, repeats: int) -> dict[st
                     "fidelity": fidelity,
                     "samples_per_s": speed[False],
                     "samples_per_s_tf32": speed[True],
+                    "samples_per_s_bound": speed_bound,
                     "cpu_samples_per_s": cpu,
                 }
             )
@@ -167,7 +198,8 @@ def run(out: Path, families: list[str], device: Device, repeats: int) -> dict[st
                 + ", ".join(f"b{b} {r:.0f}" for b, r in speed[False].items())
                 + " (TF32: "
                 + ", ".join(f"b{b} {r:.0f}" for b, r in speed[True].items())
-                + ")"
+                + ") | IO binding: "
+                + ", ".join(f"b{b} {r:.0f}" for b, r in speed_bound.items())
                 + f" | CPU 1 thread {cpu:.1f}",
                 flush=True,
             )
@@ -194,7 +226,7 @@ def _write(out: Path, results: dict[str, Any]) -> None:
         f"{results['memory_budget']['total_bytes'] / 2**30:.1f} GiB ({results['memory_budget']['source']})",
         "",
         "| model | split | error TF32 off | error TF32 on | "
-        + " | ".join(f"samples/s b{b} (TF32)" for b in BATCHES)
+        + " | ".join(f"samples/s b{b} (TF32; IO binding)" for b in BATCHES)
         + " | CPU 1 thread samples/s |",
         "|---" * (5 + len(BATCHES)) + "|",
     ]
@@ -204,7 +236,8 @@ def _write(out: Path, results: dict[str, Any]) -> None:
             lines.append(
                 f"| {family} | {row['split']} | {fid['tf32_off']:.1e} | {fid['tf32_on']:.1e} | "
                 + " | ".join(
-                    f"{row['samples_per_s'][b]:.0f} ({row['samples_per_s_tf32'][b]:.0f})"
+                    f"{row['samples_per_s'][b]:.0f} ({row['samples_per_s_tf32'][b]:.0f}; "
+                    f"{row['samples_per_s_bound'][b]:.0f})"
                     for b in BATCHES
                 )
                 + f" | {row['cpu_samples_per_s']:.1f} |"
@@ -240,11 +273,25 @@ def main(argv: list[str] | None = None) -> None:
         help="the gateway against the bare device loop: before the blocks' figures, alone, "
         "or not at all",
     )
+    parser.add_argument(
+        "--decoder",
+        choices=("auto", "dali", "pil"),
+        default="auto",
+        help="the pipeline's decoder, the same for both: DALI, or Pillow on the host's "
+        "cores; auto: DALI where it is installed",
+    )
+    parser.add_argument(
+        "--conv-search",
+        choices=("exhaustive", "heuristic", "default"),
+        default="heuristic",
+        help="how cuDNN picks convolution algorithms in the pipeline, for both (the "
+        "gateway's default: heuristic)",
+    )
     args = parser.parse_args(argv)
     if args.pipeline != "skip":
         from hapi_bench.micro._device_pipeline import run_pipeline
 
-        run_pipeline(args.out, args.device)
+        run_pipeline(args.out, args.device, decoder=args.decoder, conv_search=args.conv_search)
     if args.pipeline != "only":
         run(args.out, args.models.split(","), args.device, args.repeats)
 

@@ -2,19 +2,21 @@
 
 The bare device loop is the ceiling on an accelerator: the same JPEGs decoded by the same
 decoder the gateway uses there (DALI, ``dali-gpu``: nvJPEG, resize and normalization on the
-GPU), batches of 64, run through blocks ``[0, split)`` with onnxruntime's CUDA provider
-while the next batch decodes. The gateway (one worker, feature cache off, the same
+GPU; or, where DALI is not installed or ``--decoder pil`` says so, Pillow in a thread per
+host core), batches of 64, run through blocks ``[0, split)`` with onnxruntime's CUDA
+provider while the next batch decodes. The gateway (one worker, feature cache off, the same
 decoder and device) is driven from wrk by batch POSTs of 64 keys on 2 connections. For
 ResNet18 split 5 and ResNet50 split 9, the two are measured in interleaved rounds; the
 figure is the median ratio of samples/s, against the goal of 0.8x.
 
-``--device cpu`` runs the same steps with DALI's CPU mode (``dali-cpu``) and the CPU
-provider, to try the script anywhere; the figures that matter need a GPU.
+``--device cpu`` runs the same steps with DALI's CPU mode (``dali-cpu``) or Pillow and the
+CPU provider, to try the script anywhere; the figures that matter need a GPU.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from dataclasses import asdict
 from pathlib import Path
@@ -32,12 +34,28 @@ GOAL = 0.8
 
 
 def run_pipeline(
-    out: Path, device: str, *, images: int = 256, seconds: float = 6.0, rounds: int = 3
+    out: Path,
+    device: str,
+    *,
+    decoder: str = "auto",
+    conv_search: str = "heuristic",
+    images: int = 256,
+    seconds: float = 6.0,
+    rounds: int = 3,
 ) -> dict[str, Any]:
-    """Measure every cell; returns and writes ``bench-device-pipeline.{json,md}``."""
+    """Measure every cell with ``decoder`` (``dali``, ``pil``, or ``auto``: DALI where it
+    is installed) and cuDNN's ``conv_search`` for both; returns and writes
+    ``bench-device-pipeline.{json,md}``."""
     wrk_binary()
-    decoder_name = "dali-gpu" if device == "cuda" else "dali-cpu"
-    runtime = models.RuntimeSettings(device=device)  # type: ignore[arg-type]
+    use_dali = decoder == "dali" or (decoder == "auto" and models.dali_available())
+    if use_dali and not models.dali_available():
+        raise SystemExit(
+            "bench-device: --decoder dali needs NVIDIA DALI: pip install 'hapi[gpu-decode]'"
+        )
+    on_gpu = "dali-gpu" if device == "cuda" else "dali-cpu"
+    decoder_name = on_gpu if use_dali else "pil"
+    print(f"pipeline: decoder {decoder_name}, device {device}, cuDNN {conv_search}", flush=True)
+    runtime = models.RuntimeSettings(device=device, conv_search=conv_search)  # type: ignore[arg-type]
     cells = []
     with bench_store() as bench:
         registry = models.Registry(bench.s3)
@@ -48,19 +66,26 @@ def run_pipeline(
             bench.s3.put_object(Bucket=_BUCKET, Key=name, Body=blob)
         env = {"HAPI_CACHE_ENABLED": "false", "HAPI_DECODER": decoder_name}
         env["HAPI_DEVICE"] = device
+        env["HAPI_CONV_SEARCH"] = conv_search
         with bench.gateway("gw-device.log", env) as gw:
             driver = GatewayDriver(gw, seconds, batch=BATCH)
             try:
                 for family, split in CELLS:
                     manifest = registry.register(family, models.export_model(family))
                     split = min(split, manifest.freeze)
-                    decoder = models.DaliDecoder(
-                        manifest.preprocess,
-                        device="gpu" if device == "cuda" else "cpu",
-                        batch_size=BATCH,
+                    batch_decoder = (
+                        models.DaliDecoder(
+                            manifest.preprocess,
+                            device="gpu" if device == "cuda" else "cpu",
+                            batch_size=BATCH,
+                        )
+                        if use_dali
+                        else None
                     )
                     graph = registry.load_blocks(manifest, 0, split)
-                    bare = BareLoop(manifest, graph, batch=BATCH, decoder=decoder, runtime=runtime)
+                    bare = BareLoop(
+                        manifest, graph, batch=BATCH, decoder=batch_decoder, runtime=runtime
+                    )
                     runs: dict[str, list[Run]] = {"bare": [], "gateway": []}
                     try:
                         driver.warm(keys, family, split)
@@ -77,6 +102,8 @@ def run_pipeline(
     results = {
         "device": device,
         "decoder": decoder_name,
+        "conv_search": conv_search,
+        "gateway_env": {**{k: v for k, v in os.environ.items() if k.startswith("HAPI_")}, **env},
         "batch": BATCH,
         "images": images,
         "rounds": rounds,

@@ -92,6 +92,14 @@ def test_settings_default_to_ten_steps_below() -> None:
     assert _settings().compute_niceness == 10
 
 
+def test_decoding_goes_five_steps_further_unless_that_passes_the_lowest() -> None:
+    assert _settings().decode_niceness == 5
+    assert _settings(compute_niceness=19, decode_niceness=0).decode_niceness == 0
+    for compute, decode in ((15, 5), (0, 20), (10, -1)):
+        with pytest.raises(ValueError, match="decode_niceness must be 0"):
+            _settings(compute_niceness=compute, decode_niceness=decode)
+
+
 def _settings(**changes: object) -> GatewaySettings:
     return GatewaySettings(
         backend_url="http://127.0.0.1:1",

@@ -190,3 +190,13 @@ def test_one_gateway_process_runs_on_the_loop_that_accepts_a_burst_at_once() -> 
         assert not isinstance(loop, EdgeLoop)
     finally:
         loop.close()
+
+
+def test_cudnn_search_is_one_of_three_and_heuristic_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _served(monkeypatch, [], {}).conv_search == "heuristic"
+    assert _served(monkeypatch, ["--conv-search", "exhaustive"], {}).conv_search == "exhaustive"
+    assert _served(monkeypatch, [], {"HAPI_CONV_SEARCH": "default"}).conv_search == "default"
+    done = CliRunner().invoke(serve, ["--conv-search", "fastest"], env=BASE_ENV)
+    assert done.exit_code == 2 and "conv_search must be" in done.output, done.output

@@ -97,6 +97,7 @@ def test_the_decoder_is_part_of_the_preset_and_pil_keeps_old_keys() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_usable(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not models.dali_available(), reason="needs NVIDIA DALI (hapi[gpu-decode])")
 def test_dali_gpu_inputs_match_pillow_within_tolerance() -> None:
     blobs = _photos()
     _assert_within_tolerance(_dali(blobs, "gpu"), _pillow(blobs))

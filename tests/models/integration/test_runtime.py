@@ -74,7 +74,37 @@ def test_invalid_graph_and_settings() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _HAS_GPU, reason="needs a CUDA GPU")
-def test_cuda_session_when_a_gpu_is_there(effnet_export) -> None:
+def test_cuda_session_when_a_gpu_is_there(resnet18_export) -> None:
     assert cuda_usable()
-    session = create_session(effnet_export.blocks[0].data, RuntimeSettings(device="cuda"))
+    session = create_session(resnet18_export.blocks[0].data, RuntimeSettings(device="cuda"))
     assert session.get_providers()[0] == "CUDAExecutionProvider"
+
+
+def _blocks(exported, stop: int) -> bytes:  # type: ignore[no-untyped-def]
+    import onnx
+
+    from hapi.models.testing import compose
+
+    graph = compose([onnx.load_from_string(b.data) for b in exported.blocks[:stop]])
+    return bytes(graph.SerializeToString())
+
+
+def _inputs(exported, size: int, seed: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    shape = (size, *exported.preprocess.sample_shape)
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _HAS_GPU, reason="needs a CUDA GPU")
+def test_the_gpu_path_equals_the_cpu_at_every_split(resnet18_export) -> None:
+    """Sessions on the CUDA provider (TF32 off, as the gateway makes them) against the CPU
+    provider, at every split of ResNet18: float32 rounding."""
+    assert cuda_usable()
+    batch = _inputs(resnet18_export, 8, 7)
+    for stop in range(1, len(resnet18_export.blocks) + 1):
+        blocks = _blocks(resnet18_export, stop)
+        want = create_session(blocks, RuntimeSettings(device="cpu")).run(None, {"input": batch})[0]
+        session = create_session(blocks, RuntimeSettings(device="cuda"))
+        assert session.get_providers()[0] == "CUDAExecutionProvider"
+        got = session.run(None, {"input": batch})[0]
+        assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max()), stop

@@ -31,3 +31,14 @@ def test_the_arena_grows_by_what_is_asked_and_respects_its_cap(gpu: None) -> Non
     assert options["arena_extend_strategy"] == "kSameAsRequested"
     assert (options["device_id"], options["gpu_mem_limit"]) == (1, 2**30)
     assert runtime.providers(RuntimeSettings(device="cpu")) == ["CPUExecutionProvider"]
+
+
+def test_cudnn_picks_algorithms_by_heuristics_unless_told(gpu: None) -> None:
+    # onnxruntime's own default times every algorithm for each new input shape; the
+    # gateway's batches change size, and on an H200 that cut ResNet50 split 9 to about half.
+    assert _cuda_options(RuntimeSettings())["cudnn_conv_algo_search"] == "HEURISTIC"
+    for search in ("exhaustive", "heuristic", "default"):
+        options = _cuda_options(RuntimeSettings(conv_search=search))  # type: ignore[arg-type]
+        assert options["cudnn_conv_algo_search"] == search.upper()
+    with pytest.raises(ValueError, match="conv_search must be"):
+        RuntimeSettings(conv_search="fastest")  # type: ignore[arg-type]
