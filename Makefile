@@ -81,9 +81,10 @@ bench-servers: $(STAMP) wrk
 bench-pushdown: $(STAMP) wrk
 	$(VENV)/bin/hapi-bench pushdown --out bench-results
 
-# The storage node on a GPU: the gateway against the bare device loop (DALI, batch 64), then
-# the blocks: fidelity (TF32 off and on), samples/s per batch size, how a batch's time
-# divides among blocks; needs a CUDA GPU (DEVICE_ARGS="--device cpu" to try it anywhere).
+# The storage node on a GPU: the gateway against the bare device loop (DALI where installed,
+# else Pillow; batch 64), then the blocks: fidelity (TF32 off and on), samples/s per batch
+# size, how a batch's time divides among blocks; needs a CUDA GPU (DEVICE_ARGS="--device
+# cpu" to try it anywhere).
 bench-device: $(STAMP) wrk
 	$(VENV)/bin/hapi-bench device --out bench-results $(DEVICE_ARGS)
 
