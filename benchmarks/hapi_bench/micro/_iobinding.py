@@ -30,7 +30,6 @@ class _HostBuffer:
     ``cuda_pinned``, plain for ``cpu``; it grows to the largest batch seen."""
 
     def __init__(self, memory: OutputMemory) -> None:
-        self._memory = memory
         self._cudart: Any = _cudart() if memory == "cuda_pinned" else None
         self._pointer = ctypes.c_void_p()
         self._plain: np.ndarray | None = None
@@ -78,11 +77,11 @@ def bound_runner(
     the first output is written into one reused host buffer, then copied out as a new array.
 
     On a CUDA session ``cuda_pinned`` makes that buffer page-locked, so the device copies
-    the output at full speed; ``session.run`` copies it into fresh pageable memory, which
-    was thought to bound early splits, whose outputs are megabytes a sample. ``cpu`` is the same path with a plain buffer (a CPU session, and the
-    tests' reference). Runs are serialized (one buffer); the array returned is the
-    caller's. An output whose shape is not fixed apart from the batch runs through
-    ``session.run``.
+    the output at full speed, where ``session.run`` copies it into pageable memory (thought
+    to bound early splits, whose outputs are megabytes a sample). ``cpu`` is the same path
+    with a plain buffer (a CPU session: the tests). Runs are serialized (one buffer); the
+    array returned is the caller's. An output whose shape is not fixed apart from the
+    batch runs through ``session.run``.
 
     Raises:
         SessionError: ``cuda_pinned`` without a loadable CUDA runtime.
