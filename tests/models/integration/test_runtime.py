@@ -8,10 +8,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
-from hapi.models import RuntimeSettings, SessionError, create_session, cuda_usable
+from hapi.models import (
+    ExportedModel,
+    RuntimeSettings,
+    SessionError,
+    create_session,
+    cuda_usable,
+)
 from hapi.models._runtime import providers
+from hapi.models.testing import compose
 
 _HAS_GPU = Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
 
@@ -80,16 +88,12 @@ def test_cuda_session_when_a_gpu_is_there(resnet18_export) -> None:
     assert session.get_providers()[0] == "CUDAExecutionProvider"
 
 
-def _blocks(exported, stop: int) -> bytes:  # type: ignore[no-untyped-def]
-    import onnx
-
-    from hapi.models.testing import compose
-
+def _blocks(exported: ExportedModel, stop: int) -> bytes:
     graph = compose([onnx.load_from_string(b.data) for b in exported.blocks[:stop]])
     return bytes(graph.SerializeToString())
 
 
-def _inputs(exported, size: int, seed: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+def _inputs(exported: ExportedModel, size: int, seed: int) -> np.ndarray:
     shape = (size, *exported.preprocess.sample_shape)
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
