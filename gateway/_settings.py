@@ -7,13 +7,14 @@ import hashlib
 import hmac
 import json
 import os
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hapi.models import DECODERS, Device
+from hapi.models import DECODERS, ConvSearch, Device
 from hapi.protocol import Credentials
 from hapi.store import parse_placement
 
@@ -213,7 +214,7 @@ class GatewaySettings:
     compute_niceness: int = 10
     decode_niceness: int = 5
     tf32: bool = False
-    conv_search: str = "heuristic"
+    conv_search: ConvSearch = "heuristic"
     fixed_batch_size: int | None = None
     assumed_bandwidth_bps: float = field(
         default=1e9,
@@ -300,8 +301,8 @@ class GatewaySettings:
             raise ValueError("identity_requests_per_s must be 0 (no limit) or positive")
         if self.decode_workers < 0 or self.decode_processes < 0:
             raise ValueError("decode_workers and decode_processes must be 0 or positive")
-        if self.conv_search not in ("exhaustive", "heuristic", "default"):
-            raise ValueError("conv_search must be exhaustive, heuristic or default")
+        if self.conv_search not in typing.get_args(ConvSearch):
+            raise ValueError(f"conv_search must be {', '.join(typing.get_args(ConvSearch))}")
         if not 0 <= self.compute_niceness <= 19:
             raise ValueError("compute_niceness must be 0 (the requests' priority) to 19")
         if not 0 <= self.decode_niceness <= 19 - self.compute_niceness:

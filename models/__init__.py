@@ -55,6 +55,7 @@ from ._preprocess import DECODERS, Preset, preprocess, preprocess_batch
 from ._reading import RegistryReads
 from ._registry import Registry
 from ._runtime import (
+    ConvSearch,
     Device,
     RuntimeSettings,
     block_times,
@@ -67,6 +68,7 @@ __all__ = [
     "DECODERS",
     "DEFAULT_MODEL",
     "IMAGE_EXTENSIONS",
+    "ConvSearch",
     "CorruptBlock",
     "DaliDecoder",
     "Device",

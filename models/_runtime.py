@@ -15,6 +15,7 @@ import functools
 import io
 import json
 import os
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -72,9 +73,10 @@ class RuntimeSettings:
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
-        if self.conv_search not in ("exhaustive", "heuristic", "default"):
+        if self.conv_search not in typing.get_args(ConvSearch):
             raise ValueError(
-                f"conv_search must be exhaustive, heuristic or default, not {self.conv_search!r}"
+                f"conv_search must be {', '.join(typing.get_args(ConvSearch))}, "
+                f"not {self.conv_search!r}"
             )
         if min(self.device_id, self.intra_op_threads, self.inter_op_threads) < 0:
             raise ValueError("device_id and thread counts must be >= 0")

@@ -34,10 +34,6 @@ log = logging.getLogger("hapi.gateway")
 def _bulk_priority(steps: int) -> functools.partial[None]:
     """What each pushdown worker thread and decode process runs first: its drop to
     ``steps`` nice steps below the request handling (see :mod:`._priority`)."""
-    if steps and not applies():
-        log.warning(
-            "compute_niceness is applied on Linux only; pushdown runs at the requests' priority"
-        )
     return functools.partial(lower_this_thread, bulk_niceness(steps))
 
 
@@ -102,10 +98,15 @@ async def open_pushdown(
         device=settings.device,
         intra_op_threads=settings.intra_op_threads,
         tf32=settings.tf32,
-        conv_search=settings.conv_search,  # type: ignore[arg-type]  # checked by the settings
+        conv_search=settings.conv_search,
     )
     # Worker processes decode Pillow's images; DALI decodes a window at once on its own.
     processes = settings.decode_processes if decoding.name == "pil" else 0
+    if settings.compute_niceness + settings.decode_niceness and not applies():
+        log.warning(
+            "compute_niceness and decode_niceness are applied on Linux only; pushdown runs "
+            "at the requests' priority"
+        )
     bulk = _bulk_priority(settings.compute_niceness)
     # Decoding further down than the blocks: a window already decoded runs its blocks
     # before a newer request's images decode beside them on the same cores.

@@ -30,6 +30,7 @@ import argparse
 import json
 import statistics
 import time
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--conv-search",
-        choices=("exhaustive", "heuristic", "default"),
+        choices=typing.get_args(models.ConvSearch),
         default="heuristic",
         help="how cuDNN picks convolution algorithms in the pipeline, for both (the "
         "gateway's default: heuristic)",

@@ -20,7 +20,7 @@ import os
 import statistics
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hapi import models
 from hapi_bench.micro._ceiling import _BUCKET, BareLoop, GatewayDriver, Run
@@ -38,7 +38,7 @@ def run_pipeline(
     device: str,
     *,
     decoder: str = "auto",
-    conv_search: str = "heuristic",
+    conv_search: models.ConvSearch = "heuristic",
     images: int = 256,
     seconds: float = 6.0,
     rounds: int = 3,
@@ -52,10 +52,10 @@ def run_pipeline(
         raise SystemExit(
             "bench-device: --decoder dali needs NVIDIA DALI: pip install 'hapi[gpu-decode]'"
         )
-    on_gpu = "dali-gpu" if device == "cuda" else "dali-cpu"
-    decoder_name = on_gpu if use_dali else "pil"
+    dali_mode: Literal["gpu", "cpu"] = "gpu" if device == "cuda" else "cpu"
+    decoder_name = f"dali-{dali_mode}" if use_dali else "pil"
     print(f"pipeline: decoder {decoder_name}, device {device}, cuDNN {conv_search}", flush=True)
-    runtime = models.RuntimeSettings(device=device, conv_search=conv_search)  # type: ignore[arg-type]
+    runtime = models.RuntimeSettings(device=device, conv_search=conv_search)  # type: ignore[arg-type]  # device: str
     cells = []
     with bench_store() as bench:
         registry = models.Registry(bench.s3)
@@ -74,11 +74,7 @@ def run_pipeline(
                     manifest = registry.register(family, models.export_model(family))
                     split = min(split, manifest.freeze)
                     batch_decoder = (
-                        models.DaliDecoder(
-                            manifest.preprocess,
-                            device="gpu" if device == "cuda" else "cpu",
-                            batch_size=BATCH,
-                        )
+                        models.DaliDecoder(manifest.preprocess, device=dali_mode, batch_size=BATCH)
                         if use_dali
                         else None
                     )

@@ -199,4 +199,7 @@ def test_cudnn_search_is_one_of_three_and_heuristic_by_default(
     assert _served(monkeypatch, ["--conv-search", "exhaustive"], {}).conv_search == "exhaustive"
     assert _served(monkeypatch, [], {"HAPI_CONV_SEARCH": "default"}).conv_search == "default"
     done = CliRunner().invoke(serve, ["--conv-search", "fastest"], env=BASE_ENV)
-    assert done.exit_code == 2 and "conv_search must be" in done.output, done.output
+    assert done.exit_code == 2 and "'--conv-search'" in done.output, done.output
+    assert "expected one of exhaustive, heuristic, default" in done.output, done.output
+    with pytest.raises(ValueError, match="conv_search must be"):
+        GatewaySettings.from_env(BASE_ENV).with_changes(conv_search="fastest")
