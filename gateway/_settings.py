@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
-from hapi.models import DECODERS, ConvSearch, Device
+from hapi.models import DECODERS, Device
 from hapi.protocol import Credentials
 from hapi.store import parse_placement
 
@@ -33,6 +33,11 @@ CREDENTIAL_PAIRS = {
     "client": (ENV_CLIENT_KEY, ENV_CLIENT_SECRET),
     "admin": (ENV_ADMIN_KEY, ENV_ADMIN_SECRET),
 }
+
+
+ConvSearch = Literal["exhaustive", "heuristic", "default"]
+"""How cuDNN picks convolution algorithms (``hapi.models.RuntimeSettings.conv_search``'s values;
+the type checker holds the two spellings equal where the gateway passes it on)."""
 
 
 @dataclass(frozen=True, kw_only=True)

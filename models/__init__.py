@@ -55,7 +55,6 @@ from ._preprocess import DECODERS, Preset, preprocess, preprocess_batch
 from ._reading import RegistryReads
 from ._registry import Registry
 from ._runtime import (
-    ConvSearch,
     Device,
     RuntimeSettings,
     block_times,
@@ -68,7 +67,6 @@ __all__ = [
     "DECODERS",
     "DEFAULT_MODEL",
     "IMAGE_EXTENSIONS",
-    "ConvSearch",
     "CorruptBlock",
     "DaliDecoder",
     "Device",
