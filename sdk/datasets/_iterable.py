@@ -26,7 +26,7 @@ from hapi.protocol import DEFAULT_REGISTRY_BUCKET
 
 from ..client._client import AugmentSpec
 from ..client._errors import StateMismatch
-from ..planning._split import replanned, with_trial
+from ..planning._split import replanned, resumed_at, with_trial
 from ..planning._stats import EpochStats, Meter
 from ._base import DEFAULT_PREFETCH, FeatureSource
 from ._build import LabelsArg, Options, Prepared, SplitArg
@@ -34,7 +34,15 @@ from ._compute import Batch
 from ._constructors import DatasetOptions
 from ._epoch import PassPlan, Request, plan_pass
 from ._order import Layout, epoch_order
-from ._position import Identity, Position, combine, find_states, listing_digest
+from ._position import (
+    SPLIT_IN_USE,
+    Identity,
+    Position,
+    combine,
+    find_states,
+    listing_digest,
+    split_in_use,
+)
 from ._prefetch import Pipeline
 
 Sample = tuple[torch.Tensor, int] | tuple[torch.Tensor, int, dict[str, Any]]
@@ -187,6 +195,9 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         """Where this process's pass stands: the epoch, the layout and the samples it
         delivered (never a list of samples). ``StatefulDataLoader`` calls it in each
         worker; save the loader's ``state_dict()``, which holds them all."""
+        return {**self._position_state(), SPLIT_IN_USE: self._choice.split}
+
+    def _position_state(self) -> dict[str, Any]:
         running = self._running()
         if running is not None:
             return running.state()
@@ -206,14 +217,19 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         step together) or one of this dataset's own. Loaded into the loader, its workers
         continue where they stopped, in the same layout. Loaded into the dataset (before
         the loader iterates), it continues with any number of ranks and workers: what
-        the saved pass left is dealt afresh.
+        the saved pass left is dealt afresh. With ``split="auto"`` it continues at the
+        split the job was using (see ``split_choice``), and epochs re-plan from there.
 
         Raises:
             StateMismatch: The state belongs to another dataset (other objects, model,
                 split policy, shuffle or seed: the message says which), or the objects
                 listed changed since it was saved.
         """
-        position = combine(find_states(state), self._identity)
+        states = find_states(state)
+        position = combine(states, self._identity)
+        recorded, split = split_in_use(states, self.freeze)
+        if recorded and self._identity.split == "auto":
+            self._take(resumed_at(self._choice, split))
         current = self._resume
         if current is not None and current.same_pass(position):
             position = dataclasses.replace(

@@ -9,13 +9,18 @@ A state is a small dict of plain values (JSON could hold it)::
      "epoch": 3,
      "passes": [],                        # earlier layouts of this epoch, see _order.Pass
      "layout": {"ranks": 2, "workers": 2, "batch_size": 8, "drop_last": false, "buffer": 0},
-     "worker": 1, "emitted": 16}          # this worker's samples delivered in the pass
+     "worker": 1, "emitted": 16,          # this worker's samples delivered in the pass
+     "split_in_use": 6}                   # the split this worker was reading (None: raw)
 
 Each DataLoader worker saves its own (torchdata's ``StatefulDataLoader`` keeps, for each
 worker, the state that came with the last batch the training loop took, so batches
 prefetched and not taken are not counted). One worker's state continues that worker in the
 same layout; a new layout needs every worker's count, which only the loader's whole state
-holds: :func:`combine` finds them in it.
+holds: :func:`combine` finds them in it. With ``split="auto"`` a resumed pass continues at
+the split in use when the state was saved (:func:`split_in_use`), not at the one a new
+build plans: the rest of the epoch's features are computed as the job computed them, and
+the local cache's entries, which are the split's, are found. A state without it (saved by
+an earlier release) continues at the new build's plan.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ._order import Layout, Pass
 
 KIND = "hapi.sdk.IterableFeatureDataset"
 VERSION = 1
+SPLIT_IN_USE = "split_in_use"
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,24 @@ def parse(state: Mapping[str, Any]) -> Position:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StateMismatch(f"an unreadable {KIND} state ({exc!r})") from exc
+
+
+def split_in_use(states: Sequence[Mapping[str, Any]], freeze: int) -> tuple[bool, int | None]:
+    """Whether the first of ``states`` records the split its worker was reading, and that
+    split (``None``: raw objects).
+
+    Raises:
+        StateMismatch: A split that is neither ``None`` nor one of ``0..freeze``.
+    """
+    if not states or SPLIT_IN_USE not in states[0]:
+        return False, None
+    split = states[0][SPLIT_IN_USE]
+    if split is not None and (type(split) is not int or not 0 <= split <= freeze):
+        raise StateMismatch(
+            f"an unreadable {KIND} state: {SPLIT_IN_USE} is {split!r}, not null or a split "
+            f"in 0..{freeze}"
+        )
+    return True, split
 
 
 def _describe(layout: Layout) -> str:

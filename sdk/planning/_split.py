@@ -102,7 +102,8 @@ class SplitChoice:
             (read raw objects and run every frozen block here).
         reason: One sentence for people.
         policy: ``given``, ``planner``, ``trial`` (a near tie timed, or its outcome),
-            ``replanned`` or ``fewest-bytes``.
+            ``replanned``, ``resumed`` (the split a saved job was using) or
+            ``fewest-bytes``.
         plan: The planner's plan, when it decided (``plan.explain()`` has the table).
         measured_bandwidth: Whether the job's own transfers may correct the plan's
             bandwidth (a remembered figure or a hint is a starting point, not a fact).
@@ -498,6 +499,29 @@ def with_trial(choice: SplitChoice, epochs: bool) -> SplitChoice:
     )
     return replace(
         untried, split=rival.split, reason=reason, plan=kept, keeper=planner.SplitKeeper(kept)
+    )
+
+
+def resumed_at(choice: SplitChoice, split: int | None) -> SplitChoice:
+    """``choice`` continuing at ``split``, the split a saved job was using when its state
+    was saved: the rest of the epoch is computed as the job would have computed it (and
+    finds what it kept in the local cache, whose entries are the split's), whatever this
+    build's own planning picked. Epochs re-plan from there as in any job; a near tie's
+    trial, which times whole epochs from the pick, is off when the split moves."""
+    if split == choice.split:
+        return choice
+    plan = choice.plan
+    kept = None if plan is None else replace(plan, split=split, note="")
+    planned = planner.split_label(choice.split)
+    return replace(
+        choice,
+        split=split,
+        reason=f"resumed at split {planner.split_label(split)}, the split the job was using "
+        f"when its state was saved (this build planned split {planned}: {choice.reason})",
+        policy="resumed",
+        plan=kept,
+        keeper=None if kept is None else planner.SplitKeeper(kept),
+        trial=None,
     )
 
 

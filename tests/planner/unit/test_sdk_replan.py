@@ -8,7 +8,7 @@ import pytest
 
 from hapi import planner
 from hapi.models import Manifest
-from hapi.sdk.planning._split import SplitChoice, replanned
+from hapi.sdk.planning._split import SplitChoice, replanned, resumed_at
 from hapi.sdk.planning._stats import EpochStats
 from tests.planner import synthetic
 from tests.planner.unit.test_recorded import manifest_of, profile_of, replan
@@ -200,3 +200,26 @@ def test_a_map_style_dataset_keeps_a_pick_whose_rival_sends_no_fewer_bytes(which
     untimed = with_trial(_tie_with(choice, rival), epochs=False)
 
     assert untimed.split == 7 and untimed.trial is None and untimed.reason == choice.reason
+
+
+# -- a resumed job continues at the split it was using -----------------------------------
+
+
+def test_a_resumed_choice_takes_the_saved_split_and_its_row_of_the_plan() -> None:
+    model, profile = synthetic.r18(raw_bytes=110_000.0)
+    first = planner.plan(model, profile, 20e6)
+    choice = SplitChoice(first.split, first.reason(), "planner", first, True)
+    saved = next(c.split for c in first.candidates if c.split != first.split)
+    resumed = resumed_at(choice, saved)
+    assert (resumed.split, resumed.policy) == (saved, "resumed")
+    assert resumed.plan is not None and resumed.plan.split == saved and resumed.trial is None
+    assert resumed.plan.chosen.split == saved  # the saved split's row, for the next re-plan
+    assert resumed.keeper is not None and resumed.keeper.current.split == saved
+    assert f"split {planner.split_label(first.split)}" in resumed.reason  # what was planned
+    assert resumed_at(choice, first.split) is choice  # the same split changes nothing
+
+
+def test_a_resumed_trial_keeps_its_trial_at_the_pick_and_drops_it_elsewhere() -> None:
+    choice, _ = _trial_choice()
+    assert resumed_at(choice, choice.split).trial is choice.trial
+    assert resumed_at(choice, None).trial is None

@@ -15,7 +15,7 @@ import sys
 import tarfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -264,7 +264,47 @@ def test_a_resumed_run_keeps_its_local_cache_planner_and_failover(
     stats = again.stats
     assert stats is not None and stats.resumed and stats.samples == IMAGES - 4
     assert stats.local_samples >= 2  # fetched ahead before the stop, read from disk now
+    assert again.split == first.split  # the entries are the split's: it continued at it
     assert again.split_choice.policy != "given"
+
+
+def _edited(found: Any, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """``found`` (a loader's state) with ``change`` applied to each dataset state in it."""
+    if isinstance(found, dict):
+        if found.get("kind") == "hapi.sdk.IterableFeatureDataset":
+            return change(found)
+        return {key: _edited(value, change) for key, value in found.items()}
+    if isinstance(found, list | tuple):
+        return type(found)(_edited(value, change) for value in found)
+    return found
+
+
+def test_a_resumed_auto_split_continues_at_the_split_the_job_was_using(gateway, registered, data):
+    options = {"split": "auto", "bandwidth": "1gbit", "request_size": 3, "shuffle": True}
+    loader = StatefulDataLoader(_images(data, gateway, **options), batch_size=2)
+    taken = list(itertools.islice(loader, 2))
+    state = loader.state_dict()
+    again = _images(data, gateway, **options)
+    planned = again.split
+    saved = 4 if planned is None else None  # not what this build plans, whatever it plans
+    again.load_state_dict(_edited(state, lambda found: {**found, "split_in_use": saved}))
+    assert again.split == saved and again.split_choice.policy == "resumed"
+    assert f"this build planned split {'none' if planned is None else planned}" in (
+        again.split_choice.reason
+    )
+    rest = list(StatefulDataLoader(again, batch_size=2))
+    assert _real(_keys(taken) + _keys(rest)) == Counter(_image_keys())
+    stats = again.stats
+    assert stats is not None and stats.resumed and stats.split == saved
+    assert stats.mode == ("pushdown" if saved is not None else "local")
+    expected = {info["key"]: row for row, _, info in _images(data, gateway, split=6)}
+    for features, _, info in rest:
+        for row, key in zip(features, info["key"], strict=True):
+            torch.testing.assert_close(row, expected[key], rtol=1e-4, atol=1e-4)
+    fresh = _images(data, gateway, **options)  # a state of an earlier release: as planned
+    older = _edited(state, lambda found: {k: v for k, v in found.items() if k != "split_in_use"})
+    fresh.load_state_dict(older)
+    assert fresh.split_choice.policy != "resumed"
 
 
 # -- the map-style form ------------------------------------------------------------------

@@ -13,7 +13,14 @@ import pytest
 from hapi.sdk import StateMismatch
 from hapi.sdk.datasets._epoch import plan_pass
 from hapi.sdk.datasets._order import Layout, Pass, emission_order, epoch_order
-from hapi.sdk.datasets._position import Identity, Position, combine, find_states
+from hapi.sdk.datasets._position import (
+    SPLIT_IN_USE,
+    Identity,
+    Position,
+    combine,
+    find_states,
+    split_in_use,
+)
 
 IDENTITY = Identity("s3://b/p/", "abc", 23, "r18@1", 6, "auto", True, 7)
 
@@ -224,3 +231,18 @@ def test_a_position_continues_its_workers_or_hands_what_is_left_to_a_new_layout(
     assert one_worker.continued(_layout(2, 2, 4), 1)[1] == 4  # its own worker, as before
     with pytest.raises(StateMismatch, match=r"worker \[1\] of 2 rank\(s\) x 2 worker\(s\)"):
         one_worker.continued(_layout(3, 2, 4), 1)  # another layout needs every worker's
+
+
+@pytest.mark.parametrize("split", [None, 0, 3, 6])
+def test_a_state_records_the_split_in_use_and_an_older_state_none(split):
+    state = {**_state(Position(IDENTITY, 0, (), _layout(1, 1)), 0, 3), SPLIT_IN_USE: split}
+    assert split_in_use(find_states({"w": state}), 6) == (True, split)
+    older = {k: v for k, v in state.items() if k != SPLIT_IN_USE}
+    assert split_in_use([older], 6) == (False, None)
+
+
+@pytest.mark.parametrize("split", [7, -1, True, "6", 2.0])
+def test_a_recorded_split_outside_the_frozen_blocks_is_refused(split):
+    state = {**_state(Position(IDENTITY, 0, (), _layout(1, 1)), 0, 3), SPLIT_IN_USE: split}
+    with pytest.raises(StateMismatch, match=r"split_in_use is .*not null or a split in 0\.\.6"):
+        split_in_use([state], 6)
