@@ -7,6 +7,11 @@ do not collide. Names carry the process id (``hapi-bench-<pid>``), so a leftover
 traceable to the run that made it. :meth:`Link.destroy` is idempotent and is the only
 teardown needed: it ends every process left in the namespace, then deletes the
 namespace, which takes the veth pair with it.
+
+Safety comes first: before anything else is made, a blackhole route for the pair's
+``/30`` goes into the root namespace with the largest metric, so the veth's own route
+wins while it exists and no packet for the storage address can leave by the default
+route while the link is half built or after it is gone; it is removed last.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from hapi_bench.core._errors import BenchError, TestbedUnavailable
 
 PREFIX = "hapi-bench-"
+BLACKHOLE_METRIC = "4294967295"  # the least preferred route: any real route wins
 _SUBNET = ipaddress.IPv4Network("10.203.0.0/16")
 # tbf's queue: 100 ms of traffic, and at slow rates enough for the loaders' four flows to
 # start at once (their initial windows are ten frames each) and grow. With 100 ms alone,
@@ -93,6 +99,7 @@ class Link:
         self.host_ip, self.storage_ip = str(host), str(storage)
         self.rate_bps: float | None = None
         self._created = False
+        self._blackhole = False
 
     def _ns(self, *command: str) -> str:
         return run("ip", "netns", "exec", self.namespace, *command)
@@ -106,6 +113,8 @@ class Link:
         self._created = True
         prefix = self.subnet.prefixlen
         try:
+            run("ip", "route", "add", "blackhole", str(self.subnet), "metric", BLACKHOLE_METRIC)
+            self._blackhole = True
             run("ip", "netns", "add", self.namespace)
             run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
             run("ip", "link", "set", self.ns_if, "netns", self.namespace)
@@ -191,7 +200,8 @@ class Link:
         return [int(pid) for pid in out.split()]
 
     def destroy(self, grace_s: float = 5.0) -> None:
-        """End what runs in the namespace (SIGTERM, then SIGKILL), delete it and the veth.
+        """End what runs in the namespace (SIGTERM, then SIGKILL), delete it and the veth,
+        and the blackhole last, once both are gone.
 
         Safe to call twice and after a partial :meth:`create`.
         """
@@ -201,7 +211,14 @@ class Link:
             _end(self.pids, grace_s)
             run("ip", "netns", "del", self.namespace, check=False)
         run("ip", "link", "del", self.host_if, check=False)
-        self._created = False
+        gone = (
+            self.namespace not in namespaces()
+            and not Path(f"/sys/class/net/{self.host_if}").exists()
+        )
+        if self._blackhole and gone:
+            run("ip", "route", "del", "blackhole", str(self.subnet), check=False)
+            self._blackhole = False
+        self._created = self._blackhole
 
 
 def namespaces() -> list[str]:

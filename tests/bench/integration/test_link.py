@@ -128,3 +128,32 @@ def test_four_flows_of_objects_cross_the_shaped_link_without_losses(tmp_path: Pa
         f"a GET took {max(took):.2f} s (bound {bound_s:.2f} s: {slow_start + 2} round trips "
         f"of {drain_s:.2f} s; {timeouts} retransmission timeouts on the storage side)"
     )
+
+
+def _route_to(address: str) -> str:
+    """How the kernel routes ``address``; "unroutable" where it refuses (a blackhole)."""
+    found = subprocess.run(
+        ["ip", "-o", "route", "get", address], capture_output=True, text=True, check=False
+    )
+    return found.stdout if found.returncode == 0 else "unroutable"
+
+
+def test_no_packet_for_the_storage_address_leaves_by_the_default_route() -> None:
+    link = Link(str(80_000 + os.getpid() % 10_000))
+    try:
+        link.create()
+        assert f"dev {link.host_if}" in _route_to(link.storage_ip)  # the veth's route wins
+        subprocess.run(["ip", "link", "del", link.host_if], check=True)  # the veth is gone
+        assert _route_to(link.storage_ip) == "unroutable"  # not by the default route
+    finally:
+        link.destroy()
+    blackholes = subprocess.run(
+        ["ip", "route", "show", "type", "blackhole"], capture_output=True, text=True, check=True
+    ).stdout
+    assert str(link.subnet) not in blackholes  # removed last, with nothing of the link left
+    assert (
+        link.namespace
+        not in subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, check=True
+        ).stdout
+    )
