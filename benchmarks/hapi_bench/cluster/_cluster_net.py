@@ -33,10 +33,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hapi_bench.core._errors import BenchError, TestbedUnavailable
-from hapi_bench.testbed._netns import PREFIX, _end, namespaces, run, tbf_burst, tbf_limit
+from hapi_bench.testbed._netns import (
+    BLACKHOLE_METRIC,
+    PREFIX,
+    _end,
+    namespaces,
+    run,
+    tbf_burst,
+    tbf_limit,
+)
 
 RANGE = ipaddress.IPv4Network("10.231.0.0/16")
-_BLACKHOLE_METRIC = "4294967295"  # the least preferred route: any real route wins
 _UNCAPPED_BPS = 10e9
 _HTB_QUANTUM = "60000"
 _OBJECT_CLASS, _OTHER_CLASS = "1:20", "1:10"
@@ -153,7 +160,7 @@ class Network:
             TestbedUnavailable: The kernel refused (no root, no namespaces).
         """
         try:
-            run("ip", "route", "add", "blackhole", str(self.subnet), "metric", _BLACKHOLE_METRIC)
+            run("ip", "route", "add", "blackhole", str(self.subnet), "metric", BLACKHOLE_METRIC)
             self._blackhole = True
             run("ip", "link", "add", self.bridge, "type", "bridge")
             self._bridge_made = True

@@ -157,3 +157,35 @@ def test_no_packet_for_the_storage_address_leaves_by_the_default_route() -> None
             ["ip", "netns", "list"], capture_output=True, text=True, check=True
         ).stdout
     )
+
+
+def test_a_full_bucket_lets_out_no_more_than_one_gso_packet_at_the_veth_s_speed(
+    tmp_path: Path,
+) -> None:
+    # At 100 Mbit/s tbf's bucket is 20 ms (250 kB): without a peak rate, a response of
+    # 240 kB after an idle moment crossed at the veth's speed (about 2 ms) instead of the
+    # link's. A link passes nothing faster than its rate; the shaper may let one 64 KiB
+    # packet out at once, and the rest no faster than the peak rate (2% over the rate).
+    rate, size, burst = 100e6, 240_000, 64 * 1024
+    (tmp_path / "object").write_bytes(os.urandom(size))
+    link = Link(str(70_000 + os.getpid() % 10_000))
+    try:
+        link.create()
+        link.shape(rate)
+        server = _serve(link, tmp_path)
+        try:
+            connection = http.client.HTTPConnection(link.storage_ip, 8000, timeout=30)
+            took = []
+            for _ in range(3):
+                time.sleep(0.3)  # idle: the buckets fill
+                started = time.perf_counter()
+                connection.request("GET", "/object")
+                assert len(connection.getresponse().read()) == size
+                took.append(time.perf_counter() - started)
+        finally:
+            server.terminate()
+            server.wait(10)
+    finally:
+        link.destroy()
+    least_s = (size - burst) * 8 / (rate * 1.02)
+    assert min(took) >= least_s, f"{size} B crossed in {min(took) * 1e3:.1f} ms"
