@@ -65,7 +65,8 @@ DESCRIPTION = (
     "Storage tier (SeaweedFS + the hapi gateway with its feature cache, and a second "
     "gateway without it) in a network namespace pinned to one CPU core; client tier in the "
     "root namespace pinned to the other, training a linear head with SGD on the features; "
-    "onnxruntime with one thread on each; the veth pair between them shaped with tc tbf. "
+    "onnxruntime with one thread on each; the veth pair between them shaped with tc tbf "
+    "(bursts of one 64 KiB packet at most). "
     "Per cell, several epochs of each configuration, the caches emptied before each cold "
     "epoch."
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,7 +17,7 @@ def plot(path: Path, cells: Sequence[Cell]) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import FuncFormatter
 
     models = list(dict.fromkeys(c.model for c in cells))
     fig, axes = plt.subplots(len(models), 1, figsize=(11, 3.6 * len(models)), squeeze=False)
@@ -30,8 +31,8 @@ def plot(path: Path, cells: Sequence[Cell]) -> Path:
             ax.plot(xs, [r.cold_s for r in results], "o", color=bars[0].get_facecolor(), ms=4)
         ax.set_xticks(range(len(mine)), [f"{c.bandwidth}\n{c.load}" for c in mine])
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(_two_and_five))
         ax.set_ylabel("epoch s (dot: cold)")
         ax.set_title(f"{name}: {mine[0].samples} samples per epoch")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -40,3 +41,12 @@ def plot(path: Path, cells: Sequence[Cell]) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _two_and_five(value: float, _: int) -> str:
+    """A log axis's minor label at 2 and 5 times a power of ten only (every one of them
+    labelled ran together: "8.00 9.00 10.00")."""
+    if value <= 0:
+        return ""
+    mantissa = round(value / 10 ** math.floor(math.log10(value)), 6)
+    return f"{value:g}" if mantissa in (2.0, 5.0) else ""

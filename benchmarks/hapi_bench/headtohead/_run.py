@@ -74,7 +74,7 @@ DESCRIPTION = (
     "on the batch in the training process), hapi's FeatureDataset(split='auto') without the "
     "feature cache, and with it (epoch 1 cold). Storage tier on one core, client tier "
     "(training process and its DataLoader workers) on the other; the veth between them "
-    "shaped with tc tbf. Configurations interleaved epoch by epoch. Loaded cells: a second "
+    "shaped with tc tbf (bursts of one 64 KiB packet at most). Configurations interleaved epoch by epoch. Loaded cells: a second "
     "job reads the same objects through the gateway, every frozen block on the storage side."
 )
 

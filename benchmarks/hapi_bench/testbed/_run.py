@@ -39,7 +39,7 @@ DESCRIPTION = (
     "Storage tier (SeaweedFS + hapi gateway) in a network namespace pinned to one CPU core; "
     "client tier in the root namespace pinned to the other, training a linear head with SGD "
     "on the features; onnxruntime with one thread on each. The veth pair between them is "
-    "shaped with tc tbf (both directions). Each run is one epoch after warm-up. "
+    "shaped with tc tbf (both directions, bursts of one 64 KiB packet at most). Each run is one epoch after warm-up. "
     "'compute/network' is the client's measured rate of decoding and running the frozen "
     "blocks over the rate at which the link delivers raw objects. Splits whose link time "
     "alone exceeds 1.5x the best epoch measured in the cell are recorded as that lower "
