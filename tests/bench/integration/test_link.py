@@ -24,6 +24,7 @@ windows are 60 KB: 64 and 157 frames dropped in two runs).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import math
 import os
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,22 +98,30 @@ def _get_all(host: str) -> list[float]:
     return took
 
 
-def test_four_flows_of_objects_cross_the_shaped_link_without_losses(tmp_path: Path) -> None:
-    (tmp_path / "object").write_bytes(os.urandom(OBJECT_BYTES))
-    link = Link(str(90_000 + os.getpid() % 10_000))
+@contextlib.contextmanager
+def _shaped(root: Path, tag: int, rate_bps: float, size: int) -> Iterator[Link]:
+    """A link shaped to ``rate_bps`` with an HTTP server in its namespace serving
+    ``/object`` of ``size`` random bytes; everything removed after."""
+    (root / "object").write_bytes(os.urandom(size))
+    link = Link(str(tag + os.getpid() % 10_000))
     try:
         link.create()
-        link.shape(RATE_BPS)
-        server = _serve(link, tmp_path)
+        link.shape(rate_bps)
+        server = _serve(link, root)
         try:
-            took = _get_all(link.storage_ip)
-            sent, dropped = link.queue_stats()
-            timeouts = link.retransmission_timeouts()
+            yield link
         finally:
             server.terminate()
             server.wait(10)
     finally:
         link.destroy()
+
+
+def test_four_flows_of_objects_cross_the_shaped_link_without_losses(tmp_path: Path) -> None:
+    with _shaped(tmp_path, 90_000, RATE_BPS, OBJECT_BYTES) as link:
+        took = _get_all(link.storage_ip)
+        sent, dropped = link.queue_stats()
+        timeouts = link.retransmission_timeouts()
 
     assert len(took) == FLOWS * PER_FLOW
     assert sent > FLOWS * PER_FLOW * OBJECT_BYTES // 1514  # the responses went through it
@@ -167,25 +177,14 @@ def test_a_full_bucket_lets_out_no_more_than_one_gso_packet_at_the_veth_s_speed(
     # link's. A link passes nothing faster than its rate; the shaper may let one 64 KiB
     # packet out at once, and the rest no faster than the peak rate (2% over the rate).
     rate, size, burst = 100e6, 240_000, 64 * 1024
-    (tmp_path / "object").write_bytes(os.urandom(size))
-    link = Link(str(70_000 + os.getpid() % 10_000))
-    try:
-        link.create()
-        link.shape(rate)
-        server = _serve(link, tmp_path)
-        try:
-            connection = http.client.HTTPConnection(link.storage_ip, 8000, timeout=30)
-            took = []
-            for _ in range(3):
-                time.sleep(0.3)  # idle: the buckets fill
-                started = time.perf_counter()
-                connection.request("GET", "/object")
-                assert len(connection.getresponse().read()) == size
-                took.append(time.perf_counter() - started)
-        finally:
-            server.terminate()
-            server.wait(10)
-    finally:
-        link.destroy()
+    with _shaped(tmp_path, 70_000, rate, size) as link:
+        connection = http.client.HTTPConnection(link.storage_ip, 8000, timeout=30)
+        took = []
+        for _ in range(3):
+            time.sleep(0.3)  # idle: the buckets fill
+            started = time.perf_counter()
+            connection.request("GET", "/object")
+            assert len(connection.getresponse().read()) == size
+            took.append(time.perf_counter() - started)
     least_s = (size - burst) * 8 / (rate * 1.02)
     assert min(took) >= least_s, f"{size} B crossed in {min(took) * 1e3:.1f} ms"

@@ -3,25 +3,12 @@ estimate takes from a response (``wire_spans``)."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import itertools
-import socket
-import threading
-import time
-from collections.abc import Iterator
 
 import pytest
-import urllib3
 
-from hapi.sdk.client._wire import (
-    BUFFERED,
-    FIRST_PIECE,
-    WireSpan,
-    _socket_of,
-    queued_bytes,
-    read_timed,
-)
+from hapi.sdk.client._wire import BUFFERED, FIRST_PIECE, WireSpan, read_timed
 from hapi.sdk.planning._split import ClientTimes
 from hapi.sdk.planning._stats import Meter, wire_spans
 
@@ -114,80 +101,3 @@ def test_the_client_times_give_a_link_sample_only_for_a_timed_body() -> None:
     sample = ClientTimes(0.1, wire=WireSpan(125_000, 2.0, 2.1)).bandwidth()
     assert sample is not None and sample.source == "sampled"
     assert sample.bits_per_second == pytest.approx(10e6)
-
-
-# -- a real socket: what waited in the receive queue is not timed ------------------------
-
-
-@contextlib.contextmanager
-def _serving(chunks: list[bytes], pause: float) -> Iterator[str]:
-    """One HTTP/1.1 response on loopback, its body written in ``chunks`` ``pause``
-    seconds apart; yields the URL."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    body = b"".join(chunks)
-    head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-
-    def answer() -> None:
-        connection, _ = listener.accept()
-        with connection:
-            connection.recv(65536)  # the request
-            connection.sendall(head + chunks[0])
-            for chunk in chunks[1:]:
-                time.sleep(pause)
-                connection.sendall(chunk)
-
-    thread = threading.Thread(target=answer, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/k"
-    finally:
-        listener.close()
-        thread.join(timeout=10)
-
-
-def test_a_late_reader_times_none_of_the_body_that_waited_for_it() -> None:
-    chunks = [bytes(range(256)) * 256]  # 64 KiB at once: it all waits in the queue
-    with _serving(chunks, 0.0) as url, urllib3.PoolManager() as pool:
-        response = pool.request("GET", url, preload_content=False)
-        arrived = len(chunks[0]) - BUFFERED  # the reader took the rest with the headers
-        for _ in range(1000):  # until the whole body has arrived (a bounded wait)
-            if (queued_bytes(response) or 0) >= arrived:
-                break
-            time.sleep(0.005)
-        assert (queued_bytes(response) or 0) >= arrived
-        content, span = read_timed(response)
-        response.release_conn()
-    assert content == chunks[0]
-    assert span.nbytes == 0  # counted, 60 KiB in microseconds: a link of Gbit/s
-
-
-def test_bytes_that_trickle_in_after_the_clock_are_timed_no_faster_than_they_came() -> None:
-    piece, gaps, pause = 32 * 1024, 6, 0.03
-    chunks = [b"a" * FIRST_PIECE] + [bytes([n]) * piece for n in range(gaps)]
-    with _serving(chunks, pause) as url, urllib3.PoolManager() as pool:
-        response = pool.request("GET", url, preload_content=False)
-        content, span = read_timed(response)
-        response.release_conn()
-    assert content == b"".join(chunks)
-    # The first chunk may have come with the headers; the rest came a pause apart.
-    assert 0 < span.nbytes <= gaps * piece
-    assert span.nbytes * 8 / span.seconds <= gaps * piece * 8 / ((gaps - 1) * pause)
-
-
-def test_the_socket_is_found_under_botocore_s_body_and_urllib3_s_response() -> None:
-    import boto3
-
-    chunks = [b"x" * 1000]
-    with _serving(chunks, 0.0) as url:
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=url.rsplit("/", 1)[0],
-            aws_access_key_id="k",
-            aws_secret_access_key="s",
-            region_name="us-east-1",
-        )
-        body = s3.get_object(Bucket="b", Key="k")["Body"]
-        assert isinstance(_socket_of(body), socket.socket)
-        assert isinstance(_socket_of(body._raw_stream), socket.socket)
-        assert body.read() == chunks[0]
-    assert _socket_of(io.BytesIO(b"")) is None and queued_bytes(_Body(b"")) == 0
