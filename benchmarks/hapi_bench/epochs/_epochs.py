@@ -55,7 +55,7 @@ from hapi_bench.testbed._client import (
     run_result,
 )
 from hapi_bench.testbed._config import REGIMES, BenchConfig, bandwidth_for
-from hapi_bench.testbed._netns import Link
+from hapi_bench.testbed._netns import SHAPING, Link
 from hapi_bench.testbed._preflight import check_environment
 from hapi_bench.testbed._run import _meta, _setup, _store_client, pin_process, testbed
 from hapi_bench.testbed._sweep import ModelProfile, Progress, measure_profile, plan_cell
@@ -65,8 +65,7 @@ DESCRIPTION = (
     "Storage tier (SeaweedFS + the hapi gateway with its feature cache, and a second "
     "gateway without it) in a network namespace pinned to one CPU core; client tier in the "
     "root namespace pinned to the other, training a linear head with SGD on the features; "
-    "onnxruntime with one thread on each; the veth pair between them shaped with tc tbf "
-    "(bursts of one 64 KiB packet at most). "
+    f"onnxruntime with one thread on each; the veth pair between them shaped with {SHAPING}. "
     "Per cell, several epochs of each configuration, the caches emptied before each cold "
     "epoch."
 )

@@ -34,7 +34,7 @@ from hapi_bench.reports._results import RunResult
 from hapi_bench.testbed._client import BUCKET
 from hapi_bench.testbed._config import BenchConfig
 from hapi_bench.testbed._data import Sample
-from hapi_bench.testbed._netns import Link
+from hapi_bench.testbed._netns import SHAPING, Link
 from hapi_bench.testbed._preflight import check_environment
 from hapi_bench.testbed._run import _setup, _store_client, pin_process, testbed
 from hapi_bench.testbed._tier import StorageTier, cpu_seconds
@@ -74,8 +74,8 @@ DESCRIPTION = (
     "on the batch in the training process), hapi's FeatureDataset(split='auto') without the "
     "feature cache, and with it (epoch 1 cold). Storage tier on one core, client tier "
     "(training process and its DataLoader workers) on the other; the veth between them "
-    "shaped with tc tbf (bursts of one 64 KiB packet at most). Configurations interleaved epoch by epoch. Loaded cells: a second "
-    "job reads the same objects through the gateway, every frozen block on the storage side."
+    f"shaped with {SHAPING}. Configurations interleaved epoch by epoch. Loaded cells: a "
+    "second job reads the same objects through the gateway, every frozen block on the storage side."
 )
 
 

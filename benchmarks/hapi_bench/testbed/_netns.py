@@ -52,6 +52,8 @@ _MIN_BURST = 16 * 1024
 # it and without) and 2.5% lower at 1 Gbit/s (806-821 against 832-842 Mbit/s on veth).
 _PEAK_OVER_RATE = 1.02
 _PEAK_BUCKET = 64 * 1024
+SHAPING = f"tc tbf, in bursts of one {_PEAK_BUCKET // 1024} KiB packet at most"
+"""How the link is shaped, as the benchmarks' reports say it."""
 
 
 def tbf_burst(rate_bps: float) -> int:
@@ -232,7 +234,7 @@ class Link:
         if self._blackhole and gone:
             run("ip", "route", "del", "blackhole", str(self.subnet), check=False)
             self._blackhole = False
-        self._created = self._blackhole
+        self._created = self._blackhole  # something was left: a later call tries again
 
 
 def namespaces() -> list[str]:

@@ -30,7 +30,7 @@ from hapi_bench.testbed._client import BUCKET, ClientSettings, ModelClient
 from hapi_bench.testbed._competitor import storage_competitor
 from hapi_bench.testbed._config import REGIMES, BenchConfig
 from hapi_bench.testbed._data import Sample, generate, upload
-from hapi_bench.testbed._netns import Link
+from hapi_bench.testbed._netns import SHAPING, Link
 from hapi_bench.testbed._preflight import check_environment
 from hapi_bench.testbed._sweep import Progress, measure_profile, sweep_cell
 from hapi_bench.testbed._tier import StorageTier
@@ -39,7 +39,7 @@ DESCRIPTION = (
     "Storage tier (SeaweedFS + hapi gateway) in a network namespace pinned to one CPU core; "
     "client tier in the root namespace pinned to the other, training a linear head with SGD "
     "on the features; onnxruntime with one thread on each. The veth pair between them is "
-    "shaped with tc tbf (both directions, bursts of one 64 KiB packet at most). Each run is one epoch after warm-up. "
+    f"shaped with {SHAPING} (both directions). Each run is one epoch after warm-up. "
     "'compute/network' is the client's measured rate of decoding and running the frozen "
     "blocks over the rate at which the link delivers raw objects. Splits whose link time "
     "alone exceeds 1.5x the best epoch measured in the cell are recorded as that lower "

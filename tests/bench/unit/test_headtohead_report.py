@@ -138,7 +138,7 @@ def test_a_failed_loader_is_reported_with_the_gateways_5xx_answers_and_refusals(
 def test_the_log_axis_labels_its_minor_ticks_at_two_and_five_only() -> None:
     from hapi_bench.headtohead._plot import _two_and_five
 
-    labelled = (0.2, 0.3, 0.5, 0.7, 2.0, 3.0, 5.0, 8.0, 9.0, 20.0, 50.0)
-    shown = {v: _two_and_five(v, 0) for v in labelled}
+    ticks = (0.2, 0.3, 0.5, 0.7, 2.0, 3.0, 5.0, 8.0, 9.0, 20.0, 50.0)
+    shown = {v: _two_and_five(v, 0) for v in ticks}
     assert [v for v, text in shown.items() if text] == [0.2, 0.5, 2.0, 5.0, 20.0, 50.0]
     assert shown[0.5] == "0.5" and shown[20.0] == "20" and _two_and_five(0.0, 0) == ""

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from hapi import sdk
+from hapi import planner, sdk
 from tests.sdk.support import picture
 from tests.support import empty_bucket, free_port
 
@@ -289,9 +289,7 @@ def test_a_resumed_auto_split_continues_at_the_split_the_job_was_using(gateway, 
     saved = 4 if planned is None else None  # not what this build plans, whatever it plans
     again.load_state_dict(_edited(state, lambda found: {**found, "split_in_use": saved}))
     assert again.split == saved and again.split_choice.policy == "resumed"
-    assert f"this build planned split {'none' if planned is None else planned}" in (
-        again.split_choice.reason
-    )
+    assert f"this build planned split {planner.split_label(planned)}" in again.split_choice.reason
     rest = list(StatefulDataLoader(again, batch_size=2))
     assert _real(_keys(taken) + _keys(rest)) == Counter(_image_keys())
     stats = again.stats
