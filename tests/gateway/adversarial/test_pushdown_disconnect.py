@@ -60,18 +60,25 @@ def test_a_client_leaving_mid_shard_cancels_its_samples(gateway, bucket):
     with httpx.Client(timeout=120) as client, client.stream("GET", url, headers=headers) as reply:
         assert reply.status_code == 200
         next(reply.iter_raw())  # the first window's rows are on their way: leave now
+
+    def counted(figures: dict[str, Any], name: str) -> int:
+        return int(figures["requests"][name] - before["requests"][name])
+
+    # A sample whose decoding had started when the client left is counted decoded when its
+    # thread finishes, which may be after the cancellation is counted: wait until every
+    # sample is counted one way or the other (a sample lost never gets there; one counted
+    # twice fails the equality below).
     after = _wait_for(
         lambda: (
-            (s := stats(gateway))["requests"]["requests_cancelled"]
-            > before["requests"]["requests_cancelled"]
+            counted(s := stats(gateway), "requests_cancelled") > 0
             and all(t["queue_depth"] == 0 for t in s["tenants"])
+            and counted(s, "samples_decoded") + counted(s, "samples_abandoned") >= MEMBERS
             and s
         ),
-        "the gateway to notice the disconnect",
+        "the gateway to notice the disconnect and count every sample",
     )
-    requests = after["requests"]
-    decoded = requests["samples_decoded"] - before["requests"]["samples_decoded"]
-    abandoned = requests["samples_abandoned"] - before["requests"]["samples_abandoned"]
+    decoded = counted(after, "samples_decoded")
+    abandoned = counted(after, "samples_abandoned")
     assert 0 < decoded < MEMBERS / 2  # decoding stopped at the next sample
     assert abandoned == MEMBERS - decoded  # the rest were never decoded
     # What the batcher ran for this request is at most what was decoded, and nothing of
