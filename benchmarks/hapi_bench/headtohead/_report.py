@@ -210,6 +210,25 @@ READING = (
 )
 
 
+def weights_text(weights: dict[str, str] | None) -> str:
+    """Where each model's weights came from, and what a random network's accuracy means:
+    nothing about its features (torchvision's families get seeded random weights where no
+    real ones can be had offline), only that every loader trained its head alike. Empty
+    for a report of a run that did not record them."""
+    if not weights:
+        return ""
+    said = "; ".join(f"{model}: {origin}" for model, origin in weights.items())
+    random = [model for model, origin in weights.items() if origin.startswith("random")]
+    if not random:
+        return f" Weights: {said}."
+    return (
+        f" Weights: {said}. {', '.join(random)} "
+        f"{'runs' if len(random) == 1 else 'run'} with random weights, whose features "
+        "tell the classes apart barely: its accuracy says only that every loader fed the "
+        "head alike, not what pushdown costs it."
+    )
+
+
 def render(
     cells: Sequence[Cell], meta: dict[str, Any], device: dict[str, Any] | None = None
 ) -> str:
@@ -219,7 +238,7 @@ def render(
             [
                 "# Head to head: s3torchconnector and hapi",
                 str(meta.get("description", "")),
-                READING,
+                READING + weights_text(meta.get("weights")),
                 table(cells),
                 "## Goals, split and same samples\n\n" + goals_text(cells),
                 "## Past this machine, on paper\n\n" + projection_text(cells, device),

@@ -498,6 +498,7 @@ def run_headtohead(config: HeadToHeadConfig, log: Log) -> tuple[list[Cell], dict
             "storage_cpu": storage_cpu,
         },
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+        "weights": {family: manifest.weights for family, manifest in manifests.items()},
         "total_s": time.monotonic() - started,
     }
     return cells, meta

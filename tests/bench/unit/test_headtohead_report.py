@@ -142,3 +142,17 @@ def test_the_log_axis_labels_its_minor_ticks_at_two_and_five_only() -> None:
     shown = {v: _two_and_five(v, 0) for v in ticks}
     assert [v for v, text in shown.items() if text] == [0.2, 0.5, 2.0, 5.0, 20.0, 50.0]
     assert shown[0.5] == "0.5" and shown[20.0] == "20" and _two_and_five(0.0, 0) == ""
+
+
+def test_the_report_says_which_models_ran_with_random_weights() -> None:
+    cells = [_cell("10mbit", 10e6, 5.0, 0.5)]
+    said = render(
+        cells,
+        {"weights": {"resnet18": "random(seed=0)", "efficientnet_lite0": "pkg==0.1.0"}},
+    )
+    assert "resnet18: random(seed=0); efficientnet_lite0: pkg==0.1.0" in said
+    assert "resnet18 runs with random weights" in said
+    assert "efficientnet_lite0 runs" not in said
+    real = render(cells, {"weights": {"efficientnet_lite0": "pkg==0.1.0"}})
+    assert "Weights: efficientnet_lite0: pkg==0.1.0." in real and "random" not in real
+    assert "Weights:" not in render(cells, {})  # a run that recorded none
