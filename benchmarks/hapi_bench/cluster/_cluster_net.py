@@ -16,7 +16,9 @@ gone. Roles: ``ctl`` (master and filer), ``cli`` (the training client), ``n1``..
 ``cli`` ``.3``, node ``i`` ``.10+i``.
 
 Each node's link is capped in both directions: ``tbf`` on the bridge's end (traffic to
-the node) and ``htb`` on the node's end (traffic from it), whose second class counts what
+the node; bursts of one 64 KiB packet at most, as the two-tier testbed's link, so a
+response after an idle moment does not cross at the veth's speed) and ``htb`` on the
+node's end (traffic from it, which lets out no such burst), whose second class counts what
 the node's volume server sends (TCP from its port): the object bytes that cross the link.
 The cap is a rate in bits per second; without one the classes still count, at 10 Gbit/s.
 """
@@ -39,8 +41,7 @@ from hapi_bench.testbed._netns import (
     _end,
     namespaces,
     run,
-    tbf_burst,
-    tbf_limit,
+    tbf,
 )
 
 RANGE = ipaddress.IPv4Network("10.231.0.0/16")
@@ -230,9 +231,7 @@ class Network:
         host_if, ns_if = self._host_if(role), self._ns_if(role)
         run("tc", "qdisc", "del", "dev", host_if, "root", check=False)
         if rate_bps:
-            burst, limit = str(tbf_burst(rate_bps)), str(tbf_limit(rate_bps))
-            tbf = ["root", "tbf", "rate", rate, "burst", burst, "limit", limit]
-            run("tc", "qdisc", "add", "dev", host_if, *tbf)
+            run("tc", "qdisc", "add", "dev", host_if, "root", *tbf(rate_bps))
         self._ns(role, "tc", "qdisc", "del", "dev", ns_if, "root", check=False)
         tc = ("tc",)
         self._ns(

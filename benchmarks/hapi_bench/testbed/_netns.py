@@ -66,6 +66,26 @@ def tbf_limit(rate_bps: float) -> int:
     return max(_MIN_QUEUE, int(rate_bps / 8 * _QUEUE_S))
 
 
+def tbf(rate_bps: float) -> list[str]:
+    """``tc``'s words for a ``tbf`` qdisc that passes ``rate_bps`` as a link would: its
+    bucket (:func:`tbf_burst`) drained no faster than 2% over the rate beyond one 64 KiB
+    GSO packet, so a response after an idle moment does not cross at the veth's speed,
+    and its queue (:func:`tbf_limit`)."""
+    return [
+        "tbf",
+        "rate",
+        f"{int(rate_bps)}bit",
+        "burst",
+        str(tbf_burst(rate_bps)),
+        "limit",
+        str(tbf_limit(rate_bps)),
+        "peakrate",
+        f"{int(rate_bps * _PEAK_OVER_RATE)}bit",
+        "mtu",
+        str(_PEAK_BUCKET),
+    ]
+
+
 def run(*command: str, check: bool = True) -> str:
     """Run a command; its stdout, or :class:`BenchError` with its first error line."""
     try:
@@ -141,20 +161,7 @@ class Link:
     def shape(self, rate_bps: float) -> None:
         """Limit both directions to ``rate_bps`` (``tc qdisc replace ... tbf``), bursts
         to one GSO packet."""
-        args = [
-            "root",
-            "tbf",
-            "rate",
-            f"{int(rate_bps)}bit",
-            "burst",
-            str(tbf_burst(rate_bps)),
-            "limit",
-            str(tbf_limit(rate_bps)),
-            "peakrate",
-            f"{int(rate_bps * _PEAK_OVER_RATE)}bit",
-            "mtu",
-            str(_PEAK_BUCKET),
-        ]
+        args = ["root", *tbf(rate_bps)]
         run("tc", "qdisc", "replace", "dev", self.host_if, *args)
         self._ns("tc", "qdisc", "replace", "dev", self.ns_if, *args)
         self.rate_bps = rate_bps
