@@ -101,12 +101,15 @@ def run(*command: str, check: bool = True) -> str:
 
 
 def pick_subnet(seed: int, taken: str) -> ipaddress.IPv4Network:
-    """A free ``/30`` of ``10.203.0.0/16`` chosen from ``seed``; ``taken`` is ``ip addr`` output."""
+    """A free ``/30`` of ``10.203.0.0/16`` chosen from ``seed``: none of its addresses in
+    use, and no route for it (a crashed run's blackhole, which the link's own could not
+    replace); ``taken`` is ``ip addr`` and ``ip route`` output."""
     subnets = list(_SUBNET.subnets(new_prefix=30))
     for offset in range(len(subnets)):
         subnet = subnets[(seed + offset) % len(subnets)]
         hosts = [str(h) for h in subnet.hosts()]
-        if not any(f"inet {h}/" in taken for h in hosts):
+        routed = re.search(rf"(?<![\d.]){re.escape(str(subnet))}(?!\d)", taken)
+        if not routed and not any(f"inet {h}/" in taken for h in hosts):
             return subnet
     raise BenchError("no free /30 left in 10.203.0.0/16")
 
@@ -123,9 +126,8 @@ class Link:
         self.namespace = PREFIX + tag
         self.host_if = f"hb{tag}h"[:15]
         self.ns_if = f"hb{tag}n"[:15]
-        self.subnet = pick_subnet(
-            int(tag) if tag.isdigit() else hash(tag), run("ip", "-o", "-4", "addr")
-        )
+        taken = run("ip", "-o", "-4", "addr") + run("ip", "-4", "route", "show", "table", "all")
+        self.subnet = pick_subnet(int(tag) if tag.isdigit() else hash(tag), taken)
         host, storage = list(self.subnet.hosts())
         self.host_ip, self.storage_ip = str(host), str(storage)
         self.rate_bps: float | None = None

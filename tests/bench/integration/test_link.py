@@ -169,6 +169,21 @@ def test_no_packet_for_the_storage_address_leaves_by_the_default_route() -> None
     )
 
 
+def test_a_link_starts_beside_a_route_a_crashed_run_left_on_its_subnet() -> None:
+    tag = str(60_000 + os.getpid() % 10_000)
+    stale = Link(tag).subnet  # where a link of this tag goes on a clean machine
+    route = ["ip", "route", "add", "blackhole", str(stale), "metric", "4294967295"]
+    subprocess.run(route, check=True)  # what a run killed before its teardown leaves
+    link = Link(tag)
+    try:
+        link.create()  # refused before: its own blackhole for that /30 existed already
+        assert link.subnet != stale
+        assert f"dev {link.host_if}" in _route_to(link.storage_ip)
+    finally:
+        link.destroy()
+        subprocess.run(["ip", "route", "del", "blackhole", str(stale)], check=True)
+
+
 def test_a_full_bucket_lets_out_no_more_than_one_gso_packet_at_the_veth_s_speed(
     tmp_path: Path,
 ) -> None:

@@ -53,6 +53,16 @@ def test_subnets_skip_addresses_in_use() -> None:
     assert str(pick_subnet(0, taken)) == "10.203.0.4/30"
 
 
+def test_subnets_skip_a_route_left_behind() -> None:
+    # A run that crashed before its teardown leaves its blackhole route: a link on that
+    # /30 could not add its own (the route exists), and the testbed would refuse to start.
+    taken = "blackhole 10.203.0.0/30 metric 4294967295 \n"
+    assert str(pick_subnet(0, taken)) == "10.203.0.4/30"
+    assert str(pick_subnet(0, "10.203.0.0/30 dev hb1h proto kernel scope link")) != (
+        "10.203.0.0/30"
+    )
+
+
 def test_tbf_bucket_holds_a_frame_and_20_ms() -> None:
     assert tbf_burst(1e6) == 16 * 1024
     assert tbf_burst(100e6) == 250_000
