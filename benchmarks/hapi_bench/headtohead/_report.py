@@ -221,11 +221,11 @@ def weights_text(weights: dict[str, str] | None) -> str:
     random = [model for model, origin in weights.items() if origin.startswith("random")]
     if not random:
         return f" Weights: {said}."
+    one = len(random) == 1
     return (
-        f" Weights: {said}. {', '.join(random)} "
-        f"{'runs' if len(random) == 1 else 'run'} with random weights, whose features "
-        "tell the classes apart barely: its accuracy says only that every loader fed the "
-        "head alike, not what pushdown costs it."
+        f" Weights: {said}. {', '.join(random)} {'runs' if one else 'run'} with random "
+        f"weights, whose features tell the classes apart barely: {'its' if one else 'their'}"
+        " accuracy says only that every loader fed the head alike, not what pushdown costs it."
     )
 
 

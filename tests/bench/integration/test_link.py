@@ -174,13 +174,15 @@ def test_a_link_starts_beside_a_route_a_crashed_run_left_on_its_subnet() -> None
     stale = Link(tag).subnet  # where a link of this tag goes on a clean machine
     route = ["ip", "route", "add", "blackhole", str(stale), "metric", "4294967295"]
     subprocess.run(route, check=True)  # what a run killed before its teardown leaves
-    link = Link(tag)
     try:
-        link.create()  # refused before: its own blackhole for that /30 existed already
-        assert link.subnet != stale
-        assert f"dev {link.host_if}" in _route_to(link.storage_ip)
+        link = Link(tag)
+        try:
+            link.create()  # refused before: its own blackhole for that /30 existed already
+            assert link.subnet != stale
+            assert f"dev {link.host_if}" in _route_to(link.storage_ip)
+        finally:
+            link.destroy()
     finally:
-        link.destroy()
         subprocess.run(["ip", "route", "del", "blackhole", str(stale)], check=True)
 
 
