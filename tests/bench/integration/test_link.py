@@ -30,7 +30,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ from pathlib import Path
 import pytest
 
 from hapi_bench.testbed._netns import Link, tbf_limit
+from tests.bench.links import PORT, burst_floor_s, fastest_idle_get, serving
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "tc")),
@@ -54,24 +54,6 @@ SEGMENT_BYTES = 1448  # its TCP payload (MSS with timestamps)
 HEADER_BYTES = 300  # http.server's response headers, at most
 
 
-def _serve(link: Link, root: Path) -> subprocess.Popen[bytes]:
-    server = subprocess.Popen(
-        ["ip", "netns", "exec", link.namespace, sys.executable, "-m", "http.server", "8000",
-         "--bind", link.storage_ip, "--directory", str(root), "--protocol", "HTTP/1.1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            http.client.HTTPConnection(link.storage_ip, 8000, timeout=1).connect()
-            return server
-        except OSError:
-            time.sleep(0.1)
-    server.kill()
-    raise AssertionError("the HTTP server in the namespace did not start")
-
-
 def _get_all(host: str) -> list[float]:
     """``FLOWS`` keep-alive connections, ``PER_FLOW`` GETs each; every GET's seconds."""
     took: list[float] = []
@@ -79,7 +61,7 @@ def _get_all(host: str) -> list[float]:
 
     def flow() -> None:
         try:
-            connection = http.client.HTTPConnection(host, 8000, timeout=60)
+            connection = http.client.HTTPConnection(host, PORT, timeout=60)
             for _ in range(PER_FLOW):
                 started = time.perf_counter()
                 connection.request("GET", "/object")
@@ -107,12 +89,8 @@ def _shaped(root: Path, tag: int, rate_bps: float, size: int) -> Iterator[Link]:
     try:
         link.create()
         link.shape(rate_bps)
-        server = _serve(link, root)
-        try:
+        with serving(("ip", "netns", "exec", link.namespace), link.storage_ip, root):
             yield link
-        finally:
-            server.terminate()
-            server.wait(10)
     finally:
         link.destroy()
 
@@ -193,15 +171,7 @@ def test_a_full_bucket_lets_out_no_more_than_one_gso_packet_at_the_veth_s_speed(
     # 240 kB after an idle moment crossed at the veth's speed (about 2 ms) instead of the
     # link's. A link passes nothing faster than its rate; the shaper may let one 64 KiB
     # packet out at once, and the rest no faster than the peak rate (2% over the rate).
-    rate, size, burst = 100e6, 240_000, 64 * 1024
+    rate, size = 100e6, 240_000
     with _shaped(tmp_path, 70_000, rate, size) as link:
-        connection = http.client.HTTPConnection(link.storage_ip, 8000, timeout=30)
-        took = []
-        for _ in range(3):
-            time.sleep(0.3)  # idle: the buckets fill
-            started = time.perf_counter()
-            connection.request("GET", "/object")
-            assert len(connection.getresponse().read()) == size
-            took.append(time.perf_counter() - started)
-    least_s = (size - burst) * 8 / (rate * 1.02)
-    assert min(took) >= least_s, f"{size} B crossed in {min(took) * 1e3:.1f} ms"
+        took = fastest_idle_get((), link.storage_ip, size)
+    assert took >= burst_floor_s(size, rate), f"{size} B crossed in {took * 1e3:.1f} ms"
