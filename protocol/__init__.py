@@ -1,6 +1,7 @@
 """hapi.protocol: what two or more of hapi's packages share, and nothing of hapi below it.
 
-The wire format of pushdown answers (:func:`encode_features`, :func:`decode_features`),
+The wire format of pushdown answers (:func:`encode_features`, :func:`decode_features`, and
+the ``zeros`` encoding of their bodies, :func:`decode_zeros`),
 the control plane's typed schema (:class:`GatewayStats`, :class:`ModelProfile`, ...), where
 the registry and the feature cache keep what (:func:`manifest_key`, :func:`cache_key`, ...),
 S3's XML (:func:`parse_error`, :func:`parse_list_page`), sizes and bandwidths
@@ -87,12 +88,14 @@ from ._wire import decode as decode_features
 from ._wire import encode as encode_features
 from ._wire import header as safetensors_header
 from ._wire import to_wire_dtype
+from ._zeros import ENCODINGS, decode_zeros, encode_zeros, end_frame, raw_frames, word_frames
 
 __all__ = [
     "AUGMENT_TRANSFORMS",
     "CACHE_PREFIXES",
     "DEFAULT_CACHE_BUCKET",
     "DEFAULT_REGISTRY_BUCKET",
+    "ENCODINGS",
     "ENTRY_PREFIX",
     "MAX_SEED",
     "MAX_VIEWS",
@@ -130,9 +133,12 @@ __all__ = [
     "cache_key",
     "context_digest",
     "decode_features",
+    "decode_zeros",
     "draw_view",
     "encode_features",
     "encode_pack",
+    "encode_zeros",
+    "end_frame",
     "entry_path",
     "eviction_order",
     "format_bandwidth",
@@ -155,7 +161,9 @@ __all__ = [
     "parse_manifest_key",
     "parse_pack_index",
     "parse_size",
+    "raw_frames",
     "safetensors_header",
     "to_wire_dtype",
     "view_index",
+    "word_frames",
 ]

@@ -15,7 +15,14 @@ from typing import Any
 
 from hapi import protocol
 from hapi.models import InvalidModelSpec, Manifest, parse_ref
-from hapi.protocol import MAX_SEED, MAX_VIEWS, Augmentation, AugmentPolicy, InvalidAugment
+from hapi.protocol import (
+    ENCODINGS,
+    MAX_SEED,
+    MAX_VIEWS,
+    Augmentation,
+    AugmentPolicy,
+    InvalidAugment,
+)
 from hapi.protocol import WIRE_DTYPES as DTYPES
 
 from .._errors import InvalidArgument, InvalidRequest
@@ -31,6 +38,7 @@ PARAMETERS = (
     "seed",
     "epoch",
     "views",
+    "encoding",
 )
 _AUGMENT_OPTIONS = ("seed", "epoch", "views")  # meaningful only with ``augment``
 _MAX_EPOCH = 2**31 - 1
@@ -53,6 +61,7 @@ class Params:
     cache: str = "use"  # the feature cache: ``use``, ``bypass`` or ``refresh``
     colocated: bool = False  # the client is on the gateway's machine (for ``auto``)
     augment: Augmentation | None = None  # random views in place of the centre crop
+    encoding: str = "dense"  # the answer's body: ``dense`` safetensors, or ``zeros`` frames
 
 
 def known_parameters(names: tuple[str, ...] = PARAMETERS) -> str:
@@ -90,6 +99,7 @@ def parse_params(given: Mapping[str, tuple[str, str]]) -> Params:
         value("cache"),
         augment=value("augment"),
         options={n: _text_integer(n, value(n)) for n in _AUGMENT_OPTIONS if n in given},
+        encoding=value("encoding"),
     )
 
 
@@ -133,10 +143,12 @@ def make_params(
     *,
     augment: Any = None,
     options: Mapping[str, Any] | None = None,
+    encoding: Any = None,
 ) -> Params:
     """Validate pushdown parameters; ``split`` is an ``int``, ``"auto"`` or None;
     ``augment`` a policy spec (or, from a batch body, its mapping form) and ``options``
-    its ``seed``, ``epoch`` and ``views``.
+    its ``seed``, ``epoch`` and ``views``; ``encoding`` the answer's (``dense`` or
+    ``zeros``, for a safetensors answer only).
 
     Raises:
         InvalidArgument: A missing or invalid parameter.
@@ -145,17 +157,27 @@ def make_params(
     dtype, fmt = _dtype_format(dtype, fmt)
     mode = _cache_mode(cache)
     augmentation = augmentation_of(augment, options or {})
+    coding = _encoding(encoding, fmt)
     if split is None:
         raise InvalidArgument(
             "a pushdown request needs x-hapi-split (an integer 0..freeze, or auto)"
         )
     if split == "auto":
-        return Params(model, None, dtype, fmt, _bandwidth(bandwidth), mode, augment=augmentation)
+        return Params(
+            model,
+            None,
+            dtype,
+            fmt,
+            _bandwidth(bandwidth),
+            mode,
+            augment=augmentation,
+            encoding=coding,
+        )
     if isinstance(split, bool) or not isinstance(split, int):
         raise InvalidArgument(f"split must be an integer or auto, not {split!r}")
     if split < 0:
         raise InvalidArgument(f"x-hapi-split must be >= 0, not {split}")
-    return Params(model, split, dtype, fmt, cache=mode, augment=augmentation)
+    return Params(model, split, dtype, fmt, cache=mode, augment=augmentation, encoding=coding)
 
 
 def augmentation_of(augment: Any, options: Mapping[str, Any]) -> Augmentation | None:
@@ -199,6 +221,21 @@ def _cache_mode(value: Any) -> str:
     return str(value)
 
 
+def _encoding(value: Any, fmt: str) -> str:
+    if value is None:
+        return "dense"
+    if not isinstance(value, str) or value not in ENCODINGS:
+        raise InvalidArgument(
+            f"x-hapi-encoding must be one of {', '.join(ENCODINGS)}, not {value!r}"
+        )
+    if value != "dense" and fmt != "safetensors":
+        raise InvalidArgument(
+            f"x-hapi-encoding={value} encodes safetensors answers; x-hapi-format={fmt} "
+            "answers a JSON summary"
+        )
+    return value
+
+
 def _model(model: Any) -> str:
     if not isinstance(model, str):
         raise InvalidArgument(f"the model must be NAME or NAME@VERSION, not {model!r}")
@@ -236,7 +273,8 @@ def parse_batch(
     """The keys and parameters of ``POST /{bucket}?hapi-batch``.
 
     The body is ``{"keys": [...], "model": ..., "split": ..., "dtype": ..., "format": ...,
-    "bandwidth": ..., "augment": ..., "seed": ..., "epoch": ..., "views": ...}``; ``format`` may also come as ``x-hapi-format`` or ``hapi-format``.
+    "bandwidth": ..., "augment": ..., "seed": ..., "epoch": ..., "views": ...,
+    "encoding": ...}``; ``format`` may also come as ``x-hapi-format`` or ``hapi-format``.
 
     Raises:
         InvalidArgument: Not such a JSON object, an unknown field, or a bad value.
@@ -272,6 +310,7 @@ def parse_batch(
         cache,
         augment=spec.get("augment"),
         options={n: spec[n] for n in _AUGMENT_OPTIONS if n in spec},
+        encoding=spec.get("encoding"),
     )
     return keys, params
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from hapi.models import Manifest
-from hapi.protocol import safetensors_header, to_wire_dtype
+from hapi.protocol import end_frame, raw_frames, safetensors_header, to_wire_dtype, word_frames
 
 from .._types import ASGISend
 from ._cached import view_dict
@@ -108,11 +108,19 @@ class Answer:
             timings["total"] = (time.perf_counter() - self.started) * 1000
         return timings
 
-    def response_headers(self, content_type: bytes, length: int) -> list[tuple[bytes, bytes]]:
+    def response_headers(
+        self, content_type: bytes, length: int | None
+    ) -> list[tuple[bytes, bytes]]:
+        """The answer's headers; ``length`` ``None``: a body whose length is known at its
+        end only (sent chunked)."""
         timing = ", ".join(f"{name};dur={ms:.2f}" for name, ms in self.server_timing().items())
+        sized = [] if length is None else [(b"content-length", str(length).encode())]
+        coding = self.params.encoding
+        encoded = [] if coding == "dense" else [(b"x-hapi-encoding", coding.encode())]
         return [
             (b"content-type", content_type),
-            (b"content-length", str(length).encode()),
+            *sized,
+            *encoded,
             (b"x-hapi-model", self.manifest.ref.encode()),
             (b"x-hapi-split", str(self.params.split).encode()),
             (b"x-hapi-shape", ",".join(str(n) for n in self.shape).encode()),
@@ -149,17 +157,20 @@ covers the first window only)."""
 
 class FeatureStream:
     """Sends an :class:`Answer`'s rows (``safetensors``): whole when its tensors are at
-    most :data:`WHOLE_RESPONSE_BYTES`, else as they come.
+    most :data:`WHOLE_RESPONSE_BYTES`, else as they come; in ``zeros`` frames when the
+    request asked for them (:mod:`hapi.protocol`'s ``_zeros``: each window of rows one frame).
 
     A streamed response starts with the first rows, so that an error in the first window
     is still an S3 XML error; an error after that can only cut the body short (its
-    ``Content-Length`` tells the client). A whole one is an S3 XML error up to its end.
+    ``Content-Length`` tells the client, or, encoded, the missing end frame). A whole one
+    is an S3 XML error up to its end.
     """
 
     def __init__(self, send: ASGISend, answer: Answer) -> None:
         self._send = send
         self._answer = answer
         self._started = False
+        self._zeros = answer.params.encoding == "zeros"
         # The rows held until the end (a whole response), or None (streamed).
         whole = answer.tensor_bytes() <= WHOLE_RESPONSE_BYTES
         self._held: list[bytes | memoryview] | None = [] if whole else None
@@ -168,28 +179,43 @@ class FeatureStream:
         """Send (or hold) the next rows ``[n, ...]`` (float32; converted to the wire dtype
         here; rows are never written to once given, so holding them needs no copy)."""
         body = _wire(outputs, self._answer.params.dtype)
+        if self._zeros:
+            body = b"".join(word_frames(body, _CODES[self._answer.params.dtype][1]))
         if self._held is not None:
             self._held.append(body)
             return
         if not self._started:
-            await self._start()
+            await self._start(None)
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
 
     async def finish(self) -> None:
         """Send the labels and end the body (with every held row before them)."""
-        if not self._started:
-            await self._start()
         labels = self._answer.labels()
-        tail = b"" if labels is None else np.ascontiguousarray(labels, "<i8").tobytes()
+        tail: bytes | memoryview = (
+            b"" if labels is None else np.ascontiguousarray(labels, "<i8").tobytes()
+        )
+        if self._zeros:
+            total = self._answer.safetensors_head()[1]
+            tail = b"".join([*raw_frames(tail), end_frame(total)])
         held, self._held = self._held or [], None
+        if not self._started:
+            await self._start(sum(len(part) for part in held) + len(tail))
         # One part goes as it is: joining copies it (hundreds of KB at an early split).
         body = held[0] if len(held) == 1 and not tail else b"".join([*held, tail])
         await self._send({"type": "http.response.body", "body": body})
 
-    async def _start(self) -> None:
+    async def _start(self, rest: int | None) -> None:
+        """Send the headers and the safetensors header; ``rest``: the bytes that follow
+        the header, when known (a whole response), for ``Content-Length``."""
         self._started = True
         head, total = self._answer.safetensors_head()
-        headers = self._answer.response_headers(b"application/octet-stream", total)
+        if self._zeros:
+            head = b"".join(raw_frames(head))
+            # Encoded, a streamed body's length is known at its end only.
+            length = None if rest is None else len(head) + rest
+        else:
+            length = total
+        headers = self._answer.response_headers(b"application/octet-stream", length)
         await self._send({"type": "http.response.start", "status": 200, "headers": headers})
         await self._send({"type": "http.response.body", "body": head, "more_body": True})
 

@@ -49,8 +49,8 @@ from botocore.exceptions import (
     IncompleteReadError,
 )
 
+from hapi.protocol import ENCODINGS, AugmentPolicy, Placement, decode_zeros, parse_error
 from hapi.protocol import WIRE_DTYPES as DTYPES
-from hapi.protocol import AugmentPolicy, Placement, parse_error
 from hapi.protocol import decode_features as decode
 
 from ._endpoints import EndpointFailure, EndpointPool, failover, rebase, resolve_endpoints
@@ -211,6 +211,12 @@ def _observe(
     return 0 if attempts < len(pool) and pool.any_up() else None
 
 
+def _encoding_field(encoding: str) -> dict[str, str]:
+    """The request's ``encoding`` field: none for ``dense``, the wire's default, so that a
+    dense request reads as it always has."""
+    return {} if encoding == "dense" else {"encoding": encoding}
+
+
 def _augment_fields(
     augment: AugmentSpec, seed: int, epoch: int, views: int
 ) -> dict[str, str | int]:
@@ -239,7 +245,9 @@ def policy_of(augment: str | Mapping[str, Any]) -> AugmentPolicy:
     return AugmentPolicy.from_dict(dict(augment))
 
 
-def _check(model: str, split: int, dtype: str) -> None:
+def _check(model: str, split: int, dtype: str, encoding: str = "dense") -> None:
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
     if not model:
         raise ValueError("model must name a registered model (NAME or NAME@VERSION)")
     if isinstance(split, bool) or not isinstance(split, int) or split < 0:
@@ -260,6 +268,7 @@ def get_features(
     seed: int = 0,
     epoch: int = 0,
     views: int = 0,
+    encoding: str = "zeros",
 ) -> Features:
     """Features of one object (an image, or every sample of a WebDataset shard).
 
@@ -280,14 +289,17 @@ def get_features(
         epoch: The epoch: with ``views=0`` a fresh view each epoch.
         views: Views the gateway's cache keeps per object; epoch ``e`` reads view
             ``e % views`` (0: never cached).
+        encoding: ``zeros`` (the default) asks for the body without its zero words
+            (about half the bytes after a ReLU; decoded here to the same features), or
+            ``dense``: the safetensors body as it is.
 
     Raises:
         PushdownUnavailable: The endpoint answered with the plain object.
         EndpointsUnavailable: No endpoint could be reached; names each and its failure.
         RequestError: The gateway refused (a subclass per S3 error code), naming the key.
     """
-    _check(model, split, dtype)
-    headers = {"model": model, "split": split, "dtype": dtype}
+    _check(model, split, dtype, encoding)
+    headers = {"model": model, "split": split, "dtype": dtype, **_encoding_field(encoding)}
     headers.update(_augment_fields(augment, seed, epoch, views))
 
     def attempt(endpoint: str) -> Features:
@@ -322,6 +334,7 @@ def get_features_batch(
     seed: int = 0,
     epoch: int = 0,
     views: int = 0,
+    encoding: str = "zeros",
 ) -> Features:
     """Features of several objects in one request, stacked in key order.
 
@@ -342,6 +355,7 @@ def get_features_batch(
         seed: The augmentation's seed.
         epoch: The epoch.
         views: Views the gateway's cache keeps per object.
+        encoding: ``zeros`` or ``dense``, as for :func:`get_features`.
 
     Raises:
         PushdownUnavailable: The endpoint is not a hapi gateway: a reply without the
@@ -352,10 +366,11 @@ def get_features_batch(
         RequestError: The whole request was refused (a subclass per S3 error code), or
             a server error outlasted the retries.
     """
-    _check(model, split, dtype)
+    _check(model, split, dtype, encoding)
     if not Keys:
         raise ValueError("get_features_batch needs at least one key")
     fields: dict[str, Any] = {"model": model, "split": split, "dtype": dtype}
+    fields.update(_encoding_field(encoding))
     fields.update(_augment_fields(augment, seed, epoch, views))
     locality: Locality | None = getattr(self, _LOCALITY_ATTRIBUTE, None)
     if locality is None:
@@ -523,7 +538,10 @@ def _features(
     wire: tuple[WireSpan, ...] = (),
 ) -> Features:
     try:
-        tensors, meta = decode(body)
+        encoding = headers.get("x-hapi-encoding", "dense")
+        if encoding not in ENCODINGS:
+            raise ValueError(f"an answer in an unknown encoding, {encoding!r}")
+        tensors, meta = decode(decode_zeros(body) if encoding == "zeros" else body)
         keys = tuple(json.loads(meta.get("keys", "[]")))
         errors = json.loads(meta.get("errors", "{}"))
         views = tuple(json.loads(meta["views"])) if "views" in meta else None

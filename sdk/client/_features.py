@@ -26,7 +26,7 @@ class Features:
         model: ``NAME@VERSION`` the gateway used.
         split: The split the gateway ran.
         dtype: The wire dtype (features are widened to float32 on arrival).
-        nbytes: Bytes of the response body.
+        nbytes: Bytes of the response body as it crossed the wire (encoded, when it was).
         server_timing: The gateway's ``Server-Timing`` entries, in milliseconds.
         endpoint: The endpoint that answered.
         cache: The gateway's feature cache answer: ``hit``, ``miss`` or ``bypass``.
