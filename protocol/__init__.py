@@ -53,7 +53,7 @@ from ._cache import (
     parse_pack_index,
 )
 from ._credentials import Credentials
-from ._errors import InvalidValue, ProtocolError
+from ._errors import CutShort, InvalidValue, ProtocolError
 from ._layout import (
     DEFAULT_REGISTRY_BUCKET,
     MODELS_PREFIX,
@@ -88,7 +88,15 @@ from ._wire import decode as decode_features
 from ._wire import encode as encode_features
 from ._wire import header as safetensors_header
 from ._wire import to_wire_dtype
-from ._zeros import ENCODINGS, decode_zeros, encode_zeros, end_frame, raw_frames, word_frames
+from ._zeros import (
+    ENCODINGS,
+    check_zeros,
+    decode_zeros,
+    encode_zeros,
+    end_frame,
+    raw_frames,
+    word_frames,
+)
 
 __all__ = [
     "AUGMENT_TRANSFORMS",
@@ -108,6 +116,7 @@ __all__ = [
     "BlockTime",
     "CacheEntry",
     "Credentials",
+    "CutShort",
     "ErrorReply",
     "Figure",
     "GatewayStats",
@@ -131,6 +140,7 @@ __all__ = [
     "ViewParams",
     "block_key",
     "cache_key",
+    "check_zeros",
     "context_digest",
     "decode_features",
     "decode_zeros",

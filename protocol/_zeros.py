@@ -25,11 +25,12 @@ from zlib's 27-96 MB/s on the storage core.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ._errors import InvalidValue
+from ._errors import CutShort, InvalidValue
 
 ENCODINGS = ("dense", "zeros")
 """A pushdown answer's encodings: ``dense`` (the safetensors body) or ``zeros``."""
@@ -84,15 +85,30 @@ def decode_zeros(body: bytes | memoryview) -> bytes:
     """The dense bytes of a ``zeros`` body.
 
     Raises:
-        InvalidValue: A frame of an unknown kind, cut short, or a body whose end frame is
-            missing, or does not match what its frames decoded to.
+        CutShort: The body ends before its end frame.
+        InvalidValue: A frame of an unknown kind, bytes after the end frame, or an end
+            frame that does not match what the frames decoded to.
     """
-    view = memoryview(body).cast("B")
-    parts: list[bytes | memoryview] = []
+    return b"".join(part for _, part in _frames(memoryview(body).cast("B"), dense=True))
+
+
+def check_zeros(body: bytes | memoryview) -> int:
+    """The length ``body`` decodes to, from its frames alone (nothing is decoded).
+
+    Raises:
+        CutShort: The body ends before its end frame.
+        InvalidValue: As :func:`decode_zeros`.
+    """
+    return sum(n for n, _ in _frames(memoryview(body).cast("B"), dense=False))
+
+
+def _frames(view: memoryview, *, dense: bool) -> Iterator[tuple[int, memoryview]]:
+    """Each frame's decoded length and, with ``dense``, its decoded bytes (else a frame
+    of words yields no bytes)."""
     at = total = 0
     while True:
         if at + _FRAME.size > len(view):
-            raise InvalidValue(f"zeros encoding cut short at byte {at} (no end frame)")
+            raise CutShort(f"zeros encoding cut short at byte {at} (no end frame)")
         kind, n = _FRAME.unpack_from(view, at)
         at += _FRAME.size
         if kind == END:
@@ -100,27 +116,27 @@ def decode_zeros(body: bytes | memoryview) -> bytes:
                 raise InvalidValue(f"zeros encoding decoded {total} bytes, its end says {n}")
             if at != len(view):
                 raise InvalidValue(f"{len(view) - at} bytes after the zeros encoding's end")
-            break
+            return
         if kind == RAW:
-            parts.append(_take(view, at, n))
+            yield n, _take(view, at, n)
             at += n
         elif kind in _WORDS:
-            words, at = _words(view, at, kind, n)
-            parts.append(words.data.cast("B"))
+            words, at = _words(view, at, kind, n, dense)
+            yield n, words.data.cast("B")
         else:
             raise InvalidValue(f"unknown zeros frame kind {kind} at byte {at - _FRAME.size}")
         total += n
-    return b"".join(parts)
 
 
 def _take(view: memoryview, at: int, n: int) -> memoryview:
     if at + n > len(view):
-        raise InvalidValue(f"zeros frame at byte {at} cut short ({len(view) - at} of {n} bytes)")
+        raise CutShort(f"zeros frame at byte {at} cut short ({len(view) - at} of {n} bytes)")
     return view[at : at + n]
 
 
-def _words(view: memoryview, at: int, word: int, n: int) -> tuple[np.ndarray, int]:
-    """One words frame's dense words, and where the next frame starts."""
+def _words(view: memoryview, at: int, word: int, n: int, dense: bool) -> tuple[np.ndarray, int]:
+    """One words frame's dense words (an empty array unless ``dense``), and where the
+    next frame starts."""
     if n % word:
         raise InvalidValue(f"zeros frame at byte {at}: {n} bytes is not whole {word}-byte words")
     count = n // word
@@ -129,8 +145,10 @@ def _words(view: memoryview, at: int, word: int, n: int) -> tuple[np.ndarray, in
     kept = np.unpackbits(mask, count=count, bitorder="little").view(bool)
     nonzero = int(np.count_nonzero(kept))
     values = np.frombuffer(_take(view, at, nonzero * word), _WORDS[word])
+    if not dense:
+        return values[:0], at + nonzero * word
     if nonzero and not np.all(values):
         raise InvalidValue(f"zeros frame at byte {at}: a word sent is zero (its mask is wrong)")
-    dense = np.zeros(count, _WORDS[word])
-    dense[kept] = values
-    return dense, at + nonzero * word
+    words = np.zeros(count, _WORDS[word])
+    words[kept] = values
+    return words, at + nonzero * word

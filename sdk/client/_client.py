@@ -49,7 +49,16 @@ from botocore.exceptions import (
     IncompleteReadError,
 )
 
-from hapi.protocol import ENCODINGS, AugmentPolicy, Placement, decode_zeros, parse_error
+from hapi.protocol import (
+    ENCODINGS,
+    AugmentPolicy,
+    CutShort,
+    InvalidValue,
+    Placement,
+    check_zeros,
+    decode_zeros,
+    parse_error,
+)
 from hapi.protocol import WIRE_DTYPES as DTYPES
 from hapi.protocol import decode_features as decode
 
@@ -77,7 +86,14 @@ _LOCALITY_ATTRIBUTE = "_hapi_locality"
 _GATEWAY_MARK = "x-hapi-request-id"  # the gateway stamps every response with it
 _RETRYABLE = {"SlowDown", "ServiceUnavailable", "RequestTimeout", "InternalError"}
 # Refused, reset, timed out or cut short: the endpoint, not the request, is at fault.
-_TRANSPORT_ERRORS = (ConnectionError, HTTPClientError, IncompleteReadError)
+# urllib3's ProtocolError: a chunked body (an encoded answer that streamed) whose peer
+# went away, which botocore's body reader passes through as it is.
+_TRANSPORT_ERRORS = (
+    ConnectionError,
+    HTTPClientError,
+    IncompleteReadError,
+    urllib3.exceptions.ProtocolError,
+)
 
 
 def client(
@@ -310,7 +326,9 @@ def get_features(
             with response["Body"] as body:
                 if "x-hapi-split" not in answered:
                     raise PushdownUnavailable(endpoint, f"GET {Key} returned the object")
-                return _features(body.read(), answered, Bucket, Key, endpoint)
+                content = body.read()
+            _check_whole(answered, content)
+            return _features(content, answered, Bucket, Key, endpoint)
         except ClientError as exc:
             raise _client_failure(exc, Bucket, Key) from exc
         except _TRANSPORT_ERRORS as exc:
@@ -467,6 +485,22 @@ def _check_length(response: _Reply) -> None:
         raise EndpointFailure(
             f"the response was cut short ({len(response.content)} of {expected} bytes)"
         )
+    if response.status_code == 200:
+        _check_whole(response.headers, response.content)
+
+
+def _check_whole(headers: Mapping[str, str], body: bytes) -> None:
+    """An encoded answer that streamed has no length to check: its end frame says whether
+    it is whole. One cut short fails the endpoint (and is retried on another), as a short
+    dense body does."""
+    if headers.get("x-hapi-encoding") != "zeros":
+        return
+    try:
+        check_zeros(body)
+    except CutShort as exc:
+        raise EndpointFailure(f"the response was cut short: {exc}") from exc
+    except InvalidValue:
+        return  # whole but unreadable: decoding the features reports it
 
 
 def _retryable(status: int, code: str, from_gateway: bool) -> bool:

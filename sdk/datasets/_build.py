@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from hapi.models import Manifest, ModelError, Registry, RuntimeSettings
 from hapi.models import NoSuchModel as MissingModel
-from hapi.protocol import DEFAULT_REGISTRY_BUCKET
+from hapi.protocol import DEFAULT_REGISTRY_BUCKET, ENCODINGS
 from hapi.protocol import WIRE_DTYPES as DTYPES
 
 from ..client._client import client
@@ -95,6 +95,7 @@ class Options:
     freeze: int | None = None
     labels: LabelsArg = "folder"
     dtype: str = "float32"
+    encoding: str = "zeros"
     endpoint_url: str | Sequence[str] | None = None
     client_options: Mapping[str, Any] | None = None
     registry_bucket: str = DEFAULT_REGISTRY_BUCKET
@@ -145,6 +146,10 @@ def prepare(
     """
     if options.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {options.dtype!r}")
+    if options.encoding not in ENCODINGS:
+        raise ValueError(
+            f"encoding must be one of {', '.join(ENCODINGS)}, not {options.encoding!r}"
+        )
     if options.request_size < 1:
         raise ValueError(f"request_size must be >= 1, not {options.request_size}")
     endpoints = resolve_endpoints(options.endpoint_url, os.environ)
@@ -164,6 +169,7 @@ def prepare(
         freeze=freeze,
         split=choice.split,
         dtype=options.dtype,
+        encoding=options.encoding,
         runtime=options.runtime or RuntimeSettings(),
         local_cache=None if options.local_cache is None else os.fspath(options.local_cache),
         etags=None if source.etags is None else dict(zip(source.keys, source.etags, strict=True)),

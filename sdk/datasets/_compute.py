@@ -87,6 +87,7 @@ class Spec:
         freeze: Blocks ``[0, freeze)`` produce the features.
         split: Blocks ``[0, split)`` run on the storage side; ``None``: no pushdown.
         dtype: Wire dtype of pushed-down features.
+        encoding: Their answers' encoding (``zeros`` or ``dense``).
         runtime: onnxruntime settings for the blocks run here.
         local_cache: A directory keeping features at the freeze point on this machine.
         etags: The objects' ETags, when they were listed (they key the local cache).
@@ -99,6 +100,7 @@ class Spec:
     freeze: int
     split: int | None
     dtype: str = "float32"
+    encoding: str = "zeros"
     runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
     local_cache: str | None = None
     etags: Mapping[str, str] | None = None
@@ -249,7 +251,13 @@ class Engine:
             views = {"augment": augment.policy, "seed": augment.seed, "epoch": augment.epoch}
             views["views"] = augment.views
         reply = self.s3.get_features_batch(
-            bucket, list(keys), model=spec.manifest.ref, split=split, dtype=spec.dtype, **views
+            bucket,
+            list(keys),
+            model=spec.manifest.ref,
+            split=split,
+            dtype=spec.dtype,
+            encoding=spec.encoding,
+            **views,
         )
         round_trip = (started, time.perf_counter())
         reply.raise_for_errors()

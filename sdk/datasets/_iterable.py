@@ -150,6 +150,7 @@ class IterableFeatureDataset(FeatureSource, IterableDataset[Sample]):
         freeze: int | None = None,
         labels: LabelsArg = "cls",
         dtype: str = "float32",
+        encoding: str = "zeros",
         endpoint_url: str | Sequence[str] | None = None,
         client_options: Mapping[str, Any] | None = None,
         registry_bucket: str = DEFAULT_REGISTRY_BUCKET,

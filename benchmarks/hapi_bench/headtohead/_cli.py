@@ -68,6 +68,11 @@ def parser() -> argparse.ArgumentParser:
         choices=("float32", "float16"),
         help="hapi's wire dtype (the contender decodes images either way) [default: float32]",
     )
+    p.add_argument(
+        "--encoding",
+        choices=("zeros", "dense"),
+        help="hapi's answers: without their zero words, or dense [default: zeros]",
+    )
     return p
 
 
@@ -96,6 +101,7 @@ def config_from(args: argparse.Namespace) -> HeadToHeadConfig:
         "niceness": args.nice,
         "cache_split": args.cache_split,
         "dtype": args.dtype,
+        "encoding": args.encoding,
     }
     return dataclasses.replace(base, **{k: v for k, v in changes.items() if v is not None})
 

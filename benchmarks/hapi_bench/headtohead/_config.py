@@ -47,6 +47,8 @@ class HeadToHeadConfig:
             which prices a cold epoch).
         dtype: hapi's wire dtype, ``float32`` or ``float16`` (half the bytes a sample on
             the link; the held-out accuracy says what it costs the head).
+        encoding: hapi's answers' encoding, ``zeros`` (the SDK's default: without their
+            zero words) or ``dense``.
     """
 
     out: Path
@@ -63,6 +65,7 @@ class HeadToHeadConfig:
     niceness: int = 0
     cache_split: str = "freeze"
     dtype: str = "float32"
+    encoding: str = "zeros"
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.models if m not in FAMILIES]
@@ -77,6 +80,8 @@ class HeadToHeadConfig:
             raise ValueError(f"loads must be among {', '.join(LOADS)}")
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype must be float32 or float16, not {self.dtype!r}")
+        if self.encoding not in ("zeros", "dense"):
+            raise ValueError(f"encoding must be zeros or dense, not {self.encoding!r}")
         if self.cache_split not in ("freeze", "auto"):
             raise ValueError(f"cache_split must be freeze or auto, not {self.cache_split!r}")
         if self.samples < self.batch_size or self.held_out < 4 or self.epochs < 2:

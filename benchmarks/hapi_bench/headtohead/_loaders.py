@@ -66,6 +66,7 @@ class LoaderSettings:
         prefetch_factor: Batches each worker keeps ahead.
         seed: The sampler's seed.
         dtype: hapi's wire dtype (the features the head trains on are float32 either way).
+        encoding: hapi's answers' encoding (``zeros`` or ``dense``).
     """
 
     bucket: str
@@ -75,6 +76,7 @@ class LoaderSettings:
     prefetch_factor: int = 4
     seed: int = 0
     dtype: str = "float32"
+    encoding: str = "zeros"
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.workers < 0 or self.prefetch_factor < 1:
@@ -281,6 +283,7 @@ def hapi_loader(
         request_size=settings.batch_size,
         bandwidth=bandwidth,
         dtype=settings.dtype,
+        encoding=settings.encoding,
     )
     sampler = EpochSampler(len(settings.keys), settings.seed)
     return Loader(name, _loader(dataset, settings, sampler), sampler)

@@ -191,6 +191,7 @@ class ModelRun:
             prefetch_factor=config.prefetch_factor,
             seed=config.seed,
             dtype=config.dtype,
+            encoding=config.encoding,
         )
         spec = tier.spec
         self.contenders = {

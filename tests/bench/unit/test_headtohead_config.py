@@ -24,6 +24,7 @@ FLAGS = {
     "niceness": ("--nice", "-5", -5),
     "cache_split": ("--cache-split", "auto", "auto"),
     "dtype": ("--dtype", "float16", "float16"),
+    "encoding": ("--encoding", "dense", "dense"),
 }
 
 
@@ -51,6 +52,7 @@ def test_quick_is_small_and_options_apply_over_it(tmp_path: Path) -> None:
         {"samples": 4},
         {"cache_split": "sometimes"},
         {"dtype": "int8"},
+        {"encoding": "gzip"},
     ],
 )
 def test_bad_configurations_are_refused(tmp_path: Path, changes: dict[str, object]) -> None:

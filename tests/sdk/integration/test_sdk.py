@@ -247,6 +247,23 @@ def test_features_at_split_k_equal_raw_objects_computed_here(
         assert (dataset.stats.mode, dataset.stats.split) == ("pushdown", split)
 
 
+def test_the_encoding_changes_the_bytes_on_the_wire_not_the_features(gateway, registered, data):
+    prefix = f"s3://{data['bucket']}/train/"
+    made = {
+        encoding: sdk.FeatureDataset.from_prefix(
+            prefix, model="r18", **_through(gateway, split=3, encoding=encoding)
+        )
+        for encoding in ("zeros", "dense")
+    }
+    got = {encoding: _all(dataset) for encoding, dataset in made.items()}
+    np.testing.assert_array_equal(got["zeros"][0], got["dense"][0])
+    assert got["zeros"][1] == got["dense"][1]
+    received = {encoding: d.stats.bytes_received for encoding, d in made.items()}
+    assert 0 < received["zeros"] < 0.9 * received["dense"], received
+    with pytest.raises(ValueError, match="encoding must be one of dense, zeros"):
+        sdk.FeatureDataset.from_prefix(prefix, model="r18", **_through(gateway, encoding="lz4"))
+
+
 def test_same_loss_trajectory_at_two_splits(gateway, registered, data):
     def losses(split: int) -> list[float]:
         dataset = sdk.IterableFeatureDataset.from_prefix(

@@ -101,3 +101,32 @@ def test_the_client_times_give_a_link_sample_only_for_a_timed_body() -> None:
     sample = ClientTimes(0.1, wire=WireSpan(125_000, 2.0, 2.1)).bandwidth()
     assert sample is not None and sample.source == "sampled"
     assert sample.bits_per_second == pytest.approx(10e6)
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["connection-dropped", "chunks-ended"])
+def test_an_encoded_answer_without_its_end_frame_fails_the_endpoint(closed: bool) -> None:
+    # A streamed zeros answer has no Content-Length: whether the peer died mid-chunk or
+    # the chunks ended without the end frame, the request fails as a short dense body
+    # does (failed over, then reported), never as fewer features.
+    from hapi import sdk
+    from hapi.protocol import raw_frames
+    from hapi.sdk.client._errors import EndpointsUnavailable
+    from tests.support import cut_short_server
+
+    frames = b"".join(bytes(p) for p in raw_frames(b"\0" * 5000))
+    chunk = b"%x\r\n" % len(frames) + frames + b"\r\n" + (b"0\r\n\r\n" if closed else b"")
+    head = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nx-hapi-request-id: t\r\n"
+        b"x-hapi-split: 1\r\nx-hapi-encoding: zeros\r\n"
+        b"Content-Type: application/octet-stream\r\n\r\n"
+    )
+    with cut_short_server(head + chunk) as url:
+        s3 = sdk.client(
+            url, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
+        )
+        with pytest.raises(EndpointsUnavailable) as caught:
+            s3.get_features_batch(Bucket="b", Keys=["a.jpg"], model="m", split=1)
+        assert url in str(caught.value), caught.value
+        with pytest.raises((EndpointsUnavailable, sdk.RequestError)) as single:
+            s3.get_features(Bucket="b", Key="a.jpg", model="m", split=1)
+        assert "cut short" in str(single.value) or "Connection broken" in str(single.value)
