@@ -182,9 +182,12 @@ def test_json_format_works_on_the_batch_post(gateway, bucket):
         assert summary["shape"][0] == 1
 
 
-def test_a_sample_that_fails_after_the_first_rows_cuts_the_body_short(gateway, bucket):
+@pytest.mark.parametrize("encoding", ["", "&hapi-encoding=zeros"], ids=["dense", "zeros"])
+def test_a_sample_that_fails_after_the_first_rows_cuts_the_body_short(gateway, bucket, encoding):
     # The header and first rows are sent before the broken member's window is decoded;
-    # the body must then end short of its Content-Length, never look complete.
+    # the body must then end short of its Content-Length (or, encoded and chunked, short
+    # of its last chunk and its end frame), never look complete.
+    path = f"/{bucket}/late-corrupt.tar?hapi-model=r18&hapi-split=1{encoding}"
     with pytest.raises(httpx.RemoteProtocolError):
-        signed_get(gateway, f"/{bucket}/late-corrupt.tar?hapi-model=r18&hapi-split=1")
+        signed_get(gateway, path)
     assert signed_get(gateway, f"/{bucket}/one.png?hapi-model=r18&hapi-split=1").status_code == 200
