@@ -228,7 +228,7 @@ def _candidate(
     client_decode = profile.client_decode_ms if split is None else 0.0
     client = (client_decode + sum(profile.client_ms[start:]) + profile.head_ms) * batch
     client += profile.client_request_ms * (batch if split is None else 1)
-    sent = profile.bytes_at(split)
+    sent = profile.sent_at(split)
     transfer = 1000.0 * batch * sent * 8 / bandwidth
     stages: dict[Stage, float] = {"storage": storage, "transfer": transfer, "client": client}
     bottleneck = max(stages, key=lambda name: stages[name])

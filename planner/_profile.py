@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hapi.models import Manifest
+from hapi.protocol import zeros_share
 
 from ._errors import InvalidInput
 
@@ -69,6 +70,10 @@ class Profile:
             that many batches are on their way or computing at once, so a batch takes
             at least its three stages' sum over them. ``None``: requests are sent ahead
             of the compute (the iterable form's prefetch), and the stages overlap.
+        zeros: Per-block share of the output's values that are zero, measured on real
+            samples, when the features travel in the ``zeros`` encoding (which leaves
+            them out): what split ``k`` sends is priced at block ``k - 1``'s share of
+            its bytes. ``None``: dense answers, or not measured.
     """
 
     storage_ms: tuple[float, ...]
@@ -92,6 +97,7 @@ class Profile:
     shared_compute: bool = False
     storage_origin: str = ""
     readers_in_turn: int | None = None
+    zeros: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         blocks = (
@@ -123,6 +129,10 @@ class Profile:
                 raise InvalidInput("profile: memory budgets must be positive (or None)")
         if self.readers_in_turn is not None and self.readers_in_turn < 1:
             raise InvalidInput("profile: readers_in_turn must be >= 1 (or None)")
+        if self.zeros is not None and (
+            len(self.zeros) != len(self.storage_ms) or not all(0 <= z <= 1 for z in self.zeros)
+        ):
+            raise InvalidInput("profile: zeros must be one share in [0, 1] per block")
         if self.wire_dtype not in ITEMSIZE:
             raise InvalidInput(f"profile: unknown wire dtype {self.wire_dtype!r}")
 
@@ -146,6 +156,15 @@ class Profile:
         if split is None:
             return self.raw_bytes
         return self.input_bytes if split == 0 else self.output_bytes[split - 1]
+
+    def sent_at(self, split: int | None) -> float:
+        """Bytes one sample's answer carries over the network at ``split``: its features'
+        bytes less the zero words the ``zeros`` encoding leaves out (with :attr:`zeros`),
+        the raw object without pushdown."""
+        dense = self.bytes_at(split)
+        if split is None or split == 0 or self.zeros is None:
+            return dense
+        return dense * zeros_share(self.zeros[split - 1], ITEMSIZE[self.wire_dtype])
 
     def activation_bytes(self, start: int, stop: int) -> int:
         """Memory one sample needs through blocks ``[start, stop)``: its input, or a block's
@@ -176,6 +195,7 @@ def profile_from_manifest(
     storage_load: float = 1.0,
     wire_dtype: str | None = None,
     shared_compute: bool = False,
+    zeros: Sequence[float] | None = None,
 ) -> Profile:
     """A profile of ``manifest``'s frozen blocks, with the manifest's ``cpu_ms`` for both
     sides unless measured times are given.
@@ -200,6 +220,8 @@ def profile_from_manifest(
             bytes); the blocks' own dtype if omitted.
         shared_compute: Both tiers run on the same machine's cores (see
             :attr:`Profile.shared_compute`).
+        zeros: Per-block share of zero values, for answers in the ``zeros`` encoding
+            (see :attr:`Profile.zeros`); ``None``: priced dense.
 
     Raises:
         InvalidInput: A per-block sequence of the wrong length, an unknown dtype, or a
@@ -225,6 +247,7 @@ def profile_from_manifest(
         storage_load=storage_load,
         wire_dtype=wire_dtype or manifest.input.dtype,
         shared_compute=shared_compute,
+        zeros=None if zeros is None else tuple(_per_block(zeros, manifest, "zeros")),
     )
 
 

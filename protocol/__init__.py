@@ -96,6 +96,7 @@ from ._zeros import (
     end_frame,
     raw_frames,
     word_frames,
+    zeros_share,
 )
 
 __all__ = [
@@ -176,4 +177,5 @@ __all__ = [
     "to_wire_dtype",
     "view_index",
     "word_frames",
+    "zeros_share",
 ]

@@ -44,6 +44,14 @@ PAYS = 0.95
 (mask included): counting the zeros is cheap, gathering the rest is not free."""
 
 
+def zeros_share(zeros: float, word: int) -> float:
+    """The share of a frame's dense bytes the encoding sends when ``zeros`` of its
+    ``word``-byte words are zero: the rest of the words and a bit a word, or all of them
+    where that would not pay (:data:`PAYS`). What a planner prices a split's bytes at."""
+    packed = (1.0 - zeros) + 1.0 / (8 * word)
+    return packed if packed <= PAYS else 1.0
+
+
 def raw_frames(data: bytes | memoryview) -> list[bytes | memoryview]:
     """``data`` as ``RAW`` frames (several when it is over :data:`MAX_FRAME`)."""
     view = memoryview(data).cast("B")

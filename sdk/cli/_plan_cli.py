@@ -44,7 +44,7 @@ from hapi.protocol import InvalidValue, parse_bandwidth, parse_size
 from ..client._errors import ProbeError
 from ..client._probe import fetch_gateway_profile, probe_bandwidth
 from ..planning._link import Bandwidth, BandwidthMemory, endpoint_key
-from ..planning._measure import measure_client_blocks, measure_decode_ms
+from ..planning._measure import measure_decode_ms, run_client_blocks
 from ..planning._plan_view import plot_plan, print_plan
 from ..planning._split import PROBE_SECONDS, fewest_bytes
 
@@ -260,9 +260,13 @@ def _manifest(registry: Registry, ref: str) -> Manifest:
 
 
 def _measured(registry: Registry, manifest: Manifest, profile: Profile) -> Profile:
-    client_ms = measure_client_blocks(registry, manifest)
+    """The client's figures timed here on sample photos, and their features' zeros (the
+    SDK's answers leave them out, so a split is priced without them)."""
+    client_ms, zeros = run_client_blocks(registry, manifest)
     decode_ms = measure_decode_ms(manifest.preprocess)
-    return dataclasses.replace(profile, client_ms=client_ms, client_decode_ms=decode_ms)
+    return dataclasses.replace(
+        profile, client_ms=client_ms, client_decode_ms=decode_ms, zeros=zeros
+    )
 
 
 def _plot(chosen: Plan, path: Path) -> None:

@@ -266,6 +266,7 @@ def _choose(
             batch_size=options.request_size,
             auth=gateway_auth(s3),
             measure=measure,
+            encoding=options.encoding,
             readers_in_turn=readers_in_turn,
         )
     last = min(freeze, manifest.freeze)

@@ -66,6 +66,34 @@ def measure_client_blocks(
         hapi.models.ModelError: A block cannot be fetched or run, or no photos (without
             scikit-image installed, pass ``images``).
     """
+    times, _ = run_client_blocks(
+        registry,
+        manifest,
+        batch_size=batch_size,
+        runs=runs,
+        images=images,
+        settings=settings,
+        inputs=inputs,
+    )
+    return times
+
+
+def run_client_blocks(
+    registry: Registry,
+    manifest: Manifest,
+    *,
+    batch_size: int = DEFAULT_MEASURE_BATCH,
+    runs: int = 3,
+    images: Sequence[Image.Image] | None = None,
+    settings: RuntimeSettings | None = None,
+    inputs: np.ndarray | None = None,
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """:func:`measure_client_blocks`, and each block's share of zero values in its real
+    output (what the ``zeros`` encoding leaves off the wire at the split after it).
+
+    Raises:
+        As :func:`measure_client_blocks`.
+    """
     if batch_size < 1 or runs < 1:
         raise InvalidInput("need a batch size >= 1 and runs >= 1")
     if inputs is not None:
@@ -79,13 +107,14 @@ def measure_client_blocks(
         batch = preprocess_batch((photos * batch_size)[:batch_size], manifest.preprocess)
     if manifest.input.dtype == "float16":
         batch = batch.astype(np.float16)
-    times = []
+    times, zeros = [], []
     for index in range(manifest.freeze):
         session = create_session(registry.load_blocks(manifest, index, index + 1), settings)
         feed = {session.get_inputs()[0].name: batch}
         batch = np.asarray(session.run(None, feed)[0])  # a warm-up; feeds the next block
         times.append(_best_ms(functools.partial(session.run, None, feed), runs) / batch_size)
-    return tuple(times)
+        zeros.append(1.0 - np.count_nonzero(batch) / max(1, batch.size))
+    return tuple(times), tuple(zeros)
 
 
 def _best_ms(call: Callable[[], Any], runs: int) -> float:

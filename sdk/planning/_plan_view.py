@@ -76,7 +76,7 @@ def plot_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
 def _draw_sizes(axes: Any, plan: Plan) -> None:
     profile = plan.profile
     splits = list(range(plan.freeze + 1))
-    sent = [profile.bytes_at(k) / 1000 for k in splits]
+    sent = [profile.sent_at(k) / 1000 for k in splits]
     feasible = {c.split: c.feasible for c in plan.candidates}
     colors = [
         _CHOSEN if k == plan.split else _OTHER if feasible[k] else _INFEASIBLE for k in splits

@@ -54,7 +54,7 @@ from ..client._host import same_host
 from ..client._probe import GatewayAuth, fetch_gateway_profile, probe_bandwidth
 from ..client._wire import WireSpan, read_timed
 from ._link import Bandwidth, LinkEstimate
-from ._measure import measure_client_blocks, measure_request_ms
+from ._measure import measure_request_ms, run_client_blocks
 from ._stats import EpochStats
 
 logger = logging.getLogger("hapi.sdk")
@@ -141,6 +141,9 @@ class ClientTimes:
     decode_ms: float | None = None
     wire: WireSpan | None = None
     """When the object read to time decoding arrived (too small to time: ``nbytes`` 0)."""
+    zeros: tuple[float, ...] | None = None
+    """Each frozen block's share of zero values in that object's features (measured with
+    the blocks): what the ``zeros`` encoding leaves off the wire."""
 
     def bandwidth(self) -> Bandwidth | None:
         """The link as the object read here measured it (source ``sampled``): the live
@@ -153,9 +156,12 @@ class ClientTimes:
         bits = link.bandwidth_bps()
         return None if bits is None else Bandwidth(bits, "sampled")
 
-    def profile_args(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`hapi.planner.profile_from_manifest`."""
+    def profile_args(self, encoding: str = "zeros") -> dict[str, Any]:
+        """Keyword arguments of :func:`hapi.planner.profile_from_manifest`, for answers in
+        ``encoding``."""
         found: dict[str, Any] = {"client_request_ms": self.request_ms}
+        if self.zeros is not None and encoding == "zeros":
+            found["zeros"] = self.zeros
         if self.block_ms is not None:
             found["client_ms"] = self.block_ms
         if self.decode_ms is not None:
@@ -198,12 +204,12 @@ def measure_client(
             samples = decode_object(data, manifest.preprocess, key=key)
             decode_s = min(decode_s, (time.thread_time() - started) / max(1, len(samples)))
         inputs = np.stack([sample.array for sample in samples[:MEASURE_SAMPLES]])
-        block_ms = measure_client_blocks(
+        block_ms, zeros = run_client_blocks(
             registry, manifest, batch_size=MEASURE_SAMPLES, runs=2, settings=runtime, inputs=inputs
         )
     except (ClientError, BotoCoreError, ModelError, ValueError) as exc:
         raise planner.PlannerError(f"cannot time s3://{bucket}/{key} here: {exc}") from exc
-    return ClientTimes(request_ms, block_ms, 1000.0 * decode_s, wire)
+    return ClientTimes(request_ms, block_ms, 1000.0 * decode_s, wire, zeros)
 
 
 def wire_bytes(manifest: Manifest, split: int, dtype: str) -> int:
@@ -254,6 +260,7 @@ def choose_split(
     measure: Callable[[bool], ClientTimes] | None = None,
     probe: bool = False,
     readers_in_turn: int | None = None,
+    encoding: str = "zeros",
 ) -> SplitChoice:
     """Ask the planner for the split; fall back to :func:`fewest_bytes`.
 
@@ -279,6 +286,8 @@ def choose_split(
         readers_in_turn: Readers that each wait for a batch before computing on it
             (``hapi.planner.Profile.readers_in_turn``; ``None``: requests go ahead of
             the compute).
+        encoding: The answers' encoding: with ``zeros``, a split is priced at the bytes
+            left once the zero values ``measure`` saw are left out.
     """
     if freeze != manifest.freeze:
         return fewest_bytes(manifest, freeze, dtype, f"it plans for freeze {manifest.freeze}")
@@ -292,7 +301,7 @@ def choose_split(
         if bandwidth is None:
             return fewest_bytes(manifest, freeze, dtype, str(exc))
     times, unmeasured = _measured(measure, blocks=not shared)
-    client_figures = {} if times is None else times.profile_args()
+    client_figures = {} if times is None else times.profile_args(encoding)
     if bandwidth is None and times is not None:
         bandwidth = times.bandwidth()
     profile = planner.profile_from_manifest(

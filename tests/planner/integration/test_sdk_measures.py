@@ -47,3 +47,24 @@ def test_client_blocks_are_timed_on_given_samples(backend_s3: Any, registered: A
     assert len(times) == manifest.freeze and all(ms > 0 for ms in times)
     with pytest.raises(planner.InvalidInput, match="at least one sample"):
         sdk.measure_client_blocks(models.Registry(backend_s3), manifest, inputs=samples[:0])
+
+
+def test_client_blocks_report_their_outputs_zeros(backend_s3: Any, registered: Any) -> None:
+    # The share of zero values each block's real output holds, as onnxruntime computes
+    # it here: after a ReLU about half; never outside [0, 1].
+    from hapi import models
+    from hapi.sdk.planning._measure import run_client_blocks
+
+    manifest = registered["r18"]
+    registry = models.Registry(backend_s3)
+    times, zeros = run_client_blocks(registry, manifest, batch_size=2, runs=1)
+    assert len(times) == len(zeros) == manifest.freeze
+    assert all(0.0 <= z <= 1.0 for z in zeros)
+    want = []
+    batch = models.preprocess_batch(models.sample_images()[:2], manifest.preprocess)
+    for index in range(manifest.freeze):
+        session = models.create_session(registry.load_blocks(manifest, index, index + 1), None)
+        batch = np.asarray(session.run(None, {session.get_inputs()[0].name: batch})[0])
+        want.append(float(np.mean(batch == 0)))
+    assert zeros == pytest.approx(want)
+    assert max(zeros) > 0.2  # ReLUs zero a good share somewhere in ResNet18

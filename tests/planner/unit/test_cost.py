@@ -329,3 +329,39 @@ def test_replan_follows_a_collapsed_bandwidth_and_a_slower_storage_side() -> Non
     again = replan(model, chosen, loaded)
     assert again.profile.storage_load == pytest.approx(3.0)
     assert again.bandwidth_bps == chosen.bandwidth_bps
+
+
+def test_zeros_price_a_split_at_the_bytes_the_encoding_sends() -> None:
+    # 1000 float32 bytes a sample after the block: half of them zero leaves half the
+    # words and a bit a word (1/32 of the bytes): 531.25 B; 2% zero would not pay for
+    # the mask (0.98 + 1/32 > 0.95): the frame goes dense, 1000 B.
+    model, profile = _tiny()
+    half = dataclasses.replace(profile, zeros=(0.5,))
+    assert half.sent_at(1) == pytest.approx(531.25)
+    assert half.sent_at(0) == profile.input_bytes and half.sent_at(None) == profile.raw_bytes
+    assert half.bytes_at(1) == 1000  # memory still holds the dense features
+    assert half.activation_bytes(0, 1) == profile.activation_bytes(0, 1)
+    assert dataclasses.replace(profile, zeros=(0.02,)).sent_at(1) == 1000
+    # In float16 the mask is a bit per 2 bytes: 500 * (0.5 + 1/16) = 281.25 B.
+    assert half.in_dtype("float16").sent_at(1) == pytest.approx(281.25)
+    # 8 Mbit/s is 1000 bytes a ms: 10 samples' transfer at split 1 is 5.3125 ms, not 10.
+    chosen = plan(model, half, 8 * MBIT, batch_size=10, dataset_size=100)
+    assert chosen.candidate(1).transfer_ms == pytest.approx(5.3125)
+    assert chosen.candidate(1).bytes_per_sample == pytest.approx(531.25)
+
+
+def test_zeros_make_a_split_worth_its_bytes_on_a_slow_link() -> None:
+    # Raw objects of 700 B against a split of 1000 B dense: on a slow link the raw
+    # objects win; with half of the split's values zero it sends 531 B and wins.
+    model, profile = _tiny()
+    slow = dataclasses.replace(profile, raw_bytes=700, client_ms=(0.1,), client_decode_ms=0.1)
+    assert plan(model, slow, 0.08 * MBIT, batch_size=10, dataset_size=100).split is None
+    zeros = dataclasses.replace(slow, zeros=(0.5,))
+    assert plan(model, zeros, 0.08 * MBIT, batch_size=10, dataset_size=100).split == 1
+
+
+@pytest.mark.parametrize("zeros", [(0.5, 0.5), (1.5,), (-0.1,)])
+def test_zeros_are_one_share_per_block(zeros: tuple[float, ...]) -> None:
+    _, profile = _tiny()
+    with pytest.raises(InvalidInput, match="zeros must be one share in"):
+        dataclasses.replace(profile, zeros=zeros)

@@ -19,3 +19,12 @@ def test_measure_decode_ms_times_real_jpeg_decoding() -> None:
     assert 0 < small < big < 1000
     with pytest.raises(InvalidInput):
         measure_decode_ms(preset, images=[])
+
+
+def test_the_client_s_zeros_price_splits_only_for_encoded_answers() -> None:
+    from hapi.sdk.planning._split import ClientTimes
+
+    times = ClientTimes(1.5, block_ms=(2.0, 3.0), decode_ms=4.0, zeros=(0.1, 0.5))
+    assert times.profile_args()["zeros"] == (0.1, 0.5)  # the SDK's default, zeros
+    assert "zeros" not in times.profile_args("dense")
+    assert "zeros" not in ClientTimes(1.5).profile_args()  # not measured: priced dense
