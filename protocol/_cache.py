@@ -15,7 +15,8 @@ An entry's key hashes everything the features are computed from:
 
 An entry is safetensors: tensor ``features`` ``[N, ...]`` in the wire dtype, ``labels``
 when the object carried them, and ``__metadata__`` with the samples' ``keys`` (and
-per-sample metadata). Each entry has a path, ``features/<first two hex>/<sha256>.safetensors``
+per-sample metadata), kept without its zero words where that is smaller (``_zeros``'s
+``compact_entry``: a ReLU's features in about half the bytes). Each entry has a path, ``features/<first two hex>/<sha256>.safetensors``
 (:func:`entry_path`), but entries are written in *packs*: one object of a bucket of the
 store (default ``hapi-cache``) holding the entries of one *context* (the cache key's inputs
 but the object: the bucket, the preset, the blocks, the dtype, the view) that were computed

@@ -161,3 +161,36 @@ def _words(view: memoryview, at: int, word: int, n: int, dense: bool) -> tuple[n
     words = np.zeros(count, _WORDS[word])
     words[np.flatnonzero(kept)] = values  # about 3.5x faster than assigning through the mask
     return words, at + nonzero * word
+
+
+ZEROS_ENTRY = b"HAPIZRO1"
+"""The first bytes of a feature-cache entry kept in this encoding (:func:`compact_entry`).
+Read as a safetensors header length they would be over 10^18 bytes, so a dense entry,
+which starts with its header's length, never starts with them."""
+
+
+def compact_entry(entry: bytes, word: int) -> bytes:
+    """A cache entry (safetensors, its tensors in ``word``-byte words or whole multiples
+    of them) kept without its zero words: :data:`ZEROS_ENTRY`, the header as it is, the
+    tensors' words, the end frame; or ``entry`` as it is when that would not be smaller.
+    A ReLU's features take about half the bytes to write, to hold and to read back."""
+    view = memoryview(entry).cast("B")
+    if len(view) < 8:
+        return entry
+    head = 8 + int.from_bytes(view[:8], "little")
+    if head > len(view) or (len(view) - head) % word:
+        return entry
+    frames = [*raw_frames(view[:head]), *word_frames(view[head:], word), end_frame(len(view))]
+    size = len(ZEROS_ENTRY) + sum(len(part) for part in frames)
+    return b"".join([ZEROS_ENTRY, *frames]) if size < len(view) else entry
+
+
+def expand_entry(stored: bytes) -> bytes:
+    """The safetensors entry of what the cache keeps (compacted or not).
+
+    Raises:
+        InvalidValue: A compacted entry whose frames do not decode (see :func:`decode_zeros`).
+    """
+    if stored[: len(ZEROS_ENTRY)] != ZEROS_ENTRY:
+        return stored
+    return decode_zeros(memoryview(stored)[len(ZEROS_ENTRY) :])

@@ -84,12 +84,14 @@ from hapi.protocol import (
     ObjectIdentity,
     PackMember,
     cache_key,
+    compact_entry,
     context_digest,
     decode_features,
     encode_features,
     encode_pack,
     entry_path,
     eviction_order,
+    expand_entry,
     is_cached,
     is_pack,
     pack_index_length,
@@ -114,6 +116,7 @@ PACK_ENTRIES = 256  # entries at most in one pack
 PACK_BYTES = 16 * 1024**2  # and bytes (a single entry over it makes a pack of its own)
 INDEX_TTL_S = 2.0  # a context's packs are listed again, on a miss, after this long
 INDEXED = 1 << 20  # entries the indexes of the contexts' packs hold together
+_WORD = {"float32": 4, "float16": 2, "bfloat16": 2}  # an entry's word, by its wire dtype
 HEAD_READ = 64 * 1024  # bytes of a pack read for its index at first (more if it is longer)
 INDEX_READS = 8  # pack heads read at once while a context's packs are listed
 
@@ -898,18 +901,20 @@ def encode_entry(
     samples_meta: list[dict[str, Any]] | None,
     views: list[dict[str, Any]] | None = None,
 ) -> bytes:
-    """One object's features as a cache entry (safetensors in the wire dtype)."""
+    """One object's features as a cache entry: safetensors in the wire dtype, kept
+    without its zero words where that is smaller (:func:`hapi.protocol.compact_entry`)."""
     meta = {"keys": json.dumps(keys)}
     if samples_meta is not None:
         meta["samples"] = json.dumps(samples_meta)
     if views is not None:
         meta["views"] = json.dumps(views)
-    return bytes(encode_features(features, dtype=dtype, labels=labels, metadata=meta))
+    body = bytes(encode_features(features, dtype=dtype, labels=labels, metadata=meta))
+    return compact_entry(body, _WORD[dtype])
 
 
 def _parse(body: bytes) -> Cached | None:
     try:
-        tensors, meta = decode_features(body)
+        tensors, meta = decode_features(expand_entry(body))
         keys = json.loads(meta.get("keys", "[]"))
         samples = json.loads(meta["samples"]) if "samples" in meta else None
         views = json.loads(meta["views"]) if "views" in meta else None

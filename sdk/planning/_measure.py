@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 from PIL import Image
@@ -34,15 +34,18 @@ from hapi.planner import InvalidInput
 DEFAULT_MEASURE_BATCH = 8
 
 
+class BlockOptions(TypedDict, total=False):
+    """How :func:`measure_client_blocks` and :func:`run_client_blocks` run the blocks."""
+
+    batch_size: int
+    runs: int
+    images: Sequence[Image.Image] | None
+    settings: RuntimeSettings | None
+    inputs: np.ndarray | None
+
+
 def measure_client_blocks(
-    registry: Registry,
-    manifest: Manifest,
-    *,
-    batch_size: int = DEFAULT_MEASURE_BATCH,
-    runs: int = 3,
-    images: Sequence[Image.Image] | None = None,
-    settings: RuntimeSettings | None = None,
-    inputs: np.ndarray | None = None,
+    registry: Registry, manifest: Manifest, **options: Unpack[BlockOptions]
 ) -> tuple[float, ...]:
     """Time each frozen block here with onnxruntime, on real preprocessed photos.
 
@@ -66,16 +69,7 @@ def measure_client_blocks(
         hapi.models.ModelError: A block cannot be fetched or run, or no photos (without
             scikit-image installed, pass ``images``).
     """
-    times, _ = run_client_blocks(
-        registry,
-        manifest,
-        batch_size=batch_size,
-        runs=runs,
-        images=images,
-        settings=settings,
-        inputs=inputs,
-    )
-    return times
+    return run_client_blocks(registry, manifest, **options)[0]
 
 
 def run_client_blocks(

@@ -11,10 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hapi.protocol import (
+    ZEROS_ENTRY,
     InvalidValue,
+    compact_entry,
     decode_zeros,
     encode_zeros,
     end_frame,
+    expand_entry,
     raw_frames,
     word_frames,
 )
@@ -96,3 +99,31 @@ def test_a_forged_body_is_an_error_with_its_reason() -> None:
     forged = struct.pack("<BI", 4, 8) + b"\x03" + struct.pack("<II", 5, 0) + end_frame(8)
     with pytest.raises(InvalidValue, match="a word sent is zero"):
         decode_zeros(forged)
+
+
+@given(_words(), st.integers(0, 3), st.booleans())
+def test_a_cache_entry_comes_back_exactly_compacted_or_not(
+    words: tuple[bytes, int], labels: int, half: bool
+) -> None:
+    from hapi.protocol import encode_features
+
+    data, word = words
+    dtype = "float16" if word == 2 else "float32"
+    rows = np.frombuffer(data, f"<f{word}").astype(np.float32).reshape(-1, 1)
+    if half:
+        rows = np.where(np.arange(len(rows))[:, None] % 2 == 0, 0.0, rows).astype(np.float32)
+    label = np.arange(len(rows), dtype=np.int64) if labels and len(rows) else None
+    entry = encode_features(rows, dtype=dtype, labels=label, metadata={"keys": "[]"})
+    stored = compact_entry(entry, word)
+    assert expand_entry(stored) == entry
+    assert stored == entry or (stored.startswith(ZEROS_ENTRY) and len(stored) < len(entry))
+    assert not entry.startswith(ZEROS_ENTRY)  # a dense entry starts with its header's length
+
+
+def test_a_compacted_entry_that_does_not_decode_is_an_error() -> None:
+    values = np.zeros(64, "<u4")
+    entry_like = (8).to_bytes(8, "little") + b"{}      " + values.tobytes()
+    stored = compact_entry(entry_like, 4)
+    assert stored.startswith(ZEROS_ENTRY)
+    with pytest.raises(InvalidValue):
+        expand_entry(stored[:-3])

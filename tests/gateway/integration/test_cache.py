@@ -24,8 +24,10 @@ from hapi.gateway._store import StoreClient
 from hapi.gateway.pushdown._cache import PACK_BYTES
 from hapi.protocol import (
     PACK_HEAD,
+    ZEROS_ENTRY,
     Credentials,
     encode_pack,
+    expand_entry,
     pack_index_length,
     parse_pack_index,
 )
@@ -144,6 +146,33 @@ def test_a_miss_is_written_and_the_next_read_hits_bit_for_bit(
     warm_t, warm_meta = decode(warm.content)
     assert cold_t["features"].tobytes() == warm_t["features"].tobytes()
     assert cold_meta["keys"] == warm_meta["keys"] and warm_meta["model"] == "r18"
+
+
+@pytest.mark.parametrize(("split", "compact"), [(4, True), (0, False)])
+def test_an_entry_is_kept_without_its_zero_words_where_that_is_smaller(
+    gateway, registered, backend_s3, photos, split, compact
+):
+    # After a ReLU (split 4) about half the values are zero and the entry is kept
+    # compacted; the decoded input (split 0) has next to none and is kept as it is.
+    bucket, _ = photos
+    before = set(_entries(backend_s3))
+    cold = _get(gateway, bucket, "coffee.jpg", model="r18", split=split)
+    assert cold.headers["x-hapi-cache"] == "miss"
+    wait_for(lambda: len(set(_entries(backend_s3)) - before) == 1, "the entry to be written")
+    (pack,) = set(_entries(backend_s3)) - before
+    body = backend_s3.get_object(Bucket=CACHE_BUCKET, Key=pack)["Body"].read()
+    (member,) = parse_pack_index(body[PACK_HEAD : PACK_HEAD + pack_index_length(body)]).values()
+    stored = body[member.offset : member.offset + member.length]
+    features = decode(cold.content)[0]["features"]
+    assert stored.startswith(ZEROS_ENTRY) == compact
+    if compact:
+        zeros = float(np.mean(features == 0))
+        assert len(stored) < (1.05 - zeros) * features.nbytes, (len(stored), zeros)
+    entry, _ = decode(expand_entry(stored))
+    np.testing.assert_array_equal(entry["features"], features)
+    warm = _get(gateway, bucket, "coffee.jpg", model="r18", split=split)
+    assert warm.headers["x-hapi-cache"] == "hit"
+    assert warm.content == cold.content  # the hit answers the same bytes
 
 
 def test_bypass_neither_reads_nor_writes(gateway, registered, backend_s3, photos):

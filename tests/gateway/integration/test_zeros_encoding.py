@@ -17,20 +17,17 @@ from hapi.gateway.pushdown._stream import WHOLE_RESPONSE_BYTES
 from hapi.protocol import decode_features, decode_zeros
 from tests.support import encode_image, signed_headers
 
-IMAGES = {
-    "cat.jpg": samples.chelsea(),
-    "astronaut.jpg": samples.astronaut(),
-    "coffee.jpg": samples.coffee(),
-    "rocket.jpg": samples.rocket(),
-}
+PHOTOS = ("chelsea", "astronaut", "coffee", "rocket")  # scikit-image's sample photos
+IMAGES = [f"{name}.jpg" for name in PHOTOS]
 
 
 @pytest.fixture(scope="module")
 def images(backend_s3, store):
     bucket = "zeros-data"
     backend_s3.create_bucket(Bucket=bucket)
-    for key, array in IMAGES.items():
-        backend_s3.put_object(Bucket=bucket, Key=key, Body=encode_image(array, "JPEG"))
+    for name, key in zip(PHOTOS, IMAGES, strict=True):
+        photo = encode_image(getattr(samples, name)(), "JPEG")
+        backend_s3.put_object(Bucket=bucket, Key=key, Body=photo)
     backend_s3.put_object(Bucket=bucket, Key="notes.txt", Body=b"not an image")
     return bucket
 
@@ -60,8 +57,8 @@ def test_every_split_decodes_to_the_dense_answer_byte_for_byte(gateway, register
     for split in range(registered[name].freeze + 1):
         # The same rows both times: the first request computes them, the second reads
         # them back from the cache, so the bytes can be compared exactly.
-        encoded = _get(gateway, images, "cat.jpg", model=name, split=split, encoding="zeros")
-        dense = _get(gateway, images, "cat.jpg", model=name, split=split)
+        encoded = _get(gateway, images, "chelsea.jpg", model=name, split=split, encoding="zeros")
+        dense = _get(gateway, images, "chelsea.jpg", model=name, split=split)
         assert dense.status_code == 200 and "x-hapi-encoding" not in dense.headers
         assert _dense_of(encoded) == dense.content, (name, split)
         features = decode_features(dense.content)[0]["features"]
@@ -118,11 +115,11 @@ def test_a_streamed_batch_decodes_to_the_dense_batch(gateway, registered, images
     ],
 )
 def test_an_encoding_that_means_nothing_is_refused(gateway, registered, images, params, message):
-    reply = _get(gateway, images, "cat.jpg", model="r18", split=3, **params)
+    reply = _get(gateway, images, "chelsea.jpg", model="r18", split=3, **params)
     assert reply.status_code == 400, reply.text
     error = ET.fromstring(reply.content)
     assert error.findtext("Code") == "InvalidArgument" and message in error.findtext("Message")
-    spec = {"keys": ["cat.jpg"], "model": "r18", "split": 3, **params}
+    spec = {"keys": ["chelsea.jpg"], "model": "r18", "split": 3, **params}
     batch = _post(gateway, images, spec)
     assert batch.status_code == 400 and message in batch.text
 
