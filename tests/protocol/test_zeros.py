@@ -10,17 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hapi.protocol import (
-    ZEROS_ENTRY,
-    InvalidValue,
-    compact_entry,
-    decode_zeros,
-    encode_zeros,
-    end_frame,
-    expand_entry,
-    raw_frames,
-    word_frames,
-)
+from hapi.protocol import ZEROS_ENTRY, InvalidValue, compact_entry, expand_entry
+from hapi.protocol._zeros import decode_zeros, encode_zeros, end_frame, raw_frames, word_frames
 
 
 @st.composite
