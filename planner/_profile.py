@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hapi.models import Manifest
-from hapi.protocol import zeros_share
+from hapi.protocol import WIRE_ITEMSIZE, zeros_share
 
 from ._errors import InvalidInput
 
-ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+ITEMSIZE = WIRE_ITEMSIZE  # the planner prices the wire's dtypes
 
 DEFAULT_RAW_BYTES = 110_000
 """Mean bytes of one ImageNet JPEG (they range over about 50-150 KB)."""

@@ -84,6 +84,7 @@ from ._schema import (
 )
 from ._units import format_bandwidth, format_bytes, parse_bandwidth, parse_size
 from ._wire import DTYPES as WIRE_DTYPES
+from ._wire import ITEMSIZE as WIRE_ITEMSIZE
 from ._wire import decode as decode_features
 from ._wire import encode as encode_features
 from ._wire import header as safetensors_header
@@ -91,10 +92,8 @@ from ._wire import to_wire_dtype
 from ._zeros import (
     ENCODINGS,
     ZEROS_ENTRY,
-    check_zeros,
     compact_entry,
     decode_zeros,
-    encode_zeros,
     end_frame,
     expand_entry,
     raw_frames,
@@ -114,6 +113,7 @@ __all__ = [
     "MODELS_PREFIX",
     "PACK_HEAD",
     "WIRE_DTYPES",
+    "WIRE_ITEMSIZE",
     "ZEROS_ENTRY",
     "AugmentPolicy",
     "Augmentation",
@@ -145,7 +145,6 @@ __all__ = [
     "ViewParams",
     "block_key",
     "cache_key",
-    "check_zeros",
     "compact_entry",
     "context_digest",
     "decode_features",
@@ -153,7 +152,6 @@ __all__ = [
     "draw_view",
     "encode_features",
     "encode_pack",
-    "encode_zeros",
     "end_frame",
     "entry_path",
     "eviction_order",

@@ -41,7 +41,8 @@ _WORDS: dict[int, np.dtype[Any]] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 MAX_FRAME = (1 << 32) - 1
 PAYS = 0.95
 """A frame is sent without its zeros only when that leaves at most this share of its bytes
-(mask included): counting the zeros is cheap, gathering the rest is not free."""
+(mask included, :func:`zeros_share`): counting the zeros is cheap, gathering the rest is
+not free."""
 
 
 def zeros_share(zeros: float, word: int) -> float:
@@ -70,9 +71,7 @@ def word_frames(data: bytes | memoryview, word: int) -> list[bytes | memoryview]
         return raw_frames(view)
     words = np.frombuffer(view, _WORDS[word])
     kept = words != 0
-    nonzero = int(np.count_nonzero(kept))
-    mask_bytes = (len(words) + 7) // 8
-    if nonzero * word + mask_bytes > PAYS * len(view):
+    if zeros_share(1.0 - np.count_nonzero(kept) / len(words), word) == 1.0:
         return raw_frames(view)
     mask = np.packbits(kept, bitorder="little")
     # np.compress gathers about 4x faster than indexing with the boolean mask.
@@ -84,12 +83,6 @@ def end_frame(total: int) -> bytes:
     return _FRAME.pack(END, total)
 
 
-def encode_zeros(data: bytes | memoryview, word: int) -> bytes:
-    """A whole body (for tests and small answers): one words frame, then the end."""
-    view = memoryview(data).cast("B")
-    return b"".join([*word_frames(view, word), end_frame(len(view))])
-
-
 def decode_zeros(body: bytes | memoryview) -> bytes:
     """The dense bytes of a ``zeros`` body.
 
@@ -98,22 +91,11 @@ def decode_zeros(body: bytes | memoryview) -> bytes:
         InvalidValue: A frame of an unknown kind, bytes after the end frame, or an end
             frame that does not match what the frames decoded to.
     """
-    return b"".join(part for _, part in _frames(memoryview(body).cast("B"), dense=True))
+    return b"".join(_frames(memoryview(body).cast("B")))
 
 
-def check_zeros(body: bytes | memoryview) -> int:
-    """The length ``body`` decodes to, from its frames alone (nothing is decoded).
-
-    Raises:
-        CutShort: The body ends before its end frame.
-        InvalidValue: As :func:`decode_zeros`.
-    """
-    return sum(n for n, _ in _frames(memoryview(body).cast("B"), dense=False))
-
-
-def _frames(view: memoryview, *, dense: bool) -> Iterator[tuple[int, memoryview]]:
-    """Each frame's decoded length and, with ``dense``, its decoded bytes (else a frame
-    of words yields no bytes)."""
+def _frames(view: memoryview) -> Iterator[memoryview]:
+    """Each frame's decoded bytes."""
     at = total = 0
     while True:
         if at + _FRAME.size > len(view):
@@ -127,11 +109,11 @@ def _frames(view: memoryview, *, dense: bool) -> Iterator[tuple[int, memoryview]
                 raise InvalidValue(f"{len(view) - at} bytes after the zeros encoding's end")
             return
         if kind == RAW:
-            yield n, _take(view, at, n)
+            yield _take(view, at, n)
             at += n
         elif kind in _WORDS:
-            words, at = _words(view, at, kind, n, dense)
-            yield n, words.data.cast("B")
+            words, at = _words(view, at, kind, n)
+            yield words.data.cast("B")
         else:
             raise InvalidValue(f"unknown zeros frame kind {kind} at byte {at - _FRAME.size}")
         total += n
@@ -143,9 +125,8 @@ def _take(view: memoryview, at: int, n: int) -> memoryview:
     return view[at : at + n]
 
 
-def _words(view: memoryview, at: int, word: int, n: int, dense: bool) -> tuple[np.ndarray, int]:
-    """One words frame's dense words (an empty array unless ``dense``), and where the
-    next frame starts."""
+def _words(view: memoryview, at: int, word: int, n: int) -> tuple[np.ndarray, int]:
+    """One words frame's dense words, and where the next frame starts."""
     if n % word:
         raise InvalidValue(f"zeros frame at byte {at}: {n} bytes is not whole {word}-byte words")
     count = n // word
@@ -154,8 +135,6 @@ def _words(view: memoryview, at: int, word: int, n: int, dense: bool) -> tuple[n
     kept = np.unpackbits(mask, count=count, bitorder="little").view(bool)
     nonzero = int(np.count_nonzero(kept))
     values = np.frombuffer(_take(view, at, nonzero * word), _WORDS[word])
-    if not dense:
-        return values[:0], at + nonzero * word
     if nonzero and not np.all(values):
         raise InvalidValue(f"zeros frame at byte {at}: a word sent is zero (its mask is wrong)")
     words = np.zeros(count, _WORDS[word])

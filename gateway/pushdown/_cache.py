@@ -80,6 +80,7 @@ from hapi.models import Manifest, Preset
 from hapi.protocol import (
     CACHE_PREFIXES,
     PACK_HEAD,
+    WIRE_ITEMSIZE,
     CacheEntry,
     ObjectIdentity,
     PackMember,
@@ -116,7 +117,6 @@ PACK_ENTRIES = 256  # entries at most in one pack
 PACK_BYTES = 16 * 1024**2  # and bytes (a single entry over it makes a pack of its own)
 INDEX_TTL_S = 2.0  # a context's packs are listed again, on a miss, after this long
 INDEXED = 1 << 20  # entries the indexes of the contexts' packs hold together
-_WORD = {"float32": 4, "float16": 2, "bfloat16": 2}  # an entry's word, by its wire dtype
 HEAD_READ = 64 * 1024  # bytes of a pack read for its index at first (more if it is longer)
 INDEX_READS = 8  # pack heads read at once while a context's packs are listed
 
@@ -909,7 +909,7 @@ def encode_entry(
     if views is not None:
         meta["views"] = json.dumps(views)
     body = bytes(encode_features(features, dtype=dtype, labels=labels, metadata=meta))
-    return compact_entry(body, _WORD[dtype])
+    return compact_entry(body, WIRE_ITEMSIZE[dtype])
 
 
 def _parse(body: bytes) -> Cached | None:

@@ -20,13 +20,20 @@ from typing import Any
 import numpy as np
 
 from hapi.models import Manifest
-from hapi.protocol import end_frame, raw_frames, safetensors_header, to_wire_dtype, word_frames
+from hapi.protocol import (
+    WIRE_ITEMSIZE,
+    end_frame,
+    raw_frames,
+    safetensors_header,
+    to_wire_dtype,
+    word_frames,
+)
 
 from .._types import ASGISend
 from ._cached import view_dict
 from ._params import Params
 
-_CODES = {"float32": ("F32", 4), "float16": ("F16", 2), "bfloat16": ("BF16", 2)}
+_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # safetensors' names
 
 
 @dataclass
@@ -83,7 +90,7 @@ class Answer:
     def _tensors(self) -> list[tuple[str, str, tuple[int, ...], int]]:
         """(name, dtype code, shape, bytes) of each tensor the answer sends (its samples,
         row shape and dtype are fixed once it is made)."""
-        code, itemsize = _CODES[self.params.dtype]
+        code, itemsize = _CODES[self.params.dtype], WIRE_ITEMSIZE[self.params.dtype]
         tensors = [("features", code, self.shape, itemsize * math.prod(self.shape))]
         if self.labels() is not None:
             tensors.append(("labels", "I64", (len(self.samples),), 8 * len(self.samples)))
@@ -180,7 +187,7 @@ class FeatureStream:
         here; rows are never written to once given, so holding them needs no copy)."""
         body = _wire(outputs, self._answer.params.dtype)
         if self._zeros:
-            body = b"".join(word_frames(body, _CODES[self._answer.params.dtype][1]))
+            body = b"".join(word_frames(body, WIRE_ITEMSIZE[self._answer.params.dtype]))
         if self._held is not None:
             self._held.append(body)
             return

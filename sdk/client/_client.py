@@ -33,7 +33,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -55,7 +55,6 @@ from hapi.protocol import (
     CutShort,
     InvalidValue,
     Placement,
-    check_zeros,
     decode_zeros,
     parse_error,
 )
@@ -261,7 +260,7 @@ def policy_of(augment: str | Mapping[str, Any]) -> AugmentPolicy:
     return AugmentPolicy.from_dict(dict(augment))
 
 
-def _check(model: str, split: int, dtype: str, encoding: str = "dense") -> None:
+def _check(model: str, split: int, dtype: str, encoding: str) -> None:
     if encoding not in ENCODINGS:
         raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, not {encoding!r}")
     if not model:
@@ -327,8 +326,8 @@ def get_features(
                 if "x-hapi-split" not in answered:
                     raise PushdownUnavailable(endpoint, f"GET {Key} returned the object")
                 content = body.read()
-            _check_whole(answered, content)
-            return _features(content, answered, Bucket, Key, endpoint)
+            dense = _safetensors(answered, content, Bucket, Key)
+            return _features(dense, answered, Bucket, Key, endpoint, nbytes=len(content))
         except ClientError as exc:
             raise _client_failure(exc, Bucket, Key) from exc
         except _TRANSPORT_ERRORS as exc:
@@ -414,7 +413,13 @@ def _batch(
     if response.status_code != 200 or _GATEWAY_MARK not in response.headers:
         raise _batch_error(response, endpoint, bucket, first)
     return _features(
-        response.content, response.headers, bucket, first, endpoint, wire=(response.wire,)
+        response.body,
+        response.headers,
+        bucket,
+        first,
+        endpoint,
+        nbytes=len(response.content),
+        wire=(response.wire,),
     )
 
 
@@ -424,8 +429,9 @@ class _Reply:
 
     status_code: int
     headers: Mapping[str, str]
-    content: bytes
+    content: bytes  # as it crossed the wire
     wire: WireSpan
+    body: bytes = b""  # a 200's safetensors body (``content`` decoded, when encoded)
 
     @classmethod
     def read(cls, response: AWSResponse) -> _Reply:
@@ -464,6 +470,9 @@ def _post_batch(
         except BotoCoreError as exc:
             raise RequestError("NetworkError", str(exc), bucket=bucket, key=key) from exc
         _check_length(response)
+        if response.status_code == 200:
+            dense = _safetensors(response.headers, response.content, bucket, key)
+            response = replace(response, body=dense)
         marked = _GATEWAY_MARK in response.headers
         code = _error_code(response) if marked and response.status_code >= 500 else ""
         if _retryable(response.status_code, code, marked):
@@ -485,22 +494,35 @@ def _check_length(response: _Reply) -> None:
         raise EndpointFailure(
             f"the response was cut short ({len(response.content)} of {expected} bytes)"
         )
-    if response.status_code == 200:
-        _check_whole(response.headers, response.content)
 
 
-def _check_whole(headers: Mapping[str, str], body: bytes) -> None:
-    """An encoded answer that streamed has no length to check: its end frame says whether
-    it is whole. One cut short fails the endpoint (and is retried on another), as a short
-    dense body does."""
-    if headers.get("x-hapi-encoding") != "zeros":
-        return
+def _safetensors(headers: Mapping[str, str], content: bytes, bucket: str, key: str) -> bytes:
+    """An answer's safetensors body: ``content`` as it came, or decoded from the ``zeros``
+    encoding. An encoded answer that streamed has no length to check; its end frame says
+    whether it is whole.
+
+    Raises:
+        EndpointFailure: An encoded answer cut short (retried on another endpoint, as a
+            short dense body is).
+        RequestError: ``InvalidResponse``: an unknown encoding, or frames that do not decode.
+    """
+    encoding = headers.get("x-hapi-encoding", "dense")
+    if encoding == "dense":
+        return content
     try:
-        check_zeros(body)
+        if encoding != "zeros":
+            raise InvalidValue(f"an answer in an unknown encoding, {encoding!r}")
+        return decode_zeros(content)
     except CutShort as exc:
         raise EndpointFailure(f"the response was cut short: {exc}") from exc
-    except InvalidValue:
-        return  # whole but unreadable: decoding the features reports it
+    except InvalidValue as exc:
+        raise _unreadable(exc, bucket, key) from exc
+
+
+def _unreadable(exc: Exception, bucket: str, key: str) -> RequestError:
+    return RequestError(
+        "InvalidResponse", f"the gateway sent unreadable features: {exc}", bucket=bucket, key=key
+    )
 
 
 def _retryable(status: int, code: str, from_gateway: bool) -> bool:
@@ -569,24 +591,19 @@ def _features(
     bucket: str,
     key: str,
     endpoint: str,
+    *,
+    nbytes: int,
     wire: tuple[WireSpan, ...] = (),
 ) -> Features:
+    """The features of a safetensors ``body`` (``nbytes``: what crossed the wire)."""
     try:
-        encoding = headers.get("x-hapi-encoding", "dense")
-        if encoding not in ENCODINGS:
-            raise ValueError(f"an answer in an unknown encoding, {encoding!r}")
-        tensors, meta = decode(decode_zeros(body) if encoding == "zeros" else body)
+        tensors, meta = decode(body)
         keys = tuple(json.loads(meta.get("keys", "[]")))
         errors = json.loads(meta.get("errors", "{}"))
         views = tuple(json.loads(meta["views"])) if "views" in meta else None
         features = tensors["features"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise RequestError(
-            "InvalidResponse",
-            f"the gateway sent unreadable features: {exc}",
-            bucket=bucket,
-            key=key,
-        ) from exc
+        raise _unreadable(exc, bucket, key) from exc
     return Features(
         features=features,
         labels=tensors.get("labels"),
@@ -595,7 +612,7 @@ def _features(
         model=headers.get("x-hapi-model", ""),
         split=int(headers.get("x-hapi-split", meta.get("split", "0"))),
         dtype=headers.get("x-hapi-dtype", "float32"),
-        nbytes=len(body),
+        nbytes=nbytes,
         server_timing=_server_timing(headers.get("server-timing", "")),
         endpoint=endpoint,
         cache=headers.get("x-hapi-cache", ""),

@@ -58,7 +58,6 @@ from ._measure import measure_request_ms, run_client_blocks
 from ._stats import EpochStats
 
 logger = logging.getLogger("hapi.sdk")
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 PROBE_SECONDS = 1.0
 """How long an explicit probe (``bandwidth="probe"``) ties up the link."""
 
@@ -215,7 +214,7 @@ def measure_client(
 def wire_bytes(manifest: Manifest, split: int, dtype: str) -> int:
     """Bytes of one sample's features at ``split`` on the wire in ``dtype``."""
     shape = manifest.input.shape if split == 0 else manifest.blocks[split - 1].output_shape
-    return int(math.prod(shape)) * _ITEMSIZE[dtype]
+    return int(math.prod(shape)) * protocol.WIRE_ITEMSIZE[dtype]
 
 
 def fewest_bytes(manifest: Manifest, freeze: int, dtype: str, why: str) -> SplitChoice:

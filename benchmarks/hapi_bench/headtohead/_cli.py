@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hapi.protocol import ENCODINGS
 from hapi_bench.core._errors import BenchError, TestbedUnavailable
 
 from ._config import BANDWIDTHS, DEFAULT_BANDWIDTHS, LOADS, HeadToHeadConfig
@@ -70,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--encoding",
-        choices=("zeros", "dense"),
+        choices=ENCODINGS,
         help="hapi's answers: without their zero words, or dense [default: zeros]",
     )
     return p

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hapi.models.testing import FAMILIES
+from hapi.protocol import ENCODINGS
 
 from ._results import LOADED, QUIET
 
@@ -80,8 +81,10 @@ class HeadToHeadConfig:
             raise ValueError(f"loads must be among {', '.join(LOADS)}")
         if self.dtype not in ("float32", "float16"):
             raise ValueError(f"dtype must be float32 or float16, not {self.dtype!r}")
-        if self.encoding not in ("zeros", "dense"):
-            raise ValueError(f"encoding must be zeros or dense, not {self.encoding!r}")
+        if self.encoding not in ENCODINGS:
+            raise ValueError(
+                f"encoding must be one of {', '.join(ENCODINGS)}, not {self.encoding!r}"
+            )
         if self.cache_split not in ("freeze", "auto"):
             raise ValueError(f"cache_split must be freeze or auto, not {self.cache_split!r}")
         if self.samples < self.batch_size or self.held_out < 4 or self.epochs < 2:

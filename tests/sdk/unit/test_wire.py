@@ -130,3 +130,35 @@ def test_an_encoded_answer_without_its_end_frame_fails_the_endpoint(closed: bool
         with pytest.raises((EndpointsUnavailable, sdk.RequestError)) as single:
             s3.get_features(Bucket="b", Key="a.jpg", model="m", split=1)
         assert "cut short" in str(single.value) or "Connection broken" in str(single.value)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "payload"),
+    [("lz4", b"anything"), ("zeros", b"\x09\x04\x00\x00\x00abcd\xff\x04\x00\x00\x00")],
+    ids=["unknown-encoding", "unknown-frame"],
+)
+def test_a_whole_answer_that_does_not_decode_is_an_invalid_response(
+    encoding: str, payload: bytes
+) -> None:
+    # Whole (its length as promised) but unreadable: the gateway's fault, not the link's,
+    # so it is reported at once, not retried elsewhere as a cut-short body would be.
+    from hapi import sdk
+    from tests.support import cut_short_server
+
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Length: {len(payload)}\r\nx-hapi-request-id: t\r\n"
+        f"x-hapi-split: 1\r\nx-hapi-encoding: {encoding}\r\n"
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    with cut_short_server(head + payload) as url:
+        s3 = sdk.client(
+            url, aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
+        )
+        for call in (
+            lambda: s3.get_features_batch(Bucket="b", Keys=["a.jpg"], model="m", split=1),
+            lambda: s3.get_features(Bucket="b", Key="a.jpg", model="m", split=1),
+        ):
+            with pytest.raises(sdk.RequestError) as caught:
+                call()
+            assert caught.value.code == "InvalidResponse", caught.value
+            assert "unreadable features" in str(caught.value)
