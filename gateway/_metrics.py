@@ -139,9 +139,13 @@ class Metrics:
             "Bytes of the feature cache's packs this process wrote and holds in memory.",
             registry=self.registry,
         )
+        # Counted in a plain int by the event loop that serves every request (no lock per
+        # change), read when scraped.
+        self.requests_in_flight = 0
         self.in_flight = Gauge(
             "hapi_requests_in_flight", "Requests being handled now.", registry=self.registry
         )
+        self.in_flight.set_function(lambda: float(self.requests_in_flight))
         self.queued_samples = Gauge(
             "hapi_batcher_queued_samples",
             "Samples waiting in the storage-side batchers (all tenants).",

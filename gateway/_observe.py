@@ -68,7 +68,7 @@ class Observe:
         state["request_id"] = request_id = self._ids.next()
         started = time.perf_counter()
         response_started = False
-        self._metrics.in_flight.inc()
+        self._metrics.requests_in_flight += 1
 
         async def tracked_send(message: Message) -> None:
             nonlocal response_started
@@ -97,7 +97,7 @@ class Observe:
                 raise
             await self._send_error(send, _as_s3_error(exc, state), state)
         finally:
-            self._metrics.in_flight.dec()
+            self._metrics.requests_in_flight -= 1
             self._finish(scope, state, time.perf_counter() - started)
 
     async def _send_error(self, send: ASGISend, exc: S3Error, state: dict[str, Any]) -> None:

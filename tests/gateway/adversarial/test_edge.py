@@ -124,3 +124,22 @@ def test_connections_beyond_the_limit_get_slow_down(edge_gateway, bucket):
     assert set(statuses[:served]) == {200} and set(statuses[served:]) == {503}, statuses
     assert codes == {"SlowDown"}
     _healthy(edge_gateway, bucket)
+
+
+def test_a_later_half_sent_head_on_a_kept_alive_connection_is_reaped(edge_gateway, bucket):
+    # The connection's one head timer, armed when it opened, is still pending when the
+    # second head begins: it must measure that head from its own start, not close the
+    # connection on the first head's clock (0.3 s into the second head here). The upper
+    # bound holds either way: the keep-alive deadline also ends a stalled connection.
+    with connection(edge_gateway) as sock:
+        sock.sendall(_list(edge_gateway, bucket))
+        assert read_reply(sock).status == 200
+        time.sleep(0.7)  # within the 2 s keep-alive, most of the way to the first deadline
+        sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\nx-slow: ")
+        sock.settimeout(0.6)
+        assert not _closed_by_peer(sock), "closed before the second head's own second was up"
+        sock.settimeout(0.2)
+        deadline = time.monotonic() + 20
+        while not _closed_by_peer(sock):
+            assert time.monotonic() < deadline, "a half-sent second head was held"
+    _healthy(edge_gateway, bucket)
