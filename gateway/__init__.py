@@ -14,6 +14,7 @@ from ._knobs import Knob, markdown_table
 from ._server import listen, run_gateway
 from ._settings import GatewaySettings, environment_variables, settings_knobs
 from ._signing import sign_request
+from .edge._http import edge_config
 from .pushdown._registry import AsyncRegistry, StoreRegistry
 from .pushdown._resources import memory_budget
 from .pushdown._tenants import SessionFactory
@@ -30,6 +31,7 @@ __all__ = [
     "SessionFactory",
     "StoreRegistry",
     "create_app",
+    "edge_config",
     "environment_variables",
     "listen",
     "markdown_table",

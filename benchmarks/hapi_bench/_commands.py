@@ -19,6 +19,7 @@ from hapi_bench._cli import bench
 MICRO_BENCHMARKS = {
     "proxy": ("micro._proxy", "Pass-through cost vs direct access and nginx."),
     "servers": ("micro._servers", "Pass-through cost of the gateway under uvicorn and granian."),
+    "floors": ("micro._floors", "What a pass-through GET's CPU is made of, layer by layer."),
     "pushdown": ("micro._ceiling", "Pushdown throughput against a bare loop on the same cores."),
     "batching": ("micro._pushdown", "Storage-side throughput, adaptive batching vs fixed sizes."),
     "device": ("micro._device", "The storage side's blocks on an accelerator, checked and timed."),

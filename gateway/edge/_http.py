@@ -239,11 +239,9 @@ def edge_config(
         lifespan="on",
         server_header=False,
         # The gateway writes its own access log (hapi.gateway._observe); uvicorn's would
-        # format every request's line only for its logger to drop it.
+        # format every request's line only for its logger to drop it. (Its proxy headers
+        # stay on: a TLS proxy on the same machine passes the client's address and scheme.)
         access_log=False,
-        # The gateway is the edge: the client is the socket's peer, never what a
-        # Forwarded or X-Forwarded-For header claims, and no middleware reads them.
-        proxy_headers=False,
         timeout_keep_alive=settings.keep_alive_timeout_s,
         h11_max_incomplete_event_size=settings.max_header_bytes,
         # A spawned worker answers health checks only once it has imported the gateway,

@@ -52,6 +52,7 @@ def test_hapi_bench_has_the_testbed_and_the_micro_benchmarks() -> None:
         "testbed",
         "proxy",
         "servers",
+        "floors",
         "pushdown",
         "batching",
         "device",

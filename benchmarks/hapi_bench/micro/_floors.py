@@ -1,0 +1,354 @@
+"""``hapi-bench floors``: what a pass-through GET's CPU is made of, floor by floor.
+
+The gateway's CPU per 4 KiB pass-through GET is the sum of layers that can each be
+measured alone. This measures, on the same cores and interleaved round by round (the
+order turned every round):
+
+- ``protocol``: a bare asyncio protocol on httptools and uvloop answering 4 KiB from
+  memory, driven by wrk: the HTTP parser, the event loop and the sockets, no ASGI.
+- ``edge``: a trivial ASGI app answering the same 4 KiB under the gateway's own uvicorn
+  configuration (``hapi.gateway.edge_config``: its protocol class, its loop),
+  driven by wrk: the ASGI server's share.
+- ``gateway``: ``hapi serve`` in front of a real store, presigned 4 KiB GETs from wrk:
+  the whole request.
+- ``app``: the gateway's ASGI app called in this process from 32 tasks, with the bare
+  protocol above as its store: the gateway's own work per request (parse, SigV4
+  verification, decision, the upstream request built, signed, sent and its answer read
+  and relayed, access log and metrics), without a server or a client socket.
+
+The wrk targets report the server process's CPU per request, ``app`` this process's CPU
+per call. ``protocol + (edge - protocol) + app`` is what the gateway's request costs
+layer by layer; the gap to ``gateway`` is what the layers cost together and not apart
+(one event loop turning over a client's connection and a store's, the caches they share).
+Writes ``bench-floors.json``. Run as ``hapi-bench floors --out DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, MutableMapping
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+
+from hapi.store import free_port
+from hapi_bench.core._errors import BenchError, TestbedUnavailable
+from hapi_bench.core._host import cpu_model
+from hapi_bench.micro._gateway import bench_store
+from hapi_bench.micro._proxy import _presigner
+from hapi_bench.micro._wrk import run_wrk, wrk_binary
+
+BODY_BYTES = 4096
+WRK_TARGETS = ("protocol", "edge", "gateway")
+IN_PROCESS = ("app",)
+_TASKS = 32
+
+
+# The two servers, run as ``python -m hapi_bench.micro._floors serve KIND PORT``.
+
+
+def _serve_protocol(port: int) -> None:
+    import httptools
+    import uvloop
+
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n"
+        b"content-length: %d\r\n\r\n" % BODY_BYTES
+    )
+    answer = head + os.urandom(BODY_BYTES)
+
+    class Answer(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = cast(asyncio.Transport, transport)  # uvloop's: not a subclass
+            self.parser = httptools.HttpRequestParser(self)
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_message_complete(self) -> None:
+            self.transport.write(answer)
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Answer, "127.0.0.1", port, backlog=2048)
+        await server.serve_forever()
+
+    uvloop.run(serve())
+
+
+def _serve_edge(port: int) -> None:
+    import uvicorn
+
+    from hapi.gateway import GatewaySettings, edge_config
+    from hapi.protocol import Credentials
+
+    body = os.urandom(BODY_BYTES)
+    headers = [
+        (b"content-type", b"application/octet-stream"),
+        (b"content-length", str(BODY_BYTES).encode()),
+    ]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    settings = GatewaySettings(
+        backend_url="http://127.0.0.1:9", backend_credentials=Credentials("UNUSED", "unused")
+    )
+    uvicorn.Server(edge_config(settings, "127.0.0.1", port, _Factory(app))).run()
+
+
+class _Factory:
+    """``edge_config``'s app factory for an app made already."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    def __call__(self, _settings: Any) -> Callable[[], Any]:
+        return lambda: self._app
+
+
+@contextlib.contextmanager
+def _server(kind: str, log: Path) -> Iterator[tuple[str, int]]:
+    """One of the floors' servers in a process of its own: its URL and pid."""
+    port = free_port()
+    command = [sys.executable, "-m", __name__, "serve", kind, str(port)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(url, proc, log)
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_for(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"{url} exited at start: {log.read_text()[-500:]}")
+        try:
+            if httpx.get(url + "/", timeout=2, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise BenchError(f"{url} did not answer within 60 s")
+
+
+# The in-process floors.
+
+
+def app_cpu_us(store_url: str, calls: int) -> float:
+    """The gateway's ASGI app's CPU per presigned 4 KiB GET, called in this process (no
+    server, no client socket), its store the server at ``store_url``: the app's own
+    Python and its store exchange (this process's CPU over ``calls`` requests from
+    :data:`_TASKS` tasks; the best of three passes)."""
+    import boto3
+    import uvloop
+    from botocore.config import Config
+
+    from hapi.gateway import ClientKey, GatewaySettings, create_app
+    from hapi.protocol import Credentials
+
+    settings = GatewaySettings(
+        backend_url=store_url,
+        backend_credentials=Credentials("BACKEND", "backend-secret"),
+        clients={"CLIENT": ClientKey("client-secret")},
+    )
+    app = create_app(settings)
+    presign = boto3.client(
+        "s3",
+        endpoint_url="http://127.0.0.1:8080",
+        region_name=settings.region,
+        aws_access_key_id="CLIENT",
+        aws_secret_access_key="client-secret",
+        config=Config(signature_version="s3v4"),
+    ).generate_presigned_url
+    url = httpx.URL(presign("get_object", Params={"Bucket": "bench", "Key": "small"}))
+    path, _, query = url.raw_path.partition(b"?")
+    statuses: list[int] = []
+    sent = [0]
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+        else:
+            sent[0] += len(message.get("body", b""))
+
+    def scope() -> dict[str, Any]:
+        return {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+            "method": "GET", "scheme": "http", "path": path.decode(), "raw_path": path,
+            "query_string": query, "root_path": "", "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8080), "state": {},
+            "headers": [(b"host", b"127.0.0.1:8080"), (b"user-agent", b"wrk")],
+        }  # fmt: skip
+
+    async def client(count: int) -> None:
+        for _ in range(count):
+            await app(scope(), receive, send)
+
+    each = max(1, calls // _TASKS)
+
+    async def passes() -> list[float]:
+        async with app.lifespan(app):
+            await asyncio.gather(*(client(max(1, each // 10)) for _ in range(_TASKS)))
+            spent = []
+            for _ in range(3):
+                started = time.process_time()
+                await asyncio.gather(*(client(each) for _ in range(_TASKS)))
+                spent.append((time.process_time() - started) / (each * _TASKS) * 1e6)
+            return spent
+
+    spent = uvloop.run(passes())
+    if set(statuses) != {200} or sent[0] != len(statuses) * BODY_BYTES:
+        raise BenchError(
+            f"the in-process gateway answered {sorted(set(statuses))}, {sent[0]} bytes "
+            f"for {len(statuses)} requests"
+        )
+    return min(spent)
+
+
+# The run.
+
+
+def run(out: Path, rounds: int, seconds: float, connections: int) -> dict[str, Any]:
+    """Measure every floor in interleaved rounds; returns (and writes) the results."""
+    wrk_binary()
+    cpu: dict[str, list[float]] = {name: [] for name in (*WRK_TARGETS, *IN_PROCESS)}
+    rates: dict[str, list[float]] = {name: [] for name in WRK_TARGETS}
+    with bench_store() as bench, contextlib.ExitStack() as running:
+        bench.s3.create_bucket(Bucket="bench")
+        bench.s3.put_object(Bucket="bench", Key="small", Body=os.urandom(BODY_BYTES))
+        gw = running.enter_context(bench.gateway("gateway.log"))
+        servers = {
+            "protocol": running.enter_context(_server("protocol", bench.tmp / "protocol.log")),
+            "edge": running.enter_context(_server("edge", bench.tmp / "edge.log")),
+            "gateway": (_presigner(gw.url, gw.key, gw.secret)("GET", "small"), gw.pid),
+        }
+        steps: list[tuple[str, Callable[[], float]]] = [
+            *((name, _wrk_step(name, *servers[name], seconds, connections, rates)) for name in WRK_TARGETS),
+            ("app", lambda: app_cpu_us(servers["protocol"][0], 10000)),
+        ]  # fmt: skip
+        for index in range(rounds):
+            turn = index % len(steps)
+            for name, step in steps[turn:] + steps[:turn]:
+                cpu[name].append(step())
+                print(f"round {index + 1}/{rounds} {name}: {cpu[name][-1]:.1f} us", flush=True)
+    results = summarize(cpu, rates)
+    results.update(
+        load=f"wrk, 4 KiB GETs, {connections} connections, {seconds:g} s a run",
+        rounds=rounds,
+        cpu=cpu_model(),
+        cpu_count=os.cpu_count(),
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench-floors.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+    return results
+
+
+def _wrk_step(
+    name: str, url: str, pid: int, seconds: float, connections: int, rates: dict[str, list[float]]
+) -> Callable[[], float]:
+    def step() -> float:
+        result = run_wrk(url, connections=connections, seconds=seconds, server_pid=pid)
+        if result.non_2xx or result.errors or result.cpu_us_per_request is None:
+            raise BenchError(f"{name}: {result.non_2xx} non-2xx, {result.errors} errors")
+        rates[name].append(result.requests_per_s)
+        return result.cpu_us_per_request
+
+    return step
+
+
+def summarize(cpu: dict[str, list[float]], rates: dict[str, list[float]]) -> dict[str, Any]:
+    """Medians and ranges of each floor, and the sum the floors make against the
+    gateway's whole request."""
+    floors = {
+        name: {
+            "cpu_us": statistics.median(values),
+            "range": [min(values), max(values)],
+            "runs": values,
+            **({"requests_per_s": statistics.median(rates[name])} if rates.get(name) else {}),
+        }
+        for name, values in cpu.items()
+    }
+    median = {name: statistics.median(values) for name, values in cpu.items()}
+    layers = {
+        "parser, loop and sockets (protocol)": median["protocol"],
+        "ASGI server (edge - protocol)": median["edge"] - median["protocol"],
+        "the app and its store exchange (app)": median["app"],
+    }
+    summed = sum(layers.values())
+    return {
+        "floors": floors,
+        "layers": layers,
+        "sum_of_layers_us": summed,
+        "gateway_us": median["gateway"],
+        "unexplained_us": median["gateway"] - summed,
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    """The layers, their sum and the gateway's whole request, one line each."""
+    lines = [f"{'layer':42s} {'CPU us a request':>17s}"]
+    lines += [f"{name:42s} {value:17.1f}" for name, value in results["layers"].items()]
+    lines.append(f"{'sum of the layers':42s} {results['sum_of_layers_us']:17.1f}")
+    lines.append(f"{'the gateway, whole (gateway)':42s} {results['gateway_us']:17.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    if argv is None and sys.argv[1:2] == ["serve"]:  # one of the floors' servers
+        kind, port = sys.argv[2], int(sys.argv[3])
+        (_serve_protocol if kind == "protocol" else _serve_edge)(port)
+        return
+    parser = argparse.ArgumentParser(
+        prog="hapi-bench floors",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--seconds", type=float, default=6.0, help="seconds of each wrk run")
+    parser.add_argument("--connections", type=int, default=150, help="wrk's connections")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.seconds <= 0 or args.connections < 1:
+        parser.error("--rounds and --connections must be at least 1, --seconds above 0")
+    try:
+        run(args.out, args.rounds, args.seconds, args.connections)
+    except TestbedUnavailable as exc:
+        print(f"hapi-bench floors: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except BenchError as exc:
+        print(f"hapi-bench floors: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()
