@@ -25,13 +25,11 @@ Writes ``bench-floors.json``. Run as ``hapi-bench floors --out DIR``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, MutableMapping
@@ -41,11 +39,11 @@ from typing import Any, cast
 import httpx
 
 from hapi.store import free_port
-from hapi_bench.core._errors import BenchError, TestbedUnavailable
+from hapi_bench.core._errors import BenchError
 from hapi_bench.core._host import cpu_model
-from hapi_bench.micro._gateway import bench_store
+from hapi_bench.micro._gateway import bench_store, server_process, wait_for_gateway
 from hapi_bench.micro._proxy import _presigner
-from hapi_bench.micro._wrk import run_wrk, wrk_binary
+from hapi_bench.micro._wrk import run_wrk, wrk_binary, wrk_main
 
 BODY_BYTES = 4096
 WRK_TARGETS = ("protocol", "edge", "gateway")
@@ -125,36 +123,14 @@ class _Factory:
 
 @contextlib.contextmanager
 def _server(kind: str, log: Path) -> Iterator[tuple[str, int]]:
-    """One of the floors' servers in a process of its own: its URL and pid."""
+    """One of the floors' servers in a process of its own: its URL and pid (it answers
+    every path, the gateway's health check's too)."""
     port = free_port()
     command = [sys.executable, "-m", __name__, "serve", kind, str(port)]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for(url, proc, log)
+    with server_process(command, log) as proc:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_gateway(url, proc, log)
         yield url, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_for(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise BenchError(f"{url} exited at start: {log.read_text()[-500:]}")
-        try:
-            if httpx.get(url + "/", timeout=2, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise BenchError(f"{url} did not answer within 60 s")
 
 
 # The in-process floors.
@@ -328,26 +304,7 @@ def main(argv: list[str] | None = None) -> None:
         kind, port = sys.argv[2], int(sys.argv[3])
         (_serve_protocol if kind == "protocol" else _serve_edge)(port)
         return
-    parser = argparse.ArgumentParser(
-        prog="hapi-bench floors",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
-    parser.add_argument("--seconds", type=float, default=6.0, help="seconds of each wrk run")
-    parser.add_argument("--connections", type=int, default=150, help="wrk's connections")
-    args = parser.parse_args(argv)
-    if args.rounds < 1 or args.seconds <= 0 or args.connections < 1:
-        parser.error("--rounds and --connections must be at least 1, --seconds above 0")
-    try:
-        run(args.out, args.rounds, args.seconds, args.connections)
-    except TestbedUnavailable as exc:
-        print(f"hapi-bench floors: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except BenchError as exc:
-        print(f"hapi-bench floors: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+    wrk_main("hapi-bench floors", __doc__, run, argv, rounds=5, seconds=6.0)
 
 
 if __name__ == "__main__":

@@ -109,12 +109,21 @@ def gateway_subprocess(
         "HAPI_IDENTITY_PUSHDOWN_REQUESTS": "0",
         **(extra_env or {}),
     }
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command(port), env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with server_process(command(port), log, env) as proc:
+        url = f"http://127.0.0.1:{port}"
         wait_for_gateway(url, proc, log)
         yield BenchGateway(url, client_key, client_secret, proc.pid)
+
+
+@contextlib.contextmanager
+def server_process(
+    command: list[str], log: Path, env: Mapping[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``command`` running, its output in ``log``; terminated (killed after 10 s) after."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
     finally:
         proc.terminate()
         try:

@@ -15,7 +15,6 @@ granian is not one of hapi's dependencies: ``pip install granian`` (the benchmar
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import json
@@ -31,7 +30,7 @@ from hapi_bench.core._errors import BenchError, TestbedUnavailable
 from hapi_bench.core._host import cpu_model
 from hapi_bench.micro._gateway import BenchGateway, bench_store, gateway_subprocess
 from hapi_bench.micro._proxy import _presigner
-from hapi_bench.micro._wrk import WrkResult, run_wrk, wrk_binary
+from hapi_bench.micro._wrk import WrkResult, run_wrk, wrk_binary, wrk_main
 
 SERVERS = ("uvicorn", "granian")
 
@@ -143,26 +142,7 @@ def _summary(results: list[WrkResult]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="hapi-bench servers",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--out", type=Path, default=Path("bench-results"))
-    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds")
-    parser.add_argument("--seconds", type=float, default=8.0, help="seconds of each wrk run")
-    parser.add_argument("--connections", type=int, default=150, help="wrk's connections")
-    args = parser.parse_args(argv)
-    if args.rounds < 1 or args.seconds <= 0 or args.connections < 1:
-        parser.error("--rounds and --connections must be at least 1, --seconds above 0")
-    try:
-        run(args.out, args.rounds, args.seconds, args.connections)
-    except TestbedUnavailable as exc:  # nothing started: one line, exit 2
-        print(f"hapi-bench servers: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except BenchError as exc:
-        print(f"hapi-bench servers: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+    wrk_main("hapi-bench servers", __doc__, run, argv, rounds=4, seconds=8.0)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,18 @@ wall time on a shared machine.
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hapi_bench.core._errors import BenchError
+from hapi_bench.core._errors import BenchError, TestbedUnavailable
 
 _CLOCK_TICKS = 100  # USER_HZ: /proc/PID/stat times are in these (100 on Linux)
 _UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
@@ -222,3 +224,36 @@ def _descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def wrk_main(
+    prog: str,
+    doc: str | None,
+    run: Callable[[Path, int, float, int], object],
+    argv: list[str] | None,
+    *,
+    rounds: int,
+    seconds: float,
+) -> None:
+    """The command line of a benchmark of interleaved wrk rounds: ``--out``, ``--rounds``,
+    ``--seconds``, ``--connections``, checked before ``run(out, rounds, seconds,
+    connections)`` starts anything; what stops it is one line (exit 2 if nothing could
+    start, 1 if a run failed)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds")
+    parser.add_argument("--seconds", type=float, default=seconds, help="seconds of each wrk run")
+    parser.add_argument("--connections", type=int, default=150, help="wrk's connections")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.seconds <= 0 or args.connections < 1:
+        parser.error("--rounds and --connections must be at least 1, --seconds above 0")
+    try:
+        run(args.out, args.rounds, args.seconds, args.connections)
+    except TestbedUnavailable as exc:  # nothing started: one line, exit 2
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except BenchError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None

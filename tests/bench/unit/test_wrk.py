@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import importlib
 import os
 import subprocess
 import sys
@@ -126,3 +127,21 @@ def test_wrk_sends_the_listed_requests_exactly() -> None:
 def test_a_script_needs_requests() -> None:
     with pytest.raises(BenchError, match="at least one request"):
         wrk_script([])
+
+
+@pytest.mark.parametrize("command", ["servers", "floors"])
+@pytest.mark.parametrize(
+    "args", [["--rounds", "0"], ["--seconds", "0"], ["--connections", "0"], ["--seconds", "x"]]
+)
+def test_options_out_of_range_are_refused_before_anything_starts(
+    command: str,
+    args: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    module = importlib.import_module(f"hapi_bench.micro._{command}")
+    monkeypatch.setattr(module, "run", lambda *a: pytest.fail("started"))
+    with pytest.raises(SystemExit) as stopped:
+        module.main(args)
+    assert stopped.value.code == 2
+    assert f"hapi-bench {command}" in capsys.readouterr().err
