@@ -20,7 +20,7 @@ The wrk targets report the server process's CPU per request, ``app`` this proces
 per call. ``protocol + (edge - protocol) + app`` is what the gateway's request costs
 layer by layer; the gap to ``gateway`` is what the layers cost together and not apart
 (one event loop turning over a client's connection and a store's, the caches they share).
-Writes ``bench-floors.json``. Run as ``hapi-bench floors --out DIR``.
+Writes ``bench-floors.json`` and ``bench-floors.png``. Run as ``hapi-bench floors --out DIR``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ BODY_BYTES = 4096
 WRK_TARGETS = ("protocol", "edge", "gateway")
 IN_PROCESS = ("app",)
 _TASKS = 32
+GOAL_US = 150  # issue 40's cap on the gateway's CPU per pass-through GET
 
 
 # The two servers, run as ``python -m hapi_bench.micro._floors serve KIND PORT``.
@@ -245,8 +246,38 @@ def run(out: Path, rounds: int, seconds: float, connections: int) -> dict[str, A
     )
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench-floors.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot(out / "bench-floors.png", results)
     print(table(results))
     return results
+
+
+def plot(path: Path, results: dict[str, Any]) -> None:
+    """The layers stacked in one bar beside the whole gateway's, with the 150 us goal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    left = 0.0
+    for name, value in results["layers"].items():
+        ax.barh("layers, each alone", value, left=left, label=f"{name}: {value:.0f} us")
+        left += value
+    whole = results["floors"]["gateway"]
+    low, high = whole["range"]
+    ax.barh(
+        "the gateway, whole",
+        whole["cpu_us"],
+        xerr=[[whole["cpu_us"] - low], [high - whole["cpu_us"]]],
+        color="grey",
+        label=f"the gateway: {whole['cpu_us']:.0f} us (range {low:.0f}-{high:.0f})",
+    )
+    ax.axvline(GOAL_US, linestyle=":", color="black", label=f"goal: {GOAL_US} us")
+    ax.set(xlabel="CPU per 4 KiB pass-through GET (us), median of the rounds")
+    ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _wrk_step(

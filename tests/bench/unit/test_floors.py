@@ -7,7 +7,7 @@ import httpx
 from hapi_bench.micro import _floors
 
 
-def test_the_layers_are_the_floors_medians_and_the_rest_is_the_gateway_s_own():
+def test_the_layers_are_the_floors_medians_and_the_rest_is_the_gateway_s_own(tmp_path):
     cpu = {
         "protocol": [12.0, 10.0, 11.0],
         "edge": [30.0, 26.0, 28.0],
@@ -28,6 +28,8 @@ def test_the_layers_are_the_floors_medians_and_the_rest_is_the_gateway_s_own():
     assert results["floors"]["protocol"]["requests_per_s"] == 85000.0
     assert "requests_per_s" not in results["floors"]["edge"]  # none measured
     assert results["floors"]["app"]["runs"] == [112.0, 114.0, 110.0]
+    _floors.plot(tmp_path / "floors.png", results)
+    assert (tmp_path / "floors.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = _floors.table(results).splitlines()
     assert lines[-2].split()[-1] == "140.0" and lines[-1].split()[-1] == "216.0"
 
