@@ -50,12 +50,12 @@ import math
 from dataclasses import dataclass, replace
 
 from hapi.models import Manifest
-from hapi.protocol import format_bytes
+from hapi.protocol import WIRE_ITEMSIZE, format_bytes
 
 from ._candidate import Candidate, Stage, fastest, split_label
 from ._errors import InvalidInput, NoFeasibleSplit
 from ._plan import DEFAULT_BYTE_MARGIN, Plan, format_duration
-from ._profile import ITEMSIZE, Profile
+from ._profile import Profile
 
 DEFAULT_BATCH_SIZE = 32
 DEFAULT_DATASET_SIZE = 1_281_167  # ImageNet-1k's training set
@@ -112,7 +112,7 @@ def plan(
         byte_margin = max(byte_margin, SHARED_BYTE_MARGIN)
     sizes = (batch_size, dataset_size, byte_margin, features_only)
     main = _plan_in(manifest, profile, bandwidth_bps, *sizes)
-    if ITEMSIZE[profile.wire_dtype] <= ITEMSIZE[LOWER_PRECISION]:
+    if WIRE_ITEMSIZE[profile.wire_dtype] <= WIRE_ITEMSIZE[LOWER_PRECISION]:
         return main
     low = _plan_in(manifest, profile.in_dtype(LOWER_PRECISION), bandwidth_bps, *sizes)
     if allow_lower_precision and low.chosen.epoch_s < main.chosen.epoch_s:

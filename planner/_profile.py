@@ -18,8 +18,6 @@ from hapi.protocol import WIRE_ITEMSIZE, zeros_share
 
 from ._errors import InvalidInput
 
-ITEMSIZE = WIRE_ITEMSIZE  # the planner prices the wire's dtypes
-
 DEFAULT_RAW_BYTES = 110_000
 """Mean bytes of one ImageNet JPEG (they range over about 50-150 KB)."""
 DEFAULT_DECODE_MS = 10.0
@@ -133,12 +131,12 @@ class Profile:
             len(self.zeros) != len(self.storage_ms) or not all(0 <= z <= 1 for z in self.zeros)
         ):
             raise InvalidInput("profile: zeros must be one share in [0, 1] per block")
-        if self.wire_dtype not in ITEMSIZE:
+        if self.wire_dtype not in WIRE_ITEMSIZE:
             raise InvalidInput(f"profile: unknown wire dtype {self.wire_dtype!r}")
 
     def in_dtype(self, dtype: str) -> Profile:
         """The same profile with features sent in ``dtype`` (their bytes rescaled)."""
-        scale = ITEMSIZE[dtype] / ITEMSIZE[self.wire_dtype]
+        scale = WIRE_ITEMSIZE[dtype] / WIRE_ITEMSIZE[self.wire_dtype]
         return replace(
             self,
             output_bytes=tuple(math.ceil(b * scale) for b in self.output_bytes),
@@ -164,7 +162,7 @@ class Profile:
         dense = self.bytes_at(split)
         if split is None or split == 0 or self.zeros is None:
             return dense
-        return dense * zeros_share(self.zeros[split - 1], ITEMSIZE[self.wire_dtype])
+        return dense * zeros_share(self.zeros[split - 1], WIRE_ITEMSIZE[self.wire_dtype])
 
     def activation_bytes(self, start: int, stop: int) -> int:
         """Memory one sample needs through blocks ``[start, stop)``: its input, or a block's
@@ -263,9 +261,9 @@ def _per_block(values: Sequence[float] | None, manifest: Manifest, what: str) ->
 
 def _itemsize(dtype: str) -> int:
     try:
-        return ITEMSIZE[dtype]
+        return WIRE_ITEMSIZE[dtype]
     except KeyError:
-        raise InvalidInput(f"unknown dtype {dtype!r}; known: {', '.join(ITEMSIZE)}") from None
+        raise InvalidInput(f"unknown dtype {dtype!r}; known: {', '.join(WIRE_ITEMSIZE)}") from None
 
 
 def _input_bytes(manifest: Manifest) -> int:

@@ -52,7 +52,8 @@ _TASKS = 32
 GOAL_US = 150  # issue 40's cap on the gateway's CPU per pass-through GET
 
 
-# The two servers, run as ``python -m hapi_bench.micro._floors serve KIND PORT``.
+# The two servers, run as ``python -m hapi_bench.micro._floors serve KIND PORT``
+# (``hapi-bench floors`` is :func:`main`).
 
 
 def _serve_protocol(port: int) -> None:
@@ -109,17 +110,7 @@ def _serve_edge(port: int) -> None:
     settings = GatewaySettings(
         backend_url="http://127.0.0.1:9", backend_credentials=Credentials("UNUSED", "unused")
     )
-    uvicorn.Server(edge_config(settings, "127.0.0.1", port, _Factory(app))).run()
-
-
-class _Factory:
-    """``edge_config``'s app factory for an app made already."""
-
-    def __init__(self, app: Any) -> None:
-        self._app = app
-
-    def __call__(self, _settings: Any) -> Callable[[], Any]:
-        return lambda: self._app
+    uvicorn.Server(edge_config(settings, "127.0.0.1", port, lambda _: lambda: app)).run()
 
 
 @contextlib.contextmanager
@@ -142,9 +133,7 @@ def app_cpu_us(store_url: str, calls: int) -> float:
     server, no client socket), its store the server at ``store_url``: the app's own
     Python and its store exchange (this process's CPU over ``calls`` requests from
     :data:`_TASKS` tasks; the best of three passes)."""
-    import boto3
     import uvloop
-    from botocore.config import Config
 
     from hapi.gateway import ClientKey, GatewaySettings, create_app
     from hapi.protocol import Credentials
@@ -155,15 +144,8 @@ def app_cpu_us(store_url: str, calls: int) -> float:
         clients={"CLIENT": ClientKey("client-secret")},
     )
     app = create_app(settings)
-    presign = boto3.client(
-        "s3",
-        endpoint_url="http://127.0.0.1:8080",
-        region_name=settings.region,
-        aws_access_key_id="CLIENT",
-        aws_secret_access_key="client-secret",
-        config=Config(signature_version="s3v4"),
-    ).generate_presigned_url
-    url = httpx.URL(presign("get_object", Params={"Bucket": "bench", "Key": "small"}))
+    presign = _presigner("http://127.0.0.1:8080", "CLIENT", "client-secret")
+    url = httpx.URL(presign("GET", "small"))
     path, _, query = url.raw_path.partition(b"?")
     statuses: list[int] = []
     sent = [0]
@@ -296,16 +278,16 @@ def _wrk_step(
 def summarize(cpu: dict[str, list[float]], rates: dict[str, list[float]]) -> dict[str, Any]:
     """Medians and ranges of each floor, and the sum the floors make against the
     gateway's whole request."""
+    median = {name: statistics.median(values) for name, values in cpu.items()}
     floors = {
         name: {
-            "cpu_us": statistics.median(values),
+            "cpu_us": median[name],
             "range": [min(values), max(values)],
             "runs": values,
             **({"requests_per_s": statistics.median(rates[name])} if rates.get(name) else {}),
         }
         for name, values in cpu.items()
     }
-    median = {name: statistics.median(values) for name, values in cpu.items()}
     layers = {
         "parser, loop and sockets (protocol)": median["protocol"],
         "ASGI server (edge - protocol)": median["edge"] - median["protocol"],
@@ -331,12 +313,11 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    if argv is None and sys.argv[1:2] == ["serve"]:  # one of the floors' servers
-        kind, port = sys.argv[2], int(sys.argv[3])
-        (_serve_protocol if kind == "protocol" else _serve_edge)(port)
-        return
     wrk_main("hapi-bench floors", __doc__, run, argv, rounds=5, seconds=6.0)
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["serve"]:  # ``serve KIND PORT``: one of the floors' servers
+        (_serve_protocol if sys.argv[2] == "protocol" else _serve_edge)(int(sys.argv[3]))
+    else:
+        main()
