@@ -257,7 +257,9 @@ def _weights(origin: str) -> str:
 
 
 def _blocks_table(manifest: Manifest) -> Table:
-    table = Table("#", "block", "output", "out/sample", "peak act", "params", "cpu ms", "sha256")
+    table = Table(
+        "#", "block", "output", "out/sample", "peak act", "params", "cpu ms", "zeros", "sha256"
+    )
     table.title = (
         f"{manifest.ref}  family {manifest.family}  source {manifest.source or '-'}  "
         f"freeze {manifest.freeze}  preprocess {manifest.preprocess.name}  "
@@ -272,6 +274,7 @@ def _blocks_table(manifest: Manifest) -> Table:
             format_bytes(block.peak_activation_bytes),
             f"{block.params:,}",
             f"{block.cpu_ms:.2f}",
+            "-" if block.zeros is None else f"{block.zeros:.0%}",
             block.hash[:12],
             end_section=index == manifest.freeze - 1,
         )
@@ -283,7 +286,7 @@ def _blocks_table(manifest: Manifest) -> Table:
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @store_options
 def show(ref: str, as_json: bool, endpoint: str | None, bucket: str) -> None:
-    """Show a model's blocks with output sizes and CPU times."""
+    """Show a model's blocks with output sizes, CPU times and their outputs' zeros."""
     with cli_errors():
         manifest = open_registry(endpoint, bucket).get_manifest(ref)
     if as_json:

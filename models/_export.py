@@ -33,6 +33,7 @@ from ._exporting import (
     _Probe,
     _time_per_sample_ms,
     _to_onnx,
+    _zero_share,
     sample_images,
 )
 from ._families import FAMILIES, Decomposition, WeightsArg, build
@@ -80,6 +81,7 @@ def _export_block(
         output_bytes=output[0].numel() * output.element_size(),
         peak_activation_bytes=_peak_bytes(data, batch[:1], settings),
         cpu_ms=round(_time_per_sample_ms(session, batch), 4),
+        zeros=_zero_share(got),
     )
     return ExportedBlock(data=data, info=info)
 

@@ -33,7 +33,14 @@ from ._cuts import (
     measure_shapes,
 )
 from ._errors import ExportError, InvalidModelSpec
-from ._exporting import _check, _first_line, _peak_bytes, _time_per_sample_ms, sample_images
+from ._exporting import (
+    _check,
+    _first_line,
+    _peak_bytes,
+    _time_per_sample_ms,
+    _zero_share,
+    sample_images,
+)
 from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec
 from ._onnx import INPUT, canonical_bytes, compose, sha256
 from ._preprocess import Preset, get_preset, preprocess_batch
@@ -160,6 +167,7 @@ def _block(
         output_bytes=int(want[0].nbytes),
         peak_activation_bytes=_peak_bytes(data, inputs[:1], settings),
         cpu_ms=round(_time_per_sample_ms(session, inputs), 4),
+        zeros=_zero_share(got),
     )
     return ExportedBlock(data=data, info=info)
 

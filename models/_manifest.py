@@ -37,6 +37,9 @@ class BlockInfo:
             (weights excluded), from ONNX shape inference and a liveness walk.
         cpu_ms: Measured onnxruntime CPU time per sample, in milliseconds, on the
             exporting machine (best of three runs of a batch of four photos).
+        zeros: Share of the output's values that are exactly zero on those photos
+            (what an answer in the ``zeros`` encoding leaves off the wire at the split
+            after this block); ``None`` in manifests written before hapi counted them.
     """
 
     name: str
@@ -49,6 +52,7 @@ class BlockInfo:
     output_bytes: int
     peak_activation_bytes: int
     cpu_ms: float
+    zeros: float | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BlockInfo:
@@ -143,6 +147,15 @@ class Manifest:
     def size(self) -> int:
         """Total bytes of the blocks (shared blocks counted once per model)."""
         return sum(block.size for block in self.blocks)
+
+    @property
+    def zeros(self) -> tuple[float, ...] | None:
+        """The frozen blocks' shares of zero values (:attr:`BlockInfo.zeros`), as
+        :func:`hapi.planner.profile_from_manifest` takes them; ``None`` when a block
+        lacks one (a manifest written before hapi counted them)."""
+        shares = [block.zeros for block in self.blocks[: self.freeze]]
+        known = tuple(share for share in shares if share is not None)
+        return known if len(known) == len(shares) else None
 
     @property
     def random_weights(self) -> bool:

@@ -95,6 +95,9 @@ class BlockProfile(_Schema):
     output_bytes: int
     peak_activation_bytes: int
     cpu_ms: float
+    zeros: float | None = None
+    """The share of the output's values that are zero on the export's photos; ``None``
+    where the manifest predates that count."""
 
 
 Source = Literal["measured", "calibrated", "manifest"]

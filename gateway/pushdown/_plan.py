@@ -26,7 +26,9 @@ def choose_split(
     else the configured assumption; a client on this machine shares its cores. Raw
     objects are priced but not chosen: the client asked for features. The planner's
     rule on bytes holds here too: a split sending more bytes than a raw object must be
-    clearly faster than one that does not (more so on one machine).
+    clearly faster than one that does not (more so on one machine). An answer in the
+    ``zeros`` encoding is priced without the zero values the manifest counted on the
+    export's photos (dense where it predates that count).
     """
     view = planner.GatewayProfile(
         model=manifest.ref,
@@ -37,7 +39,10 @@ def choose_split(
     )
     profile = view.apply(
         planner.profile_from_manifest(
-            manifest, wire_dtype=params.dtype, shared_compute=params.colocated
+            manifest,
+            wire_dtype=params.dtype,
+            shared_compute=params.colocated,
+            zeros=manifest.zeros if params.encoding == "zeros" else None,
         )
     )
     bandwidth = params.bandwidth_bps or assumed_bandwidth_bps

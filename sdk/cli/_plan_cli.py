@@ -105,7 +105,10 @@ def _planner_errors() -> Iterator[None]:
 @click.option("--client-memory", metavar="SIZE", help="Client " + _MEMORY_HELP)
 @click.option("--storage-memory", metavar="SIZE", help="Storage-side " + _MEMORY_HELP)
 @click.option(
-    "--measure", is_flag=True, help="Time decoding and the frozen blocks here (client side)."
+    "--measure",
+    is_flag=True,
+    help="Time decoding and the frozen blocks here (client side) and count their outputs' "
+    "zeros (else the manifest's count on the export's photos).",
 )
 @click.option(
     "--plot",
@@ -147,6 +150,7 @@ def plan(
                 head_ms=head_ms,
                 client_memory_bytes=client_budget,
                 storage_memory_bytes=storage_budget,
+                zeros=manifest.zeros,
             )
             if measure:
                 profile = _measured(registry, manifest, profile)

@@ -286,7 +286,8 @@ def choose_split(
             (``hapi.planner.Profile.readers_in_turn``; ``None``: requests go ahead of
             the compute).
         encoding: The answers' encoding: with ``zeros``, a split is priced at the bytes
-            left once the zero values ``measure`` saw are left out.
+            left once the zero values ``measure`` saw are left out (the manifest's count
+            on the export's photos where ``measure`` ran no blocks).
     """
     if freeze != manifest.freeze:
         return fewest_bytes(manifest, freeze, dtype, f"it plans for freeze {manifest.freeze}")
@@ -301,6 +302,8 @@ def choose_split(
             return fewest_bytes(manifest, freeze, dtype, str(exc))
     times, unmeasured = _measured(measure, blocks=not shared)
     client_figures = {} if times is None else times.profile_args(encoding)
+    if encoding == "zeros":  # where nothing counted them here: the export's photos' zeros
+        client_figures.setdefault("zeros", manifest.zeros)
     if bandwidth is None and times is not None:
         bandwidth = times.bandwidth()
     profile = planner.profile_from_manifest(

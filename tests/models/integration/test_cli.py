@@ -31,6 +31,8 @@ def test_round_trip(invoke, backend_s3, unique_bucket) -> None:
     manifest = registry.get_manifest("resnet18@1")
     for block in manifest.blocks:
         assert block.name in shown.stdout and block.hash[:12] in shown.stdout
+        assert block.zeros is not None and f"{block.zeros:.0%}" in shown.stdout
+    assert "zeros" in shown.stdout
     assert "64x56x56" in shown.stdout and "802.8 KB" in shown.stdout  # layer1 output per sample
     as_json = invoke("show", "resnet18", "--json")
     assert as_json.stdout == manifest.to_json()

@@ -147,3 +147,22 @@ def test_hashes_repeat_in_a_fresh_process(resnet18_export: ExportedModel) -> Non
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == resnet18_export.blocks[1].info.hash
+
+
+def test_the_manifest_counts_each_blocks_zeros_as_the_planner_counts_them(
+    registry, resnet18_export: ExportedModel, photos
+) -> None:
+    # The export's photos, run block by block through the registered ONNX blocks, as the
+    # SDK's planner counts the zero values an answer in the zeros encoding leaves out.
+    from hapi.sdk.planning._measure import run_client_blocks
+
+    registry.register("r18", resnet18_export)
+    manifest = registry.get_manifest("r18")  # through the stored JSON
+    shares = manifest.zeros
+    assert shares is not None and len(shares) == manifest.freeze
+    _, counted = run_client_blocks(
+        registry, manifest, batch_size=len(photos), runs=1, images=photos
+    )
+    assert shares == pytest.approx(counted, abs=0.005)
+    assert max(shares) > 0.3  # a ReLU's features: about half zeros
+    assert all(block.info.zeros is not None for block in resnet18_export.blocks)

@@ -173,3 +173,19 @@ def test_probe_needs_an_endpoint_and_a_gateway(invoke, store) -> None:
     done = invoke("--model", "r18", "--probe", "--endpoint", store.endpoint_url)
     assert done.exit_code == 1
     assert done.stderr.startswith(f"Error: bandwidth probe at {store.endpoint_url}: HTTP 404")
+
+
+def test_without_measuring_the_manifest_counts_the_features_zeros(invoke, planned_model) -> None:
+    # The SDK's answers leave the zero values out; without --measure nothing runs here to
+    # count them, so the export's count prices each split, not the dense bytes.
+    manifest = planned_model[1]
+    assert manifest.zeros is not None and max(manifest.zeros) > 0
+    done = invoke("--model", "r18", "--bandwidth", "10mbit", "--json")
+    assert done.exit_code == 0, done.output
+    data = json.loads(done.stdout)
+    assert data["profile"]["zeros"] == pytest.approx(list(manifest.zeros))
+    sent = {c["split"]: c["bytes_per_sample"] for c in data["candidates"]}
+    for split in range(1, manifest.freeze + 1):
+        assert (
+            sent[split] < manifest.blocks[split - 1].output_bytes or not manifest.zeros[split - 1]
+        )

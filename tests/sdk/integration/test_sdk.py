@@ -570,6 +570,9 @@ def test_auto_split_on_one_box_never_receives_more_than_the_raw_objects(gateway,
     assert choice.bandwidth_source == "hint"
     assert choice.plan is not None and choice.plan.profile.shared_compute
     assert "same machine" in choice.reason
+    # Nothing ran here to count the features' zeros: the manifest's count prices them.
+    assert registered["enl0"].zeros is not None
+    assert choice.plan.profile.zeros == registered["enl0"].zeros
     stats = dataset.stats
     assert (stats.mode, stats.split) == _ran(choice.split)
     assert dataset.raw_bytes is not None and stats.bytes_received <= dataset.raw_bytes
