@@ -59,6 +59,11 @@ class BlockInfo:
         fields = dict(data)
         fields["input_shape"] = tuple(fields["input_shape"])
         fields["output_shape"] = tuple(fields["output_shape"])
+        zeros = fields.get("zeros")
+        if zeros is not None and not (
+            isinstance(zeros, int | float) and not isinstance(zeros, bool) and 0 <= zeros <= 1
+        ):
+            raise ValueError(f"block {fields.get('name')!r}: zeros must be a share in [0, 1]")
         return cls(**fields)
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hapi.models import Manifest
+from hapi.models import Manifest, RegistryError
 from tests.planner.synthetic import manifest as synthetic
 
 MODEL = synthetic(freeze=6)
@@ -51,3 +51,12 @@ def test_one_frozen_block_without_a_count_leaves_the_model_unknown(missing: int)
 def test_a_block_past_the_freeze_without_a_count_does_not_matter() -> None:
     values: list[float | None] = [0.25] * MODEL.freeze + [None] * (len(MODEL.blocks) - MODEL.freeze)
     assert _with(values).zeros == (0.25,) * MODEL.freeze
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, "half", True, float("nan"), float("inf"), [0.5]])
+def test_a_share_that_is_not_one_is_an_unreadable_manifest(bad: object) -> None:
+    # A manifest written into the registry bucket by hand must not reach the planner.
+    data = json.loads(_with([0.5] * len(MODEL.blocks)).to_json())
+    data["blocks"][2]["zeros"] = bad
+    with pytest.raises(RegistryError, match="block2.*zeros must be a share in"):
+        Manifest.from_json(json.dumps(data))
