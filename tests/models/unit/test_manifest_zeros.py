@@ -58,5 +58,5 @@ def test_a_share_that_is_not_one_is_an_unreadable_manifest(bad: object) -> None:
     # A manifest written into the registry bucket by hand must not reach the planner.
     data = json.loads(_with([0.5] * len(MODEL.blocks)).to_json())
     data["blocks"][2]["zeros"] = bad
-    with pytest.raises(RegistryError, match="block2.*zeros must be a share in"):
+    with pytest.raises(RegistryError, match=r"block2.*zeros must be a share in"):
         Manifest.from_json(json.dumps(data))
