@@ -83,6 +83,7 @@ from ._schema import (
     TenantStats,
 )
 from ._units import format_bandwidth, format_bytes, parse_bandwidth, parse_size
+from ._wire import CODES as WIRE_CODES
 from ._wire import DTYPES as WIRE_DTYPES
 from ._wire import ITEMSIZE as WIRE_ITEMSIZE
 from ._wire import decode as decode_features
@@ -112,6 +113,7 @@ __all__ = [
     "MAX_VIEWS",
     "MODELS_PREFIX",
     "PACK_HEAD",
+    "WIRE_CODES",
     "WIRE_DTYPES",
     "WIRE_ITEMSIZE",
     "ZEROS_ENTRY",

@@ -21,7 +21,9 @@ from ._errors import InvalidValue
 DTYPES = ("float32", "float16", "bfloat16")
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 """Bytes of one value of each wire dtype."""
-_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "uint8": "U8"}
+CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+"""The safetensors name of each wire dtype."""
+_CODES = {**CODES, "int64": "I64", "uint8": "U8"}
 _NUMPY = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "U8": np.uint8}
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from hapi.models import Manifest
 from hapi.protocol import (
+    WIRE_CODES,
     WIRE_ITEMSIZE,
     end_frame,
     raw_frames,
@@ -32,8 +33,6 @@ from hapi.protocol import (
 from .._types import ASGISend
 from ._cached import view_dict
 from ._params import Params
-
-_CODES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # safetensors' names
 
 
 @dataclass
@@ -90,7 +89,7 @@ class Answer:
     def _tensors(self) -> list[tuple[str, str, tuple[int, ...], int]]:
         """(name, dtype code, shape, bytes) of each tensor the answer sends (its samples,
         row shape and dtype are fixed once it is made)."""
-        code, itemsize = _CODES[self.params.dtype], WIRE_ITEMSIZE[self.params.dtype]
+        code, itemsize = WIRE_CODES[self.params.dtype], WIRE_ITEMSIZE[self.params.dtype]
         tensors = [("features", code, self.shape, itemsize * math.prod(self.shape))]
         if self.labels() is not None:
             tensors.append(("labels", "I64", (len(self.samples),), 8 * len(self.samples)))
