@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 from PIL import Image
 
-from hapi.protocol import DEFAULT_REGISTRY_BUCKET
+from hapi.protocol import DEFAULT_REGISTRY_BUCKET, share_of_zeros
 
 from ._errors import ExportError, InvalidModelSpec, NoSuchModel
 from ._exporting import (
@@ -33,7 +33,6 @@ from ._exporting import (
     _Probe,
     _time_per_sample_ms,
     _to_onnx,
-    _zero_share,
     sample_images,
 )
 from ._families import FAMILIES, Decomposition, WeightsArg, build
@@ -81,7 +80,7 @@ def _export_block(
         output_bytes=output[0].numel() * output.element_size(),
         peak_activation_bytes=_peak_bytes(data, batch[:1], settings),
         cpu_ms=round(_time_per_sample_ms(session, batch), 4),
-        zeros=_zero_share(got),
+        zeros=round(share_of_zeros(got), 4),
     )
     return ExportedBlock(data=data, info=info)
 

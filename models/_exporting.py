@@ -133,11 +133,6 @@ def _time_per_sample_ms(session: object, batch: np.ndarray) -> float:
     return best * 1000.0 / len(batch)
 
 
-def _zero_share(values: np.ndarray) -> float:
-    """The share of ``values`` that are exactly zero (a ReLU's features: about half)."""
-    return round(1.0 - int(np.count_nonzero(values)) / max(1, values.size), 4)
-
-
 def _peak_bytes(data: bytes, sample: np.ndarray, settings: RuntimeSettings) -> int:
     """Peak activation bytes for one sample, from the tensors onnxruntime really produces."""
     graph = onnx.load_from_string(data)

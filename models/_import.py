@@ -21,6 +21,8 @@ from onnx.external_data_helper import uses_external_data
 from PIL import Image
 from tqdm import tqdm
 
+from hapi.protocol import share_of_zeros
+
 from ._cuts import (
     MIN_BLOCK_SHARE,
     Segment,
@@ -38,7 +40,6 @@ from ._exporting import (
     _first_line,
     _peak_bytes,
     _time_per_sample_ms,
-    _zero_share,
     sample_images,
 )
 from ._manifest import BlockInfo, ExportedBlock, ExportedModel, InputSpec
@@ -167,7 +168,7 @@ def _block(
         output_bytes=int(want[0].nbytes),
         peak_activation_bytes=_peak_bytes(data, inputs[:1], settings),
         cpu_ms=round(_time_per_sample_ms(session, inputs), 4),
-        zeros=_zero_share(got),
+        zeros=round(share_of_zeros(got), 4),
     )
     return ExportedBlock(data=data, info=info)
 

@@ -155,9 +155,9 @@ class Manifest:
 
     @property
     def zeros(self) -> tuple[float, ...] | None:
-        """The frozen blocks' shares of zero values (:attr:`BlockInfo.zeros`), as
-        :func:`hapi.planner.profile_from_manifest` takes them; ``None`` when a block
-        lacks one (a manifest written before hapi counted them)."""
+        """The frozen blocks' shares of zero values (:attr:`BlockInfo.zeros`), one a
+        block; ``None`` when a block lacks one (a manifest written before hapi counted
+        them)."""
         shares = [block.zeros for block in self.blocks[: self.freeze]]
         known = tuple(share for share in shares if share is not None)
         return known if len(known) == len(shares) else None

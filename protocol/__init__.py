@@ -98,6 +98,7 @@ from ._zeros import (
     end_frame,
     expand_entry,
     raw_frames,
+    share_of_zeros,
     word_frames,
     zeros_share,
 )
@@ -180,6 +181,7 @@ __all__ = [
     "parse_size",
     "raw_frames",
     "safetensors_header",
+    "share_of_zeros",
     "to_wire_dtype",
     "view_index",
     "word_frames",

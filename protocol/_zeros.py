@@ -53,6 +53,12 @@ def zeros_share(zeros: float, word: int) -> float:
     return packed if packed <= PAYS else 1.0
 
 
+def share_of_zeros(values: np.ndarray) -> float:
+    """The share of ``values`` that are exactly zero (a ReLU's features: about half): the
+    ``zeros`` argument of :func:`zeros_share`."""
+    return 1.0 - int(np.count_nonzero(values)) / max(1, values.size)
+
+
 def raw_frames(data: bytes | memoryview) -> list[bytes | memoryview]:
     """``data`` as ``RAW`` frames (several when it is over :data:`MAX_FRAME`)."""
     view = memoryview(data).cast("B")

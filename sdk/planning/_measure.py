@@ -30,6 +30,7 @@ from hapi.models import (
     sample_images,
 )
 from hapi.planner import InvalidInput
+from hapi.protocol import share_of_zeros
 
 DEFAULT_MEASURE_BATCH = 8
 
@@ -107,7 +108,7 @@ def run_client_blocks(
         feed = {session.get_inputs()[0].name: batch}
         batch = np.asarray(session.run(None, feed)[0])  # a warm-up; feeds the next block
         times.append(_best_ms(functools.partial(session.run, None, feed), runs) / batch_size)
-        zeros.append(1.0 - np.count_nonzero(batch) / max(1, batch.size))
+        zeros.append(share_of_zeros(batch))
     return tuple(times), tuple(zeros)
 
 
